@@ -1,0 +1,50 @@
+# Two commands do all set-up on a fresh machine:
+#   make lab   install, then open JupyterLab on the course
+#   make test  install, then run every test
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Installed only when the environment has no torch yet; an existing (CUDA) torch is kept.
+TORCH_SPEC ?= torch==2.13.0
+# SYSTEM_SITE=1 builds the venv on top of the base Python's packages (e.g. its CUDA torch).
+SYSTEM_SITE ?=
+LAB_PORT ?= 8888
+FIRST_LAB := $(firstword $(sort $(wildcard labs/00_*.ipynb)))
+STAMP := $(VENV)/.kvlab-installed
+
+.PHONY: install lab test labs lint format clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(if $(SYSTEM_SITE),--system-site-packages) $(VENV)
+	@$(PY) -c "import torch" 2>/dev/null \
+		&& echo "kvlab: keeping the installed torch $$($(PY) -c 'import torch; print(torch.__version__)')" \
+		|| $(PY) -m pip install --disable-pip-version-check -q "$(TORCH_SPEC)"
+	$(PY) -m pip install --disable-pip-version-check -q -e ".[test]"
+	$(PY) -m ipykernel install --sys-prefix --name kvlab --display-name "kvlab (Python 3)" >/dev/null
+	@touch $@
+	@echo "kvlab: installed into $(VENV)"
+
+# Opens a browser only where there is a display; on a headless machine the URL (with its token) is printed.
+lab: install
+	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --port=$(LAB_PORT) --ServerApp.root_dir=. \
+		$(if $(DISPLAY)$(WAYLAND_DISPLAY)$(filter Darwin,$(shell uname -s)),,--no-browser) $(FIRST_LAB)
+
+test: install
+	$(VENV)/bin/ruff check kvlab tests
+	$(VENV)/bin/ruff format --check kvlab tests
+	TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest tests solutions --nbval-lax --current-env \
+		--nbval-cell-timeout=90 -p no:cacheprovider $(PYTEST_ARGS)
+
+labs: install
+	$(VENV)/bin/kvlab labs
+
+lint: install
+	$(VENV)/bin/ruff check kvlab tests
+
+format: install
+	$(VENV)/bin/ruff format kvlab tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

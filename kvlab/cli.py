@@ -1,0 +1,63 @@
+"""The ``kvlab`` command: doctor, grade, labs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _labs(args) -> int:
+    from kvlab import labgen
+
+    if args.check:
+        problems = labgen.stale_labs(args.solutions, args.out)
+        problems += labgen.dirty_notebooks(sorted(args.solutions.glob("*.ipynb")))
+        for p in problems:
+            print(p)
+        if problems:
+            print("run `make labs` (and clear notebook outputs) to fix")
+        return 1 if problems else 0
+    for path in labgen.write_labs(args.solutions, args.out):
+        print(f"wrote {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from pathlib import Path
+
+    from kvlab.labgen import LABS_DIR, SOLUTIONS_DIR
+
+    parser = argparse.ArgumentParser(prog="kvlab", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("doctor", help="check that this environment can run the course")
+
+    grade = sub.add_parser("grade", help="run notebooks headlessly and score their exercises")
+    grade.add_argument("paths", nargs="+", help="notebooks, or folders of submissions")
+    grade.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    grade.add_argument("--cell-timeout", type=int, default=300, help="seconds per cell (300)")
+    grade.add_argument(
+        "--kernel", default="python3", help="Jupyter kernel to run in (default: this Python)"
+    )
+
+    labs = sub.add_parser("labs", help="write learner notebooks from the solutions")
+    labs.add_argument("--solutions", type=Path, default=SOLUTIONS_DIR)
+    labs.add_argument("--out", type=Path, default=LABS_DIR)
+    labs.add_argument("--check", action="store_true", help="only report stale labs; exit 1 if any")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "doctor":
+        from kvlab.doctor import main as doctor
+
+        return doctor()
+    if args.command == "grade":
+        from kvlab.grading.notebook import main as grade
+
+        return grade(args.paths, args.json, args.cell_timeout, args.kernel)
+    return _labs(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

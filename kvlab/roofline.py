@@ -1,0 +1,77 @@
+"""Why decode is memory-bound: count the FLOPs and bytes of one forward step.
+
+A step is limited by whichever takes longer, computing (FLOPs / peak FLOP/s) or moving data
+(bytes / HBM bandwidth). Its arithmetic intensity (FLOPs per byte) against the GPU's ridge point
+(peak FLOP/s / bandwidth) tells which. Decoding one token per sequence reads every weight and the
+whole KV cache to do about one multiply-add per byte read, far below any GPU's ridge point.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvlab.models import ModelSpec
+from kvlab.validate import positive_int
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    hbm_bytes_per_s: float
+    peak_flops: float  # dense bf16 tensor-core FLOP/s
+    memory_bytes: float
+
+    @property
+    def ridge_intensity(self) -> float:
+        """FLOPs per byte above which a kernel is compute-bound on this GPU."""
+        return self.peak_flops / self.hbm_bytes_per_s
+
+    def attainable_flops(self, intensity: float) -> float:
+        """The roofline: min(peak, bandwidth x intensity)."""
+        return min(self.peak_flops, self.hbm_bytes_per_s * intensity)
+
+
+# Vendor data sheets (SXM parts, dense bf16).
+A100_80GB = GPU("A100-80GB", 2.0e12, 312e12, 80e9)
+H100_SXM = GPU("H100 SXM", 3.35e12, 989e12, 80e9)
+H200 = GPU("H200", 4.8e12, 989e12, 141e9)
+GPUS = {g.name: g for g in (A100_80GB, H100_SXM, H200)}
+
+
+@dataclass(frozen=True)
+class StepCost:
+    flops: float
+    bytes: float
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes
+
+    def seconds(self, gpu: GPU) -> float:
+        """Lower bound on the step's time: the slower of computing and moving data."""
+        return max(self.flops / gpu.peak_flops, self.bytes / gpu.hbm_bytes_per_s)
+
+    def bound(self, gpu: GPU) -> str:
+        return "compute" if self.intensity >= gpu.ridge_intensity else "memory"
+
+
+def step_cost(spec: ModelSpec, new_tokens: int, context: int = 0, batch: int = 1) -> StepCost:
+    """FLOPs and HBM bytes of one forward step over ``batch`` sequences.
+
+    Each sequence brings ``new_tokens`` tokens (the prompt in prefill, 1 in decode) on top of
+    ``context`` tokens already cached. Weights are read once per step whatever the batch; each
+    sequence reads its cached K and V and writes the new tokens' K and V.
+    """
+    if spec.num_params is None:
+        raise ValueError(f"spec {spec.name!r} has no num_params; the weight cost is unknown")
+    positive_int("new_tokens", new_tokens)
+    positive_int("context", context, minimum=0)
+    positive_int("batch", batch)
+    tokens = batch * new_tokens
+    # causal: the i-th new token attends to context + i + 1 positions
+    attended = context + (new_tokens + 1) / 2
+    attn_flops = 4 * spec.num_layers * spec.num_q_heads * spec.head_dim * attended * tokens
+    flops = 2 * spec.num_params * tokens + attn_flops
+    weight_bytes = spec.num_params * spec.dtype_bytes
+    kv_bytes = batch * (context + new_tokens) * spec.kv_bytes_per_token
+    return StepCost(flops, weight_bytes + kv_bytes)

@@ -1,0 +1,166 @@
+"""Requests and seeded workloads shaped like the data sets in the PagedAttention paper.
+
+The paper (Kwon et al., SOSP 2023) reports mean lengths of about 161 prompt / 338 output tokens
+for ShareGPT and 19 / 58 for Alpaca, with Poisson arrivals. We draw lengths from log-normal
+distributions whose *clipped* means hit those figures, so labs get realistic spread without
+downloading any data set.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvlab.validate import non_negative_number, positive_int
+
+TRACES_DIR = Path(__file__).resolve().parent.parent / "assets" / "traces"
+
+SHAREGPT_MEANS = (161.31, 337.99)  # prompt, output tokens (paper, Table 1 / Fig. 11)
+ALPACA_MEANS = (19.31, 58.45)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One guest: a prompt to read and a number of tokens to generate."""
+
+    prompt_len: int
+    output_len: int
+    arrival: float = 0.0
+
+    def __post_init__(self):
+        positive_int("prompt_len", self.prompt_len)
+        positive_int("output_len", self.output_len)
+        non_negative_number("arrival", self.arrival)
+
+    @property
+    def total_len(self) -> int:
+        return self.prompt_len + self.output_len
+
+
+def _phi(z: float) -> float:
+    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+
+
+def _clipped_lognormal_mean(mu: float, sigma: float, cap: float) -> float:
+    """Mean of min(X, cap) for X ~ LogNormal(mu, sigma)."""
+    log_cap = math.log(cap)
+    below = math.exp(mu + sigma**2 / 2) * _phi((log_cap - mu - sigma**2) / sigma)
+    return below + cap * (1.0 - _phi((log_cap - mu) / sigma))
+
+
+def _mu_for_mean(target: float, sigma: float, cap: float) -> float:
+    """The log-normal mu whose mean after clipping at ``cap`` equals ``target`` (bisection)."""
+    lo, hi = -10.0, math.log(cap) + 10 * sigma
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if _clipped_lognormal_mean(mid, sigma, cap) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def _draw(rng: random.Random, mu: float, sigma: float, cap: int) -> int:
+    return max(1, min(cap, round(rng.lognormvariate(mu, sigma))))
+
+
+def _generate(
+    n: int,
+    seed: int,
+    means: tuple[float, float],
+    sigmas: tuple[float, float],
+    max_total: int,
+    rate: float | None,
+) -> list[Request]:
+    positive_int("n", n)
+    positive_int("max_total", max_total, minimum=2)
+    if rate is not None and non_negative_number("rate", rate) == 0:
+        raise ValueError("rate must be > 0 requests per second (or None for all at t=0)")
+    prompt_cap = max_total // 2
+    mu_p = _mu_for_mean(means[0], sigmas[0], prompt_cap)
+    mu_o = _mu_for_mean(means[1], sigmas[1], max_total - means[0])
+    rng = random.Random(seed)
+    t = 0.0
+    requests = []
+    for _ in range(n):
+        prompt = _draw(rng, mu_p, sigmas[0], prompt_cap)
+        output = _draw(rng, mu_o, sigmas[1], max_total - prompt)
+        if rate is not None:
+            t += rng.expovariate(rate)
+        requests.append(Request(prompt, output, round(t, 6)))
+    return requests
+
+
+def sharegpt_like(
+    n: int, seed: int = 0, rate: float | None = None, max_total: int = 2048
+) -> list[Request]:
+    """Chat-style requests: long, widely spread prompts and answers (means ~161 / ~338).
+
+    ``rate`` gives Poisson arrivals in requests per second; ``None`` puts every arrival at 0.
+    Every request fits in ``max_total`` tokens (prompt at most half of it).
+    """
+    return _generate(n, seed, SHAREGPT_MEANS, (1.0, 0.9), max_total, rate)
+
+
+def alpaca_like(
+    n: int, seed: int = 0, rate: float | None = None, max_total: int = 2048
+) -> list[Request]:
+    """Instruction-style requests: short prompts and answers (means ~19 / ~58)."""
+    return _generate(n, seed, ALPACA_MEANS, (0.7, 0.8), max_total, rate)
+
+
+def mean_lengths(requests: list[Request]) -> tuple[float, float]:
+    """Mean prompt and output length."""
+    if not requests:
+        raise ValueError("requests must not be empty")
+    n = len(requests)
+    return sum(r.prompt_len for r in requests) / n, sum(r.output_len for r in requests) / n
+
+
+# Small recorded traces that later labs load by name; `python -m kvlab.workload` rewrites them.
+TRACE_RECIPES = {
+    "sharegpt_like": lambda: sharegpt_like(400, seed=0, rate=1.0),
+    "alpaca_like": lambda: alpaca_like(400, seed=0, rate=4.0),
+}
+
+
+def save_trace(requests: list[Request], path: str | Path) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(["arrival", "prompt_len", "output_len"])
+        for r in requests:
+            writer.writerow([f"{r.arrival:.6f}", r.prompt_len, r.output_len])
+
+
+def load_trace(name_or_path: str | Path) -> list[Request]:
+    """Load a trace by name (``"sharegpt_like"``) from ``assets/traces`` or from a CSV path."""
+    path = Path(name_or_path)
+    if path.suffix != ".csv":
+        path = TRACES_DIR / f"{name_or_path}.csv"
+    if not path.exists():
+        known = ", ".join(sorted(TRACE_RECIPES))
+        raise FileNotFoundError(f"no trace at {path}; named traces are {known}")
+    with open(path, newline="") as f:
+        return [
+            Request(int(row["prompt_len"]), int(row["output_len"]), float(row["arrival"]))
+            for row in csv.DictReader(f)
+        ]
+
+
+def write_traces(directory: str | Path = TRACES_DIR) -> list[Path]:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, recipe in TRACE_RECIPES.items():
+        path = directory / f"{name}.csv"
+        save_trace(recipe(), path)
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    for p in write_traces():
+        print(f"wrote {p}")
