@@ -376,7 +376,7 @@ def call_without_mutation(fn, *args, names: tuple[str, ...] = ()):
     """Call ``fn(*args)``; fail the check if it changed any argument in place."""
     before = copy.deepcopy(args)
     result = fn(*args)
-    for i, (old, new) in enumerate(zip(before, args)):
+    for i, (old, new) in enumerate(zip(before, args, strict=True)):
         if not same(old, new):
             name = names[i] if i < len(names) else f"argument {i + 1}"
             raise CheckFailed(
