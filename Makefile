@@ -29,12 +29,14 @@ $(STAMP): pyproject.toml
 # Opens a browser only where there is a display; on a headless machine the URL (with its token) is printed.
 lab: install
 	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --port=$(LAB_PORT) --ServerApp.root_dir=. \
-		$(if $(DISPLAY)$(WAYLAND_DISPLAY)$(filter Darwin,$(shell uname -s)),,--no-browser) $(FIRST_LAB)
+		--LabApp.default_url=/lab/tree/$(FIRST_LAB) \
+		$(if $(DISPLAY)$(WAYLAND_DISPLAY)$(filter Darwin,$(shell uname -s)),,--no-browser) \
+		$(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: install
 	$(VENV)/bin/ruff check kvlab tests
 	$(VENV)/bin/ruff format --check kvlab tests
-	TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest tests solutions --nbval-lax --current-env \
+	TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest tests solutions --nbval-lax --nbval-current-env \
 		--nbval-cell-timeout=90 -p no:cacheprovider $(PYTEST_ARGS)
 
 labs: install

@@ -9,6 +9,9 @@ import sys
 def _labs(args) -> int:
     from kvlab import labgen
 
+    args.solutions = args.solutions or labgen.SOLUTIONS_DIR
+    args.out = args.out or labgen.LABS_DIR
+
     if args.check:
         problems = labgen.stale_labs(args.solutions, args.out)
         problems += labgen.dirty_notebooks(sorted(args.solutions.glob("*.ipynb")))
@@ -25,8 +28,6 @@ def _labs(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from pathlib import Path
 
-    from kvlab.labgen import LABS_DIR, SOLUTIONS_DIR
-
     parser = argparse.ArgumentParser(prog="kvlab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("doctor", help="check that this environment can run the course")
@@ -40,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     labs = sub.add_parser("labs", help="write learner notebooks from the solutions")
-    labs.add_argument("--solutions", type=Path, default=SOLUTIONS_DIR)
-    labs.add_argument("--out", type=Path, default=LABS_DIR)
+    labs.add_argument("--solutions", type=Path, help="default: the course's solutions/")
+    labs.add_argument("--out", type=Path, help="default: the course's labs/")
     labs.add_argument("--check", action="store_true", help="only report stale labs; exit 1 if any")
     return parser
 

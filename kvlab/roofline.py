@@ -75,3 +75,39 @@ def step_cost(spec: ModelSpec, new_tokens: int, context: int = 0, batch: int = 1
     weight_bytes = spec.num_params * spec.dtype_bytes
     kv_bytes = batch * (context + new_tokens) * spec.kv_bytes_per_token
     return StepCost(flops, weight_bytes + kv_bytes)
+
+
+def measure_matmul_rate(
+    batches: list[int], dim: int = 2048, device: str = "cpu", repeats: int = 5
+) -> list[tuple[int, float, float]]:
+    """Time ``W @ X`` for a ``dim x dim`` weight and ``X`` of ``batch`` columns.
+
+    Returns ``(batch, achieved FLOP/s, intensity)`` per batch: the measured version of the
+    roofline's left slope. A batch of 1 is a decode step's matrix-vector product.
+    """
+    import time
+
+    import torch
+
+    positive_int("dim", dim)
+    positive_int("repeats", repeats)
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(dim, dim, generator=g).to(device)
+    rows = []
+    for batch in batches:
+        positive_int("batch", batch)
+        x = torch.randn(dim, batch, generator=g).to(device)
+        w @ x  # warm-up
+        if device != "cpu":
+            torch.cuda.synchronize()
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            w @ x
+            if device != "cpu":
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - start)
+        flops = 2 * dim * dim * batch
+        moved = 4 * (dim * dim + 2 * dim * batch)  # fp32: read W and X, write W @ X
+        rows.append((batch, flops / best, flops / moved))
+    return rows

@@ -6,13 +6,28 @@ made before any kernel exists. ``import kvlab`` makes it; a user's explicit sett
 
 from __future__ import annotations
 
+import glob
 import os
+import sys
 
 INTERPRET_VAR = "TRITON_INTERPRET"
 
 
+def _no_gpu_driver() -> bool:
+    """On Linux, no NVIDIA or AMD (ROCm) driver means torch cannot see a GPU: skip importing it."""
+    if not sys.platform.startswith("linux") or "torch" in sys.modules:
+        return False
+    return not (
+        os.path.exists("/proc/driver/nvidia")
+        or glob.glob("/dev/nvidia*")
+        or os.path.exists("/dev/kfd")
+    )
+
+
 def cuda_available() -> bool:
-    """True when torch sees a CUDA GPU (False when torch is missing or CPU-only)."""
+    """True when torch sees a CUDA (or ROCm) GPU; False when torch is missing or CPU-only."""
+    if _no_gpu_driver():
+        return False
     try:
         import torch
     except ImportError:

@@ -81,7 +81,7 @@ def _generate(
         raise ValueError("rate must be > 0 requests per second (or None for all at t=0)")
     prompt_cap = max_total // 2
     mu_p = _mu_for_mean(means[0], sigmas[0], prompt_cap)
-    mu_o = _mu_for_mean(means[1], sigmas[1], max_total - means[0])
+    mu_o = _mu_for_mean(means[1], sigmas[1], max(2.0, max_total - means[0]))
     rng = random.Random(seed)
     t = 0.0
     requests = []

@@ -256,6 +256,9 @@ def _run_one(check_: Check, obj, timeout: float, out: BoundedBuffer) -> tuple[Ou
         return Outcome(check_.name, False, details + _hint(check_)), False
     except RecursionError as e:
         return Outcome(check_.name, False, explain_exception(e) + _hint(check_)), False
+    except SystemExit as e:
+        details = [f"your code called exit({e.code!r}); return a value instead"]
+        return Outcome(check_.name, False, details + explain_exception(e)[1:]), False
     except Exception as e:
         details = explain_exception(e)
         if not _from_learner(e) and "your code" not in " ".join(details):

@@ -1,0 +1,28 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+def root() -> Path:
+    return ROOT
+
+
+def kvlab_cli() -> list[str]:
+    """The kvlab command as a user runs it from this environment."""
+    script = VENV_BIN / "kvlab"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "kvlab"]
+
+
+def pytest_collection_finish(session):
+    # `make test` must never pass on an empty run (pytest's exit code 5 also fails make).
+    if not session.items and not session.config.option.collectonly:
+        raise pytest.UsageError("no tests were collected")
+
+
+os.environ.setdefault("MPLBACKEND", "Agg")

@@ -1,0 +1,239 @@
+"""The autograder against deliberately bad learner code: it must report, and survive."""
+
+import json
+import math
+import threading
+
+import pytest
+import torch
+
+from kvlab.grading import EXERCISES, check, get_exercise, run_checks
+from kvlab.grading.core import CheckFailed, call_without_mutation, same
+from kvlab.grading.limits import CheckTimeout, time_limit
+
+
+def good_kv_bytes(spec):
+    return 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * spec.dtype_bytes
+
+
+def good_decode(layer, x_t, k_cache, v_cache):
+    return layer.decode_step(x_t, k_cache, v_cache)
+
+
+def test_reference_solutions_get_full_marks(capsys):
+    for exercise_id, fn in (("00.kv_bytes", good_kv_bytes), ("00.decode_step", good_decode)):
+        result = check(exercise_id, fn)
+        assert result.ok and result.passed == result.total == len(EXERCISES[exercise_id].checks)
+        assert result.score == 1.0
+    out = capsys.readouterr().out
+    assert out.count("✅") == 10 and "❌" not in out
+
+
+def test_wrong_answer_shows_input_expected_got_and_hint(capsys):
+    def counts_query_heads(spec):
+        return 2 * spec.num_layers * spec.num_q_heads * spec.head_dim * spec.dtype_bytes
+
+    result = check("00.kv_bytes", counts_query_heads)
+    out = capsys.readouterr().out
+    assert result.status == "failed" and 0 < result.passed < result.total
+    assert "❌ grouped-query attention" in out
+    assert "expected: 131072" in out and "got:      524288" in out
+    assert "hint:     query heads are not cached" in out
+    assert "Llama-3-8B: 32 layers, 32 query heads, 8 KV heads" in out
+
+
+def test_wrong_type_is_named(capsys):
+    result = check("00.kv_bytes", lambda spec: float(good_kv_bytes(spec)))
+    out = capsys.readouterr().out
+    assert result.passed == 0
+    assert "should be of type int" in out and "got:      float 819200.0" in out
+
+
+def test_numpy_integers_count_as_int():
+    np = pytest.importorskip("numpy")
+    assert run_checks("00.kv_bytes", lambda s: np.int64(good_kv_bytes(s))).ok
+
+
+def test_learner_exception_shows_their_line_not_a_traceback(capsys):
+    def broken(spec):
+        heads = spec.heads  # AttributeError on purpose
+        return heads
+
+    result = check("00.kv_bytes", broken)
+    out = capsys.readouterr().out
+    assert result.passed == 0
+    assert "AttributeError: 'ModelSpec' object has no attribute 'heads'" in out
+    assert "heads = spec.heads  # AttributeError on purpose" in out
+    assert "Traceback" not in out and "kvlab/grading" not in out
+    assert out.count("AttributeError:") == 1  # repeated failures are folded
+    assert len(out.splitlines()) < 25
+
+
+def test_endless_loop_is_stopped_and_later_checks_skipped(capsys):
+    def spins(spec):
+        while True:
+            try:
+                pass
+            except Exception:  # a learner's catch-all must not swallow the time limit
+                pass
+
+    result = check("00.kv_bytes", spins, timeout=0.3)
+    out = capsys.readouterr().out
+    assert result.passed == 0 and result.status == "failed"
+    assert "did not finish within 0.3 s" in out
+    assert out.count("skipped: your code timed out") == result.total - 1
+
+
+def test_time_limit_in_a_worker_thread():
+    box = {}
+
+    def worker():
+        result = run_checks("00.kv_bytes", _spin_forever, timeout=0.3)
+        box["status"] = result.status
+        box["details"] = result.outcomes[0].details
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join(10)
+    assert not t.is_alive()
+    assert box["status"] == "failed" and "did not finish" in box["details"][0]
+
+
+def _spin_forever(spec):
+    while True:
+        pass
+
+
+def test_time_limit_does_not_fire_late():
+    with time_limit(0.5):
+        sum(range(1000))
+    x = 0
+    for _ in range(10**6):  # well after the limit would have passed, nothing is raised
+        x += 1
+    with pytest.raises(CheckTimeout):
+        with time_limit(0.05):
+            while True:
+                pass
+
+
+def test_huge_output_is_hidden_and_counted(capsys):
+    def noisy(spec):
+        print("x" * 100_000)
+        return good_kv_bytes(spec)
+
+    result = check("00.kv_bytes", noisy)
+    out = capsys.readouterr().out
+    assert result.ok
+    assert "printed" in out and "(hidden)" in out
+    assert len(out) < 2000
+
+
+def test_unimplemented_exercise_says_so(capsys):
+    def todo(spec):
+        # YOUR CODE HERE
+        raise NotImplementedError
+
+    result = check("00.kv_bytes", todo)
+    out = capsys.readouterr().out
+    assert result.status == "not implemented" and result.passed == 0
+    assert "not implemented yet" in out and "raise NotImplementedError" in out
+
+
+def test_wrong_kind_of_object(capsys):
+    result = check("00.kv_bytes", 819200)
+    out = capsys.readouterr().out
+    assert result.status == "wrong kind" and result.passed == 0
+    assert "expected a function, got 819200" in out
+
+
+def test_wrong_signature_is_explained(capsys):
+    check("00.kv_bytes", lambda: 3)
+    out = capsys.readouterr().out
+    assert "calling your code failed:" in out and "TypeError" in out
+
+
+def test_exit_in_learner_code_is_caught(capsys):
+    def quits(spec):
+        raise SystemExit(3)
+
+    assert check("00.kv_bytes", quits).passed == 0
+    assert "called exit(3)" in capsys.readouterr().out
+
+
+def test_mutating_inputs_is_caught(capsys):
+    def zeroes_input(layer, x_t, k_cache, v_cache):
+        out = layer.decode_step(x_t.clone(), k_cache, v_cache)
+        x_t.zero_()
+        return out
+
+    result = check("00.decode_step", zeroes_input)
+    assert result.passed == 0
+    assert "changed its input `x_t` in place" in capsys.readouterr().out
+
+
+def test_wrong_decode_shapes_and_math(capsys):
+    def no_scaling(layer, x_t, k_cache, v_cache):
+        q, k, v = layer.qkv(x_t.unsqueeze(0))
+        k_cache, v_cache = torch.cat([k_cache, k]), torch.cat([v_cache, v])
+        group = layer.num_heads // layer.num_kv_heads
+        keys = k_cache.repeat_interleave(group, 1)
+        scores = torch.einsum("hd,thd->ht", q[0], keys)  # forgot 1/sqrt(head_dim)
+        mixed = torch.einsum("ht,thd->hd", scores.softmax(-1), v_cache.repeat_interleave(group, 1))
+        return mixed.reshape(-1) @ layer.wo, k_cache, v_cache
+
+    result = check("00.decode_step", no_scaling)
+    out = capsys.readouterr().out
+    # the first token attends only to itself, so scaling cannot matter there
+    assert result.outcomes[0].passed and not result.outcomes[1].passed
+    assert "differs from recomputing" in out and "max abs error" in out
+
+    def forgets_to_append(layer, x_t, k_cache, v_cache):
+        y, _, _ = layer.decode_step(x_t, k_cache, v_cache)
+        return y, k_cache, v_cache
+
+    check("00.decode_step", forgets_to_append)
+    out = capsys.readouterr().out
+    assert "k_cache has the wrong shape after step 0" in out and "expected: (1, 2, 8)" in out
+
+    check("00.decode_step", lambda layer, x_t, k, v: math.pi)
+    assert "must return a tuple (y_t, k_cache, v_cache)" in capsys.readouterr().out
+
+
+def test_results_are_logged_for_kvlab_grade(tmp_path, monkeypatch, capsys):
+    log = tmp_path / "log.jsonl"
+    monkeypatch.setenv("KVLAB_GRADE_LOG", str(log))
+    check("00.kv_bytes", good_kv_bytes)
+    record = json.loads(log.read_text())
+    assert record == {
+        "exercise": "00.kv_bytes",
+        "title": "KV bytes per token",
+        "status": "passed",
+        "passed": 5,
+        "total": 5,
+    }
+
+
+def test_result_object():
+    result = run_checks("00.kv_bytes", good_kv_bytes)
+    assert repr(result) == "<CheckResult 00.kv_bytes: 5/5 passed>"
+    assert result._ipython_display_() is None  # shows nothing twice in a notebook
+
+
+def test_unknown_exercise_lists_the_known_ones():
+    with pytest.raises(KeyError, match="unknown exercise '00.nope'.*00.kv_bytes"):
+        get_exercise("00.nope")
+    with pytest.raises(TypeError, match="exercise_id must be a str"):
+        get_exercise(0)
+
+
+def test_call_without_mutation_and_same():
+    def appends(xs):
+        xs.append(1)
+        return len(xs)
+
+    with pytest.raises(CheckFailed, match="changed its input `xs`"):
+        call_without_mutation(appends, [0], names=("xs",))
+    assert call_without_mutation(len, [1, 2]) == 2
+    assert same({"a": torch.ones(2)}, {"a": torch.ones(2)})
+    assert not same(torch.ones(2), torch.ones(2, dtype=torch.float64))
+    assert not same((1, 2), [1, 2])

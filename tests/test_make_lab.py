@@ -1,0 +1,85 @@
+"""`make lab` serves JupyterLab on 127.0.0.1 with a token, opening Lab 00, without hanging headless."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+from conftest import ROOT, VENV_BIN
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, b""
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_lab_serves_lab_00(tmp_path):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    env["JUPYTER_RUNTIME_DIR"] = str(tmp_path)
+    log = tmp_path / "lab.log"
+    venv = VENV_BIN.parent
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            ["make", "lab", f"LAB_PORT={port}", f"VENV={venv}"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        url = None
+        deadline = time.time() + 120
+        while time.time() < deadline and url is None:
+            assert proc.poll() is None, log.read_text()
+            found = re.search(rf"http://127\.0\.0\.1:{port}/lab\S*\?token=(\w+)", log.read_text())
+            url = found.group(0) if found else None
+            time.sleep(0.5)
+        assert url, f"no URL printed within 120 s:\n{log.read_text()}"
+        token = re.search(r"token=(\w+)", url).group(1)
+        assert len(token) >= 32
+        assert "/lab/tree/labs/00_why_kv_cache.ipynb" in url, url
+
+        base = f"http://127.0.0.1:{port}"
+        assert get(f"{base}/api/kernelspecs")[0] == 403, "the server must require the token"
+        status, body = get(f"{base}/api/kernelspecs?token={token}")
+        assert status == 200 and "kvlab" in json.loads(body)["kernelspecs"]
+        status, body = get(f"{base}/api/contents/labs/00_why_kv_cache.ipynb?token={token}")
+        assert status == 200 and json.loads(body)["type"] == "notebook"
+        assert get(f"{base}/lab/tree/labs/00_why_kv_cache.ipynb?token={token}")[0] == 200
+        assert proc.poll() is None, "JupyterLab stopped on its own (tried to open a browser?)"
+    finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """End make and the JupyterLab it started (they share a session)."""
+    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
