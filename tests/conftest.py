@@ -3,6 +3,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Deterministic property tests: the same examples on every run and machine, no timing deadlines.
+settings.register_profile("kvlab", derandomize=True, deadline=None, database=None)
+settings.load_profile("kvlab")
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent

@@ -93,6 +93,7 @@ def grade_notebook(path: str | Path, cell_timeout: int = 300, kernel_name: str =
                 timeout=cell_timeout,
                 kernel_name=kernel_name,
                 allow_errors=True,
+                extra_arguments=["--IPKernelApp.log_level=ERROR"],  # no transport warnings
                 resources={"metadata": {"path": str(path.parent.resolve())}},
             )
             client.execute()
