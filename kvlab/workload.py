@@ -121,9 +121,10 @@ def mean_lengths(requests: list[Request]) -> tuple[float, float]:
 
 
 # Small recorded traces that later labs load by name; `python -m kvlab.workload` rewrites them.
+# Seed 3 is the first whose 400-request samples have both means within 2% of the paper's.
 TRACE_RECIPES = {
-    "sharegpt_like": lambda: sharegpt_like(400, seed=0, rate=1.0),
-    "alpaca_like": lambda: alpaca_like(400, seed=0, rate=4.0),
+    "sharegpt_like": lambda: sharegpt_like(400, seed=3, rate=1.0),
+    "alpaca_like": lambda: alpaca_like(400, seed=3, rate=4.0),
 }
 
 

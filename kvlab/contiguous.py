@@ -1,0 +1,319 @@
+"""Contiguous KV caches: every guest books one unbroken stretch of beds up front.
+
+``ArenaAllocator`` places variable-size bookings in one linear arena (first-fit or best-fit) and
+measures the external fragmentation that follows. ``ContiguousKVCache`` books each request by a
+reservation policy from the PagedAttention paper's baselines (Orca-Max, Orca-Pow2, Orca-Oracle) and
+accounts for every bed: used, reserved-for-future, internal fragmentation, free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+from kvlab.errors import OutOfMemory, OutOfSpace, ReservationFull
+from kvlab.trace import Trace, Usage, split_waste
+from kvlab.validate import positive_int
+
+PLACEMENTS = ("first_fit", "best_fit")
+POLICIES = ("max", "pow2", "exact")
+PAPER_NAMES = {"max": "Orca (Max)", "pow2": "Orca (Pow2)", "exact": "Orca (Oracle)"}
+
+
+def first_fit(free_extents: list[tuple[int, int]], n: int) -> int | None:
+    """Offset of the lowest free extent holding ``n`` beds, or None."""
+    for offset, length in free_extents:
+        if length >= n:
+            return offset
+    return None
+
+
+def best_fit(free_extents: list[tuple[int, int]], n: int) -> int | None:
+    """Offset of the smallest free extent holding ``n`` beds (lowest offset on ties), or None."""
+    fits = [(length, offset) for offset, length in free_extents if length >= n]
+    return min(fits)[1] if fits else None
+
+
+def external_fragmentation(free_extents: list[tuple[int, int]]) -> float:
+    """1 - largest free extent / total free: 0 when all free space is one piece (or none is free)."""
+    total = sum(length for _, length in free_extents)
+    if total == 0:
+        return 0.0
+    return 1.0 - max(length for _, length in free_extents) / total
+
+
+def _check_id(request_id) -> None:
+    if not isinstance(request_id, Hashable):
+        raise TypeError(f"request_id must be hashable, got {type(request_id).__name__}")
+
+
+class ArenaAllocator:
+    """Variable-size contiguous bookings in one linear arena of ``capacity_tokens`` beds."""
+
+    def __init__(self, capacity_tokens: int, policy: str = "first_fit", record: bool = False):
+        self.capacity = positive_int("capacity_tokens", capacity_tokens)
+        if policy not in PLACEMENTS:
+            raise ValueError(f"policy must be one of {PLACEMENTS}, got {policy!r}")
+        self.policy = policy
+        self._free: list[tuple[int, int]] = [(0, self.capacity)]  # sorted by offset, never adjacent
+        self._bookings: dict[Hashable, tuple[int, int]] = {}
+        self.impossible_allocations = 0
+        self.failed_allocations = 0
+        self.trace = Trace("arena", self.capacity, 1, meta={"policy": policy}) if record else None
+        self.clock = 0.0
+        self._record("start", None)
+
+    # --- queries ---------------------------------------------------------------------------
+    def free_extents(self) -> list[tuple[int, int]]:
+        return list(self._free)
+
+    @property
+    def total_free(self) -> int:
+        return sum(length for _, length in self._free)
+
+    @property
+    def largest_free_extent(self) -> int:
+        return max((length for _, length in self._free), default=0)
+
+    @property
+    def external_fragmentation(self) -> float:
+        return external_fragmentation(self._free)
+
+    @property
+    def bookings(self) -> dict[Hashable, tuple[int, int]]:
+        """request_id -> (offset, length)."""
+        return dict(self._bookings)
+
+    def __contains__(self, request_id) -> bool:
+        return request_id in self._bookings
+
+    def can_allocate(self, n: int) -> bool:
+        return self._choose(positive_int("n", n)) is not None
+
+    # --- changes ---------------------------------------------------------------------------
+    def _choose(self, n: int) -> int | None:
+        return (first_fit if self.policy == "first_fit" else best_fit)(self._free, n)
+
+    def allocate(self, request_id, n: int) -> int:
+        """Book ``n`` adjacent beds for ``request_id``; return the offset of the first."""
+        _check_id(request_id)
+        positive_int("n", n)
+        if request_id in self._bookings:
+            raise ValueError(f"request_id {request_id!r} already holds a booking")
+        offset = self._choose(n)
+        if offset is None:
+            total, largest = self.total_free, self.largest_free_extent
+            self.failed_allocations += 1
+            error = OutOfSpace(
+                f"no free extent holds {n} beds (largest free extent {largest}, {total} free in total)",
+                needed=n,
+                total_free=total,
+                largest_free=largest,
+            )
+            if error.impossible:
+                self.impossible_allocations += 1
+            event = "impossible allocation" if error.impossible else "out of memory"
+            self._record(event, request_id, note=f"{request_id} needs {n} beds")
+            raise error
+        i = next(i for i, (start, _) in enumerate(self._free) if start == offset)
+        start, length = self._free[i]
+        if length == n:
+            del self._free[i]
+        else:
+            self._free[i] = (start + n, length - n)
+        self._bookings[request_id] = (offset, n)
+        self._record("check-in", request_id)
+        return offset
+
+    def free(self, request_id) -> None:
+        """Release a booking, merging it with free neighbours."""
+        if request_id not in self._bookings:
+            raise KeyError(f"request_id {request_id!r} holds no booking")
+        offset, n = self._bookings.pop(request_id)
+        free = self._free
+        i = next((i for i, (start, _) in enumerate(free) if start > offset), len(free))
+        start, length = offset, n
+        if i < len(free) and free[i][0] == offset + n:  # merge with the extent after
+            length += free.pop(i)[1]
+        if i > 0 and free[i - 1][0] + free[i - 1][1] == offset:  # and the one before
+            start, prev_length = free.pop(i - 1)
+            length += prev_length
+            i -= 1
+        free.insert(i, (start, length))
+        self._record("check-out", request_id)
+
+    def _record(self, event: str, guest, note: str = "") -> None:
+        if self.trace is None:
+            return
+        tables = {g: range(o, o + n) for g, (o, n) in self._bookings.items()}
+        sizes = {g: n for g, (_, n) in self._bookings.items()}
+        self.trace.record(event, guest, self.clock, tables, sizes, sizes, sizes, note)
+
+
+def next_power_of_two(n: int) -> int:
+    return 1 << (positive_int("n", n) - 1).bit_length()
+
+
+def booking_size(policy: str, prompt_len: int, output_len: int | None, max_seq_len: int) -> int:
+    """Beds a reservation policy books for one request."""
+    if policy == "max":
+        return max_seq_len
+    if output_len is None:
+        raise ValueError(
+            f"policy {policy!r} needs output_len (it assumes the true length is known)"
+        )
+    total = prompt_len + output_len
+    return min(max_seq_len, next_power_of_two(total)) if policy == "pow2" else total
+
+
+class ContiguousKVCache:
+    """Each admitted request books one contiguous stretch sized by ``policy``.
+
+    Capacity is ``num_slots x max_seq_len`` beds. With the ``"max"`` policy every booking is a whole
+    slot of ``max_seq_len`` beds (Orca-Max), so exactly ``num_slots`` requests fit. ``"pow2"`` and
+    ``"exact"`` book less, placing the bookings in an :class:`ArenaAllocator` over the same memory.
+    With a ``spec``, real K and V tensors ``[num_slots, max_seq_len, kv_heads, head_dim]`` per layer
+    back the beds; without one the cache only keeps the accounts.
+    """
+
+    def __init__(
+        self,
+        num_slots: int,
+        max_seq_len: int,
+        spec=None,
+        policy: str = "max",
+        placement: str = "first_fit",
+        record: bool = False,
+    ):
+        self.num_slots = positive_int("num_slots", num_slots)
+        self.max_seq_len = positive_int("max_seq_len", max_seq_len)
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        self.policy = policy
+        self.spec = spec
+        self.arena = ArenaAllocator(num_slots * max_seq_len, placement)
+        self._tokens: dict[Hashable, int] = {}
+        self._final: dict[Hashable, int | None] = {}
+        self.clock = 0.0
+        self.trace = (
+            Trace(
+                "contiguous", self.capacity, 1, meta={"policy": policy, "max_seq_len": max_seq_len}
+            )
+            if record
+            else None
+        )
+        self.k = self.v = None
+        if spec is not None:
+            import torch
+
+            dtype = {1: torch.uint8, 2: torch.float16, 4: torch.float32}[spec.dtype_bytes]
+            shape = (num_slots, max_seq_len, spec.num_kv_heads, spec.head_dim)
+            self.k = [torch.zeros(shape, dtype=dtype) for _ in range(spec.num_layers)]
+            self.v = [torch.zeros(shape, dtype=dtype) for _ in range(spec.num_layers)]
+        self.snapshot("start")
+
+    @property
+    def capacity(self) -> int:
+        return self.arena.capacity
+
+    @property
+    def guests(self) -> list:
+        return list(self._tokens)
+
+    def __contains__(self, request_id) -> bool:
+        return request_id in self._tokens
+
+    def booking(self, request_id) -> tuple[int, int]:
+        """(offset, beds booked) of a request in the flat token layout."""
+        self._known(request_id)
+        return self.arena.bookings[request_id]
+
+    def num_tokens(self, request_id) -> int:
+        self._known(request_id)
+        return self._tokens[request_id]
+
+    def _known(self, request_id) -> None:
+        if request_id not in self._tokens:
+            raise KeyError(f"request_id {request_id!r} is not admitted")
+
+    def _size(self, prompt_len: int, output_len: int | None) -> int:
+        positive_int("prompt_len", prompt_len)
+        if output_len is not None:
+            positive_int("output_len", output_len, minimum=0)
+        total = prompt_len + (output_len or 0)
+        if total > self.max_seq_len:
+            what = "prompt_len + output_len" if output_len else "prompt_len"
+            raise ValueError(f"{what} = {total} exceeds max_seq_len = {self.max_seq_len}")
+        return booking_size(self.policy, prompt_len, output_len, self.max_seq_len)
+
+    def can_admit(self, prompt_len: int, output_len: int | None = None) -> bool:
+        return self.arena.can_allocate(self._size(prompt_len, output_len))
+
+    def admit(self, request_id, prompt_len: int, output_len: int | None = None) -> int:
+        """Book beds for a new request holding ``prompt_len`` prompt tokens; return its offset.
+
+        ``output_len`` is the number of tokens the request will generate: the pow2 and exact
+        policies need it (the paper's baselines assume it is known); the accounts use it to tell
+        reserved-for-future beds from internal fragmentation.
+        """
+        _check_id(request_id)
+        size = self._size(prompt_len, output_len)
+        if request_id in self._tokens:
+            raise ValueError(f"request_id {request_id!r} is already admitted")
+        try:
+            offset = self.arena.allocate(request_id, size)
+        except OutOfSpace as e:
+            event = "impossible allocation" if e.impossible else "out of memory"
+            self.snapshot(event, request_id, note=f"{request_id} needs {size} beds")
+            raise
+        self._tokens[request_id] = prompt_len
+        self._final[request_id] = None if output_len is None else prompt_len + output_len
+        self.snapshot("check-in", request_id)
+        return offset
+
+    def append(self, request_id) -> int:
+        """Make room for one more token; return its flat slot (offset + position)."""
+        self._known(request_id)
+        offset, size = self.arena.bookings[request_id]
+        tokens = self._tokens[request_id]
+        if tokens >= size:
+            raise ReservationFull(f"request_id {request_id!r} already fills its {size} booked beds")
+        self._tokens[request_id] = tokens + 1
+        return offset + tokens
+
+    def release(self, request_id) -> None:
+        self._known(request_id)
+        self.arena.free(request_id)
+        del self._tokens[request_id], self._final[request_id]
+        self.snapshot("check-out", request_id)
+
+    def memory_report(self) -> Usage:
+        used = future = internal = 0
+        for guest, (_, size) in self.arena.bookings.items():
+            u, f, i = split_waste(size, self._tokens[guest], self._final[guest])
+            used, future, internal = used + u, future + f, internal + i
+        free = self.capacity - used - future - internal
+        bytes_per_token = self.spec.kv_bytes_per_token if self.spec is not None else None
+        return Usage(self.capacity, used, future, internal, free, bytes_per_token)
+
+    def snapshot(self, event: str = "step", guest=None, note: str = "") -> None:
+        """Record the current state into the trace (no-op when not recording)."""
+        if self.trace is None:
+            return
+        bookings = self.arena.bookings
+        tables = {g: range(o, o + n) for g, (o, n) in bookings.items()}
+        booked = {g: n for g, (_, n) in bookings.items()}
+        self.trace.record(event, guest, self.clock, tables, self._tokens, booked, self._final, note)
+
+
+__all__ = [
+    "PAPER_NAMES",
+    "ArenaAllocator",
+    "ContiguousKVCache",
+    "OutOfMemory",
+    "OutOfSpace",
+    "ReservationFull",
+    "best_fit",
+    "booking_size",
+    "external_fragmentation",
+    "first_fit",
+]

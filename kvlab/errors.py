@@ -1,0 +1,29 @@
+"""Typed errors shared by every allocator. Each is raised with the allocator's state unchanged."""
+
+from __future__ import annotations
+
+
+class OutOfMemory(MemoryError):
+    """The hotel cannot take this booking now (nothing was changed)."""
+
+
+class OutOfSpace(OutOfMemory):
+    """No single free extent of a contiguous arena is large enough.
+
+    ``impossible`` is True when the free space *in total* would have been enough: the request was
+    refused only because that space is scattered (external fragmentation).
+    """
+
+    def __init__(self, message: str, *, needed: int, total_free: int, largest_free: int):
+        super().__init__(message)
+        self.needed = needed
+        self.total_free = total_free
+        self.largest_free = largest_free
+
+    @property
+    def impossible(self) -> bool:
+        return self.total_free >= self.needed
+
+
+class ReservationFull(OutOfMemory):
+    """A guest tried to use one more bed than its booking holds."""
