@@ -25,7 +25,7 @@ def _expect_fit(fn, extents, n, hint=None):
     hint="walk the extents in offset order; return the offset of the first with length >= n",
 )
 def _first(fn):
-    _expect_fit(fn, [(0, 5), (10, 100), (200, 20)], 20)
+    _expect_fit(fn, [(0, 5), (10, 30), (50, 100), (200, 20)], 20)
 
 
 @fit.check("an extent of exactly n beds fits")
