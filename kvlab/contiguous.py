@@ -149,12 +149,26 @@ class ArenaAllocator:
         self.trace.record(event, guest, self.clock, tables, sizes, sizes, sizes, note)
 
 
+def torch_dtype(spec):
+    """The tensor dtype for a spec's element size (1, 2 or 4 bytes)."""
+    import torch
+
+    dtypes = {1: torch.uint8, 2: torch.float16, 4: torch.float32}
+    if spec.dtype_bytes not in dtypes:
+        raise ValueError(
+            f"spec.dtype_bytes must be 1, 2 or 4 for real tensors, got {spec.dtype_bytes}"
+        )
+    return dtypes[spec.dtype_bytes]
+
+
 def next_power_of_two(n: int) -> int:
     return 1 << (positive_int("n", n) - 1).bit_length()
 
 
 def booking_size(policy: str, prompt_len: int, output_len: int | None, max_seq_len: int) -> int:
     """Beds a reservation policy books for one request."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
     if policy == "max":
         return max_seq_len
     if output_len is None:
@@ -188,6 +202,8 @@ class ContiguousKVCache:
         self.max_seq_len = positive_int("max_seq_len", max_seq_len)
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
         self.policy = policy
         self.spec = spec
         self.arena = ArenaAllocator(num_slots * max_seq_len, placement)
@@ -205,7 +221,7 @@ class ContiguousKVCache:
         if spec is not None:
             import torch
 
-            dtype = {1: torch.uint8, 2: torch.float16, 4: torch.float32}[spec.dtype_bytes]
+            dtype = torch_dtype(spec)
             shape = (num_slots, max_seq_len, spec.num_kv_heads, spec.head_dim)
             self.k = [torch.zeros(shape, dtype=dtype) for _ in range(spec.num_layers)]
             self.v = [torch.zeros(shape, dtype=dtype) for _ in range(spec.num_layers)]

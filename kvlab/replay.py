@@ -5,14 +5,19 @@ in as many waiting guests as it can (first come, first served: a guest who does 
 queue), every guest in the hotel writes one new token, and guests who are done check out.
 The cache is any object with ``admit(id, prompt_len, output_len)``, ``append(id)``, ``release(id)``
 and ``memory_report()``; refusals are :class:`~kvlab.errors.OutOfMemory`.
+
+A cache that allocates on demand (paged) can run out of rooms in the middle of a step. Then the
+guest checked in last is asked to leave and come back later (preemption by recomputation, as in
+vLLM): it returns to the front of the queue, and when readmitted its tokens so far count as prompt.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from kvlab.errors import OutOfMemory
+from kvlab.errors import OutOfMemory, ReservationFull
 from kvlab.trace import Usage
 from kvlab.workload import Request
 
@@ -27,7 +32,8 @@ class ReplayResult:
     waiting: list[int] = field(default_factory=list)
     busy: list[bool] = field(default_factory=list)
     probes: list = field(default_factory=list)  # what ``probe(cache)`` returned after each step
-    refusals: int = 0  # admissions tried and refused (a blocked guest is retried every step)
+    refusals: int = 0
+    preemptions: int = 0  # guests asked to leave and come back later (their tokens recomputed)  # admissions tried and refused (a blocked guest is retried every step)
 
     @property
     def steps(self) -> int:
@@ -65,18 +71,25 @@ def replay(
     """
     if not requests:
         raise ValueError("requests must not be empty")
-    queue = deque(sorted(enumerate(requests), key=lambda pair: pair[1].arrival))
-    left: dict[str, int] = {}  # tokens still to generate
+    if not step_seconds > 0:
+        raise ValueError(f"step_seconds must be > 0, got {step_seconds}")
+    queue = deque(
+        (f"r{i}", r) for i, r in sorted(enumerate(requests), key=lambda pair: pair[1].arrival)
+    )
+    left: dict[str, int] = {}  # tokens still to generate, in order of check-in
     result = ReplayResult()
+    requests_by_id = dict(queue)
     step = 0
     while queue or left:
         if step >= max_steps:
             raise RuntimeError(f"replay did not finish within max_steps={max_steps}")
         now = step * step_seconds
+        if not left and queue[0][1].arrival > now:  # empty hotel: skip ahead to the next arrival
+            step = math.ceil(queue[0][1].arrival / step_seconds - 1e-9)
+            now = step * step_seconds
         cache.clock = now
         while queue and queue[0][1].arrival <= now:
-            index, request = queue[0]
-            guest = f"r{index}"
+            guest, request = queue[0]
             try:
                 cache.admit(guest, request.prompt_len, request.output_len)
             except OutOfMemory:
@@ -90,16 +103,29 @@ def replay(
             queue.popleft()
             left[guest] = request.output_len
         for guest in list(left):
-            cache.append(guest)
-            left[guest] -= 1
+            if guest not in left:  # preempted earlier in this step
+                continue
+            while True:
+                try:
+                    cache.append(guest)
+                    break
+                except ReservationFull:
+                    raise
+                except OutOfMemory:
+                    victim = _preempt(cache, queue, left, requests_by_id, now)
+                    result.preemptions += 1
+                    if victim == guest:
+                        break
+            if guest in left:
+                left[guest] -= 1
         report = cache.memory_report()
+        if hasattr(cache, "snapshot"):
+            cache.snapshot("step")
         waiting = sum(1 for _, r in queue if r.arrival <= now)
         result.running.append(len(left))
         for guest in [g for g, n in left.items() if n == 0]:
             del left[guest]
             cache.release(guest)
-        if hasattr(cache, "snapshot"):
-            cache.snapshot("step")
         if probe is not None:
             result.probes.append(probe(cache))
         result.times.append(now)
@@ -108,3 +134,19 @@ def replay(
         result.busy.append(waiting > 0)
         step += 1
     return result
+
+
+def _preempt(cache, queue, left: dict, requests_by_id: dict, now: float) -> str:
+    """Ask the guest checked in last to leave; it rejoins the front of the queue."""
+    victim = next(reversed(left))
+    original = requests_by_id[victim]
+    generated = original.output_len - left.pop(victim)
+    cache.release(victim)
+    if hasattr(cache, "snapshot"):
+        cache.snapshot("preemption", victim)
+    rest = Request(
+        original.prompt_len + generated, original.output_len - generated, original.arrival
+    )
+    requests_by_id[victim] = rest
+    queue.appendleft((victim, rest))
+    return victim

@@ -22,6 +22,7 @@ EVENTS = (
     "check-out",
     "append",
     "step",
+    "fork",
     "copy-on-write",
     "preemption",
     "impossible allocation",
@@ -56,8 +57,12 @@ class Usage:
     def booked(self) -> int:
         return self.used + self.future + self.internal
 
+    PARTS = ("used", "future", "internal", "free")
+
     def share(self, part: str) -> float:
         """A part's share of the whole hotel (``"used"``, ``"future"``, ``"internal"``, ``"free"``)."""
+        if part not in self.PARTS:
+            raise ValueError(f"part must be one of {self.PARTS}, got {part!r}")
         return getattr(self, part) / self.capacity
 
     def in_bytes(self, part: str) -> int:
@@ -113,8 +118,9 @@ class Trace:
     def record(self, event: str, guest, time: float, tables, tokens, booked, final, note=""):
         if event not in EVENTS:
             raise ValueError(f"event must be one of {EVENTS}, got {event!r}")
+        cards = {g: t if isinstance(t, (range, tuple)) else tuple(t) for g, t in tables.items()}
         self.frames.append(
-            Frame(event, guest, time, dict(tables), dict(tokens), dict(booked), dict(final), note)
+            Frame(event, guest, time, cards, dict(tokens), dict(booked), dict(final), note)
         )
 
     def usage(self, index: int) -> Usage:

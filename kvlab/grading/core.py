@@ -295,6 +295,13 @@ def run_checks(exercise_id: str, obj, timeout: float | None = None) -> CheckResu
             ],
         )
         return CheckResult(ex.id, ex.title, "wrong kind", [outcome], total)
+    if str(getattr(obj, "__module__", "")).startswith("kvlab."):
+        outcome = Outcome(
+            "hand in your own code",
+            False,
+            [f"{getattr(obj, '__qualname__', obj)} is kvlab's reference, not your exercise"],
+        )
+        return CheckResult(ex.id, ex.title, "wrong kind", [outcome], total)
     out = BoundedBuffer()
     outcomes: list[Outcome] = []
     last_failure: list[str] | None = None
@@ -304,9 +311,11 @@ def run_checks(exercise_id: str, obj, timeout: float | None = None) -> CheckResu
             outcomes.append(Outcome(check_.name, False, [TIMED_OUT_SKIP]))
             continue
         outcome, unimplemented = _run_one(check_, obj, timeout, out)
-        if unimplemented:
+        if unimplemented and not outcomes:
             return CheckResult(ex.id, ex.title, "not implemented", [], total)
-        if not outcome.passed:
+        if outcome.passed:
+            last_failure = None
+        else:
             timed_out = outcome.details[0].startswith("your code did not finish")
             first = outcome.details[0]
             if first == last_failure:

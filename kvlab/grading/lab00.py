@@ -37,7 +37,7 @@ def _expect_bytes(fn, spec: ModelSpec, hint: str | None = None):
 
 @kv_bytes.check(
     "OPT-13B needs 819,200 bytes (800 KB) per token, as in the PagedAttention paper",
-    hint="every layer stores a key AND a value vector per head: 2 × layers × heads × head_dim × bytes",
+    hint="every layer stores a key AND a value vector per KV head: 2 × layers × KV heads × head_dim × bytes",
 )
 def _opt(fn):
     _expect_bytes(fn, OPT_13B)
@@ -120,8 +120,8 @@ def _run_decode(fn, layer: TinyAttention, steps: int, seed: int):
                     if name != "y_t"
                     else "project the attention output back with layer.wo",
                 )
-        if not torch.allclose(y, expected[t], atol=1e-5, rtol=1e-4):
-            err = (y - expected[t]).abs().max().item()
+        if not torch.allclose(y.to(expected.dtype), expected[t], atol=1e-5, rtol=1e-4):
+            err = (y.to(expected.dtype) - expected[t]).abs().max().item()
             raise CheckFailed(
                 f"output of step {t} differs from recomputing all {t + 1} tokens",
                 input=setup,

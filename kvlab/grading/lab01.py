@@ -176,13 +176,13 @@ def _full_prompt(cls):
 
 @cache.check(
     "a full hotel refuses with a MemoryError and changes nothing",
-    hint="raise kvlab.errors.OutOfMemory (a MemoryError) when every slot is taken",
+    hint="raise kvlab.errors.OutOfMemory (a MemoryError) when every suite is taken",
 )
 def _full(cls):
     twin = _Twin(cls, 2, 16)
     twin.do("admit", "a", 3, 4)
     twin.do("admit", "b", 3, 4)
-    twin.expect_error((MemoryError,), "admit", "c", 3, 4, hint="check for a free slot first")
+    twin.expect_error((MemoryError,), "admit", "c", 3, 4, hint="check for a free suite first")
     twin.do("release", "a")
     twin.do("admit", "c", 3, 4)
 
