@@ -1,4 +1,4 @@
-"""The ``kvlab`` command: doctor, grade, labs."""
+"""The ``kvlab`` command: doctor, grade, labs, bench."""
 
 from __future__ import annotations
 
@@ -40,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--kernel", default="python3", help="Jupyter kernel to run in (default: this Python)"
     )
 
+    bench = sub.add_parser("bench", help="run a benchmark, print figures, write JSON")
+    bench.add_argument("name", choices=["allocator"], help="what to measure")
+    bench.add_argument("--out", help="JSON path (default: benchmarks/NAME.json)")
+
     labs = sub.add_parser("labs", help="write learner notebooks from the solutions")
     labs.add_argument("--solutions", type=Path, help="default: the course's solutions/")
     labs.add_argument("--out", type=Path, help="default: the course's labs/")
@@ -57,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         from kvlab.grading.notebook import main as grade
 
         return grade(args.paths, args.json, args.cell_timeout, args.kernel)
+    if args.command == "bench":
+        from kvlab.bench import main as bench
+
+        return bench(args.name, args.out)
     return _labs(args)
 
 

@@ -225,7 +225,15 @@ class ContiguousKVCache:
             shape = (num_slots, max_seq_len, spec.num_kv_heads, spec.head_dim)
             self.k = [torch.zeros(shape, dtype=dtype) for _ in range(spec.num_layers)]
             self.v = [torch.zeros(shape, dtype=dtype) for _ in range(spec.num_layers)]
+        if record:
+            self.start_recording()
+
+    def start_recording(self) -> Trace:
+        """Record frames from now on (the first one shows the current state)."""
+        meta = {"policy": self.policy, "max_seq_len": self.max_seq_len}
+        self.trace = Trace("contiguous", self.capacity, 1, meta=meta)
         self.snapshot("start")
+        return self.trace
 
     @property
     def capacity(self) -> int:

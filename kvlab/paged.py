@@ -36,12 +36,17 @@ class BlockManager:
         self._shared = 0  # rooms with ref_count > 1 (0 lets memory_report skip the per-room pass)
         self.final: dict[Hashable, int] = {}  # expected final length per sequence, when known
         self.clock = 0.0
-        self.trace = (
-            Trace("paged", self.num_blocks, self.block_size, meta={"block_size": block_size})
-            if record
-            else None
+        self.trace = None
+        if record:
+            self.start_recording()
+
+    def start_recording(self) -> Trace:
+        """Record frames from now on (the first one shows the current state)."""
+        self.trace = Trace(
+            "paged", self.num_blocks, self.block_size, meta={"block_size": self.block_size}
         )
         self.snapshot("start")
+        return self.trace
 
     # --- queries -----------------------------------------------------------------------------
     @property
@@ -227,6 +232,9 @@ class PagedHotel:
     @property
     def trace(self):
         return self.manager.trace
+
+    def start_recording(self) -> Trace:
+        return self.manager.start_recording()
 
     @property
     def clock(self) -> float:

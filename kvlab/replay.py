@@ -62,12 +62,14 @@ def replay(
     requests: list[Request],
     step_seconds: float = 0.05,
     probe=None,
+    until: float | None = None,
     max_steps: int = 10**7,
 ) -> ReplayResult:
     """Run every request to completion; return a :class:`ReplayResult`.
 
     Arrivals are in seconds; one decode step lasts ``step_seconds``. Request i is called ``r{i}``.
     ``probe(cache)``, if given, is called at the end of every step and its values are kept.
+    ``until`` stops the replay at that time (seconds), leaving guests in the hotel.
     """
     if not requests:
         raise ValueError("requests must not be empty")
@@ -87,6 +89,8 @@ def replay(
         if not left and queue[0][1].arrival > now:  # empty hotel: skip ahead to the next arrival
             step = math.ceil(queue[0][1].arrival / step_seconds - 1e-9)
             now = step * step_seconds
+        if until is not None and now > until:
+            break
         cache.clock = now
         while queue and queue[0][1].arrival <= now:
             guest, request = queue[0]

@@ -263,3 +263,26 @@ def plot_fragmentation_over_time(runs: dict[str, tuple[list, list, list]], axes=
         ax.legend(fontsize=8)
     axes[0].figure.tight_layout()
     return axes
+
+
+def plot_block_size_tradeoff(
+    sizes: list[int], used: dict[str, list[float]], rooms: dict[str, list[float]]
+):
+    """Left: share of memory holding tokens per block size; right: key-card length per guest."""
+    _, axes = plt.subplots(1, 2, figsize=(9, 3.3))
+    for (name, shares), color in zip(used.items(), GPU_COLORS, strict=False):
+        axes[0].plot(sizes, [s * 100 for s in shares], marker="o", label=name, color=color)
+        axes[1].plot(sizes, rooms[name], marker="o", label=name, color=color)
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(s) for s in sizes])
+        ax.set_xlabel("block size (beds per room)")
+        ax.axvspan(16, 128, color=COLORS["used"], alpha=0.08, lw=0)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("memory holding tokens (%)")
+    axes[0].set_title("waste grows with the room size", fontsize=9)
+    axes[1].set_yscale("log")
+    axes[1].set_ylabel("key-card entries per guest")
+    axes[1].set_title("key cards shrink with the room size", fontsize=9)
+    axes[0].figure.tight_layout()
+    return axes

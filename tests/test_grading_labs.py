@@ -150,3 +150,60 @@ def test_external_fragmentation_checks():
     assert "300 random floors" in failed(
         run_checks("02.external_fragmentation", smallest_over_total)
     )
+
+
+def learner_class(base):
+    """A subclass that looks like learner code (kvlab's own classes are refused)."""
+    return type(base.__name__, (base,), {"__module__": "__main__"})
+
+
+def test_block_manager_checks():
+    from kvlab.paged import BlockManager
+
+    Mine = learner_class(BlockManager)
+    assert run_checks("03.block_manager", Mine).ok
+
+    class OffByOne(Mine):
+        def blocks_needed(self, num_tokens):
+            return num_tokens // self.block_size + 1  # one room too many at exact multiples
+
+    assert failed(run_checks("03.block_manager", OffByOne))[0].startswith("allocate: n tokens get")
+
+    class Leaky(Mine):
+        def allocate(self, seq_id, num_tokens):
+            if self.blocks_needed(num_tokens) > self.num_free_blocks and self._free:
+                self._free.pop()  # takes a room before noticing it cannot finish
+            return super().allocate(seq_id, num_tokens)
+
+    assert "out of rooms: OutOfBlocks (a MemoryError), and nothing changes" in failed(
+        run_checks("03.block_manager", Leaky)
+    )
+
+    class Unfinished(Mine):
+        def append_slot(self, seq_id):
+            raise NotImplementedError
+
+    result = run_checks("03.block_manager", Unfinished)
+    assert (
+        result.status == "failed" and result.outcomes[0].passed
+    )  # allocate works; the rest says why
+    assert "not implemented yet" in result.outcomes[1].details
+
+
+def test_beds_report_checks():
+    def good(m, ids):
+        used = sum(m.num_tokens(s) for s in ids)
+        held = sum(len(m.block_table(s)) for s in ids) * m.block_size
+        return {"used": used, "empty": held - used, "free": m.num_free_blocks * m.block_size}
+
+    assert run_checks("03.beds_report", good).ok
+
+    def rooms_not_beds(m, ids):
+        report = good(m, ids)
+        report["free"] = m.num_free_blocks
+        return report
+
+    assert (
+        failed(run_checks("03.beds_report", rooms_not_beds))[0]
+        == "two guests with partly filled last rooms"
+    )
