@@ -115,23 +115,29 @@ def test_every_solution_has_a_lab_and_exercises():
     assert solutions == sorted(p.name for p in LABS_DIR.glob("*.ipynb"))
 
 
+def _split_solution_lines(solution) -> tuple[set[str], set[str]]:
+    """(lines inside solution regions, lines outside them) of a solution notebook."""
+    inside_lines, outside_lines = set(), set()
+    for cell in solution.cells:
+        inside = False
+        for line in cell.source.splitlines():
+            if line.strip() in (BEGIN, END):
+                inside = line.strip() == BEGIN
+            else:
+                (inside_lines if inside else outside_lines).add(line.strip())
+    return inside_lines, outside_lines
+
+
 def test_no_solution_text_leaks_into_labs():
     for lab_path in sorted(LABS_DIR.glob("*.ipynb")):
         lab = nbformat.read(lab_path, as_version=4)
         solution = nbformat.read(SOLUTIONS_DIR / lab_path.name, as_version=4)
-        text = "\n".join(c.source for c in lab.cells)
-        assert "BEGIN SOLUTION" not in text and "END SOLUTION" not in text
-        for cell in solution.cells:
-            if BEGIN not in cell.source:
-                continue
-            inside = False
-            for line in cell.source.splitlines():
-                if line.strip() == BEGIN:
-                    inside = True
-                elif line.strip() == END:
-                    inside = False
-                elif inside and len(line.strip()) > 12:
-                    assert line.strip() not in text, f"{lab_path.name} leaks: {line.strip()}"
+        lab_lines = {line.strip() for c in lab.cells for line in c.source.splitlines()}
+        assert not any("BEGIN SOLUTION" in x or "END SOLUTION" in x for x in lab_lines)
+        inside, outside = _split_solution_lines(solution)
+        # a line only the solution regions contain must not appear in the lab
+        leaks = {x for x in inside - outside if len(x) > 12} & lab_lines
+        assert not leaks, f"{lab_path.name} leaks: {sorted(leaks)}"
 
 
 def test_committed_notebooks_are_clean():
