@@ -12,7 +12,7 @@ LAB_PORT ?= 8888
 FIRST_LAB := $(firstword $(sort $(wildcard labs/00_*.ipynb)))
 STAMP := $(VENV)/.kvlab-installed
 
-.PHONY: install lab test labs lint format clean
+.PHONY: install lab test labs lint format clean browser
 
 install: $(STAMP)
 
@@ -33,7 +33,17 @@ lab: install
 		$(if $(DISPLAY)$(WAYLAND_DISPLAY)$(filter Darwin,$(shell uname -s)),,--no-browser) \
 		$(if $(filter 0,$(shell id -u)),--allow-root)
 
-test: install
+# The widget's browser test needs Debian's chromium; install it where we can (root + apt-get).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "kvlab: installing Debian's chromium for the browser tests"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+		else \
+			echo "kvlab: chromium is missing and cannot be installed here (needs root and apt-get): browser tests will be skipped"; \
+		fi; }
+
+test: install browser
 	$(VENV)/bin/ruff check kvlab tests
 	$(VENV)/bin/ruff format --check kvlab tests
 	TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest tests solutions --nbval-lax --nbval-current-env \

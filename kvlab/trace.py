@@ -124,13 +124,32 @@ class Trace:
         )
 
     def usage(self, index: int) -> Usage:
+        """The frame's beds split into used / future / internal / free; a room on several key
+        cards counts once (used up to its fullest holder)."""
         frame = self.frames[index]
-        used = future = internal = 0
-        for guest, booked in frame.booked.items():
-            u, f, i = split_waste(booked, frame.tokens[guest], frame.final.get(guest))
-            used, future, internal = used + u, future + f, internal + i
-        booked_total = used + future + internal
-        return Usage(self.capacity, used, future, internal, self.capacity - booked_total)
+        lists = [t for t in frame.tables.values() if not isinstance(t, range)]
+        held = sum(len(t) for t in lists)
+        if held == len({room for t in lists for room in t}):  # no room is shared
+            used = future = internal = 0
+            for guest, booked in frame.booked.items():
+                u, f, i = split_waste(booked, frame.tokens[guest], frame.final.get(guest))
+                used, future, internal = used + u, future + f, internal + i
+            return Usage(
+                self.capacity, used, future, internal, self.capacity - used - future - internal
+            )
+        size = self.room_size
+        filled: dict[int, int] = {}
+        will_fill: dict[int, int] = {}
+        for guest, table in frame.tables.items():
+            tokens, final = frame.tokens[guest], frame.final.get(guest)
+            for i, room in enumerate(table):
+                now = max(0, min(size, tokens - i * size))
+                later = size if final is None else max(now, min(size, final - i * size))
+                filled[room] = max(filled.get(room, 0), now)
+                will_fill[room] = max(will_fill.get(room, 0), later)
+        used, booked = sum(filled.values()), len(filled) * size
+        future = sum(will_fill.values()) - used
+        return Usage(self.capacity, used, future, booked - used - future, self.capacity - booked)
 
     def free_runs(self, index: int) -> list[tuple[int, int]]:
         """Runs of adjacent free rooms ``(start, length)`` in a frame."""
