@@ -18,11 +18,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(os.environ.get("KVLAB_ARTIFACTS", ROOT / "tests" / "artifacts"))
 
-NOTEBOOK = [
-    """\
+SMALL_HOTEL = """\
 from kvlab.paged import BlockManager
-from kvlab.widgets import HotelFloorPlan, animate
-from kvlab.widgets.frames import encode, room_states
 
 m = BlockManager(num_blocks=64, block_size=4, record=True)
 for i in range(6):
@@ -34,6 +31,13 @@ for _ in range(10):
 m.fork("g0", "g0-copy")
 m.append_slot("g0-copy")
 m.free("g3")
+"""
+
+NOTEBOOK = [
+    SMALL_HOTEL
+    + """\
+from kvlab.widgets import animate
+
 small = animate(m.trace, title="browser test hotel", interval_ms=100)
 small""",
     """\
@@ -139,20 +143,12 @@ BOOKED_AT_STEP = """(index) => {
 def test_hotel_widget_in_jupyterlab(lab_server):
     from playwright.sync_api import sync_playwright
 
-    from kvlab.paged import BlockManager
     from kvlab.widgets.frames import encode, room_states
 
     # the same trace the notebook builds, to know what the browser must show
-    m = BlockManager(num_blocks=64, block_size=4, record=True)
-    for i in range(6):
-        m.allocate(f"g{i}", 3 + 2 * i)
-    for _ in range(10):
-        for i in range(6):
-            m.append_slot(f"g{i}")
-        m.snapshot()
-    m.fork("g0", "g0-copy")
-    m.append_slot("g0-copy")
-    m.free("g3")
+    scope: dict = {}
+    exec(SMALL_HOTEL, scope)
+    m = scope["m"]
     data = encode(m.trace)
     booked = [
         sorted(r for r, s in enumerate(room_states(data, step)) if s[0] >= 0)
