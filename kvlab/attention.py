@@ -36,15 +36,107 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     return torch.einsum("hts,shd->thd", probs, v.float()).to(q.dtype)
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-    """One new token's query ``[q_heads, head_dim]`` against every cached key and value."""
+def decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *, scale: float | None = None
+) -> torch.Tensor:
+    """One new token's query ``[q_heads, head_dim]`` against every cached key and value
+    (``[tokens, kv_heads, head_dim]``), accumulated in fp32; ``scale`` defaults to 1/sqrt(head_dim)."""
     if q.dim() != 2 or k_cache.dim() != 3 or k_cache.shape != v_cache.shape:
         raise ValueError(
             f"expected q [Hq,D], caches [T,Hkv,D]; got {q.shape}, {k_cache.shape}, {v_cache.shape}"
         )
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     k, v = _expand_kv(k_cache, q.shape[0]), _expand_kv(v_cache, q.shape[0])
-    scores = torch.einsum("hd,shd->hs", q.float(), k.float()) / math.sqrt(q.shape[-1])
+    scores = torch.einsum("hd,shd->hs", q.float(), k.float()) * scale
     return torch.einsum("hs,shd->hd", scores.softmax(dim=-1), v.float()).to(q.dtype)
+
+
+def check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens) -> None:
+    """Raise a ValueError/TypeError naming the argument when paged-attention inputs do not fit.
+
+    q ``[num_seqs, q_heads, head_dim]``; k/v_cache ``[num_blocks, block_size, kv_heads, head_dim]``
+    (vLLM's NHD layout); block_tables int32 ``[num_seqs, max_blocks]``; seq_lens int32 ``[num_seqs]``.
+    """
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dim() != 3:
+        raise ValueError(f"q must be [num_seqs, num_q_heads, head_dim], got shape {tuple(q.shape)}")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(
+            "k_cache and v_cache must both be [num_blocks, block_size, num_kv_heads, head_dim], "
+            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    if k_cache.shape[3] != q.shape[2]:
+        raise ValueError(f"head_dim mismatch: q has {q.shape[2]}, k_cache has {k_cache.shape[3]}")
+    if q.shape[1] % k_cache.shape[2]:
+        raise ValueError(
+            f"num_q_heads ({q.shape[1]}) must be a multiple of num_kv_heads ({k_cache.shape[2]})"
+        )
+    for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
+            got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+            raise TypeError(f"{name} must be an int32 tensor, got {got}")
+    if block_tables.dim() != 2 or block_tables.shape[0] != q.shape[0]:
+        raise ValueError(
+            f"block_tables must be [num_seqs={q.shape[0]}, max_blocks], got {tuple(block_tables.shape)}"
+        )
+    if seq_lens.shape != (q.shape[0],):
+        raise ValueError(f"seq_lens must be [num_seqs={q.shape[0]}], got {tuple(seq_lens.shape)}")
+    devices = {t.device for t in (q, k_cache, v_cache, block_tables, seq_lens)}
+    if len(devices) > 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    if q.shape[0]:
+        capacity = k_cache.shape[1] * block_tables.shape[1]
+        lo, hi = int(seq_lens.min()), int(seq_lens.max())
+        if lo < 1 or hi > capacity:
+            raise ValueError(
+                f"seq_lens must be in 1..block_size * max_blocks = {capacity}, got {lo}..{hi}"
+            )
+
+
+def gather_kv(k_cache, v_cache, block_table, seq_len: int):
+    """One sequence's K and V copied out of the rooms its key card lists: ``[seq_len, kv_heads,
+    head_dim]``. Only the first ceil(seq_len / block_size) entries of the table are read."""
+    block_size = k_cache.shape[1]
+    rooms = block_table[: -(-seq_len // block_size)].long()
+    k = k_cache[rooms].reshape(-1, *k_cache.shape[2:])[:seq_len]
+    v = v_cache[rooms].reshape(-1, *v_cache.shape[2:])[:seq_len]
+    return k, v
+
+
+def paged_decode_attention_ref(
+    q, k_cache, v_cache, block_tables, seq_lens, *, scale: float | None = None
+) -> torch.Tensor:
+    """Decode attention for a batch of sequences whose K/V live in rooms listed by block tables.
+
+    The reference gathers each sequence's K and V into a contiguous tensor, then attends. Returns
+    ``[num_seqs, num_q_heads, head_dim]`` in q's dtype.
+    """
+    check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens)
+    out = torch.empty_like(q)
+    for s in range(q.shape[0]):
+        k, v = gather_kv(k_cache, v_cache, block_tables[s], int(seq_lens[s]))
+        out[s] = decode_attention(q[s], k, v, scale=scale)
+    return out
+
+
+def write_kv(k_cache, v_cache, slot_mapping, k, v) -> None:
+    """Store new tokens' K and V (``[n, kv_heads, head_dim]``) at flat slots
+    ``room * block_size + offset`` (vLLM's reshape-and-cache), in place."""
+    if k.shape != v.shape or k.dim() != 3 or k.shape[1:] != k_cache.shape[2:]:
+        raise ValueError(
+            f"k and v must be [n, {k_cache.shape[2]}, {k_cache.shape[3]}], got {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if slot_mapping.shape != (k.shape[0],):
+        raise ValueError(f"slot_mapping must be [n={k.shape[0]}], got {tuple(slot_mapping.shape)}")
+    flat_k = k_cache.view(-1, *k_cache.shape[2:])
+    flat_v = v_cache.view(-1, *v_cache.shape[2:])
+    slots = slot_mapping.long()
+    if len(slots) and (int(slots.min()) < 0 or int(slots.max()) >= flat_k.shape[0]):
+        raise ValueError(f"slot_mapping must be in 0..{flat_k.shape[0] - 1}")
+    flat_k[slots] = k.to(k_cache.dtype)
+    flat_v[slots] = v.to(v_cache.dtype)
 
 
 class TinyAttention:

@@ -336,3 +336,34 @@ class PagedKVCache:
         flat_k = self.k[layer].view(-1, *self.k[layer].shape[2:])
         flat_v = self.v[layer].view(-1, *self.v[layer].shape[2:])
         return flat_k[slots], flat_v[slots]
+
+
+def block_tables_tensor(manager: BlockManager, seq_ids: list, pad: int = -1):
+    """Key cards as the padded int32 ``[num_seqs, max_blocks]`` tensor kernels take, plus int32
+    ``seq_lens``. Entries past a sequence's last room hold ``pad`` and must never be read."""
+    import torch
+
+    tables = [manager.block_table(s) for s in seq_ids]
+    width = max((len(t) for t in tables), default=0)
+    padded = [t + [pad] * (width - len(t)) for t in tables]
+    lens = [manager.num_tokens(s) for s in seq_ids]
+    return torch.tensor(padded, dtype=torch.int32).reshape(len(seq_ids), width), torch.tensor(
+        lens, dtype=torch.int32
+    )
+
+
+def flashinfer_page_table(block_tables, seq_lens, block_size: int):
+    """The same key cards in FlashInfer's CSR form: ``kv_indptr`` (where each sequence's pages
+    start in ``kv_indices``), ``kv_indices`` (the pages), ``kv_last_page_len`` (tokens in each
+    sequence's last page)."""
+    import torch
+
+    positive_int("block_size", block_size)
+    pages = [(-(-int(n) // block_size)) for n in seq_lens]
+    indices = [int(b) for row, n in zip(block_tables, pages, strict=True) for b in row[:n]]
+    indptr = [0]
+    for n in pages:
+        indptr.append(indptr[-1] + n)
+    last = [int(n) - (p - 1) * block_size for n, p in zip(seq_lens, pages, strict=True)]
+    as_int32 = lambda xs: torch.tensor(xs, dtype=torch.int32)  # noqa: E731
+    return as_int32(indptr), as_int32(indices), as_int32(last)

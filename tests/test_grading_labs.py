@@ -207,3 +207,32 @@ def test_beds_report_checks():
         failed(run_checks("03.beds_report", rooms_not_beds))[0]
         == "two guests with partly filled last rooms"
     )
+
+
+def test_paged_attention_checks():
+    import torch
+
+    from kvlab.attention import decode_attention, paged_decode_attention_ref
+
+    assert run_checks("04.paged_attention", mine(paged_decode_attention_ref)).ok
+
+    def whole_rows(q, kc, vc, bt, sl):  # reads padding entries too
+        out = torch.empty_like(q)
+        for s in range(q.shape[0]):
+            k = kc[bt[s].long()].reshape(-1, *kc.shape[2:])[: int(sl[s])]
+            v = vc[bt[s].long()].reshape(-1, *vc.shape[2:])[: int(sl[s])]
+            out[s] = decode_attention(q[s], k, v)
+        return out
+
+    assert "unused key-card entries hold garbage (-1, 10**9) and must never be read" in failed(
+        run_checks("04.paged_attention", whole_rows)
+    )
+
+    def no_cut(q, kc, vc, bt, sl):  # forgets to drop the empty beds of the last room
+        out = torch.empty_like(q)
+        for s in range(q.shape[0]):
+            rooms = bt[s, : -(-int(sl[s]) // kc.shape[1])].long()
+            out[s] = decode_attention(q[s], kc[rooms].flatten(0, 1), vc[rooms].flatten(0, 1))
+        return out
+
+    assert failed(run_checks("04.paged_attention", no_cut))[0] == "one sequence in one room"

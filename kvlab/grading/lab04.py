@@ -1,0 +1,124 @@
+"""Checks for Lab 04: decode attention through block tables (the gather-based reference)."""
+
+from __future__ import annotations
+
+import torch
+
+from kvlab.attention import paged_decode_attention_ref
+from kvlab.grading.core import CheckFailed, call_without_mutation, exercise, expect_type, short
+
+paged = exercise("04.paged_attention", "decode attention through key cards")
+
+TOLERANCE = {torch.float32: (1e-5, 1e-4), torch.float16: (2e-3, 2e-3), torch.bfloat16: (2e-2, 2e-2)}
+
+
+def make_case(
+    seq_lens,
+    block_size,
+    q_heads=4,
+    kv_heads=2,
+    head_dim=16,
+    dtype=torch.float32,
+    seed=0,
+    garbage=-1,
+    shared=False,
+):
+    """Random q and a paged cache whose rooms are scattered; unused table entries hold ``garbage``."""
+    g = torch.Generator().manual_seed(seed)
+    rooms_each = [-(-n // block_size) for n in seq_lens]
+    width = max(rooms_each) + 2
+    num_blocks = sum(rooms_each) + 5
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
+    order = torch.randperm(num_blocks, generator=g).tolist()
+    tables = torch.full((len(seq_lens), width), garbage, dtype=torch.int32)
+    for s, n in enumerate(rooms_each):
+        rooms = order[:n] if shared else order[sum(rooms_each[:s]) : sum(rooms_each[:s]) + n]
+        tables[s, :n] = torch.tensor(rooms, dtype=torch.int32)
+    q = torch.randn(len(seq_lens), q_heads, head_dim, generator=g).to(dtype)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    return q, k_cache, v_cache, tables, lens
+
+
+def _expect_case(fn, what: str, **case):
+    args = make_case(**case)
+    expected = paged_decode_attention_ref(*args)
+    names = ("q", "k_cache", "v_cache", "block_tables", "seq_lens")
+    got = call_without_mutation(fn, *args, names=names)
+    expect_type(got, torch.Tensor, "the output", input=what)
+    if got.shape != expected.shape:
+        raise CheckFailed(
+            "wrong output shape",
+            input=what,
+            expected=str(tuple(expected.shape)),
+            got=str(tuple(got.shape)),
+            hint="return [num_seqs, num_q_heads, head_dim]",
+        )
+    atol, rtol = TOLERANCE[expected.dtype]
+    if not torch.allclose(got.float(), expected.float(), atol=atol, rtol=rtol):
+        err = (got.float() - expected.float()).abs().max().item()
+        worst = int((got.float() - expected.float()).abs().amax(dim=(1, 2)).argmax())
+        raise CheckFailed(
+            f"sequence {worst} differs from attention on its contiguous K and V (max error {err:.3g})",
+            input=what,
+            expected=short(expected[worst]),
+            got=short(got[worst]),
+        )
+
+
+@paged.check(
+    "one sequence in one room",
+    hint="gather rows block_tables[s, :ceil(len / block_size)] of the cache, keep the first len tokens",
+)
+def _one(fn):
+    _expect_case(fn, "1 sequence of 3 tokens, block_size 4", seq_lens=[3], block_size=4)
+
+
+@paged.check(
+    "lengths 1, k·block_size and k·block_size ± 1",
+    hint="the last room is only partly filled: cut the gathered keys to seq_len tokens",
+)
+def _lengths(fn):
+    _expect_case(
+        fn, "seq_lens [1, 32, 31, 33], block_size 16", seq_lens=[1, 32, 31, 33], block_size=16
+    )
+
+
+@paged.check("block_size 1 (every token in its own room)")
+def _size_one(fn):
+    _expect_case(fn, "seq_lens [1, 5, 9], block_size 1", seq_lens=[1, 5, 9], block_size=1)
+
+
+@paged.check(
+    "grouped-query (8 query heads on 2 KV heads) and multi-query (1 KV head)",
+    hint="query head h reads KV head h // (num_q_heads // num_kv_heads)",
+)
+def _gqa(fn):
+    _expect_case(fn, "GQA 8/2", seq_lens=[7, 20], block_size=4, q_heads=8, kv_heads=2)
+    _expect_case(fn, "MQA 6/1", seq_lens=[7, 20], block_size=4, q_heads=6, kv_heads=1)
+
+
+@paged.check(
+    "unused key-card entries hold garbage (-1, 10**9) and must never be read",
+    hint="read only the first ceil(seq_len / block_size) entries of each row",
+)
+def _garbage(fn):
+    _expect_case(fn, "padding -1", seq_lens=[5, 17], block_size=4, garbage=-1)
+    _expect_case(fn, "padding 10**9", seq_lens=[5, 17], block_size=4, garbage=10**9)
+
+
+@paged.check("two sequences sharing their rooms (a shared prefix)")
+def _shared(fn):
+    _expect_case(
+        fn, "both key cards list the same rooms", seq_lens=[9, 12], block_size=4, shared=True
+    )
+
+
+@paged.check(
+    "head_dim 40 in fp16 (compute in fp32, return fp16)",
+    hint="upcast to float32 for the scores and the softmax, cast the result back to q.dtype",
+)
+def _fp16(fn):
+    _expect_case(
+        fn, "fp16, head_dim 40", seq_lens=[3, 50], block_size=8, head_dim=40, dtype=torch.float16
+    )
