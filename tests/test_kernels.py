@@ -1,0 +1,103 @@
+"""The Triton kernels against the torch reference (Triton's interpreter on CPU; compiled on a GPU)."""
+
+import pytest
+import torch
+
+from kvlab.attention import paged_decode_attention_ref
+from kvlab.attention import write_kv as write_kv_ref
+from kvlab.grading.lab04 import make_case
+from kvlab.kernels import choose_splits, paged_decode_attention, write_kv
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
+
+def on_device(args):
+    return [a.to(DEVICE) for a in args]
+
+
+CASES = [
+    # seq_lens, block_size, (q_heads, kv_heads), head_dim, dtype
+    ([1], 1, (4, 4), 32, torch.float32),
+    ([16, 15, 17], 16, (8, 2), 40, torch.float32),
+    ([1, 33], 2, (6, 1), 72, torch.float16),
+    ([129, 5], 128, (4, 1), 32, torch.bfloat16),
+    ([24, 9], 8, (4, 2), 256, torch.float32),
+    ([40], 4, (2, 2), 96, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("seq_lens, block_size, heads, head_dim, dtype", CASES)
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_kernel_matches_reference(seq_lens, block_size, heads, head_dim, dtype, num_splits):
+    args = on_device(
+        make_case(
+            seq_lens,
+            block_size,
+            q_heads=heads[0],
+            kv_heads=heads[1],
+            head_dim=head_dim,
+            dtype=dtype,
+            garbage=10**9,
+            seed=len(seq_lens) + block_size,
+        )
+    )
+    expected = paged_decode_attention_ref(*args)
+    got = paged_decode_attention(*args, num_splits=num_splits)
+    assert got.dtype == dtype and got.shape == expected.shape
+    torch.testing.assert_close(got.float(), expected.float(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def test_shared_rooms_strided_q_and_scale():
+    q, k, v, tables, lens = on_device(
+        make_case([9, 12], 4, q_heads=4, kv_heads=2, head_dim=16, shared=True)
+    )
+    wide = torch.zeros(q.shape[0], q.shape[1], 2 * q.shape[2], device=q.device)
+    wide[..., ::2] = q
+    strided = wide[..., ::2]  # non-contiguous q
+    assert not strided.is_contiguous()
+    expected = paged_decode_attention_ref(q, k, v, tables, lens, scale=0.3)
+    torch.testing.assert_close(
+        paged_decode_attention(strided, k, v, tables, lens, scale=0.3), expected
+    )
+
+
+def test_bad_input_is_refused():
+    q, k, v, tables, lens = make_case([5], 4)
+    with pytest.raises(ValueError, match="num_splits must be an int >= 1"):
+        paged_decode_attention(q, k, v, tables, lens, num_splits=0)
+    q3, k3, v3, t3, l3 = make_case([5], 3)
+    with pytest.raises(ValueError, match="block_size must be a power of two"):
+        paged_decode_attention(q3, k3, v3, t3, l3)
+    with pytest.raises(TypeError, match="seq_lens must be an int32 tensor"):
+        paged_decode_attention(q, k, v, tables, lens.long())
+    assert choose_splits(1, 8, 2048) >= 1
+
+
+def test_write_kv_kernel_matches_reference():
+    g = torch.Generator().manual_seed(0)
+    shape = (6, 4, 3, 40)
+    k_ref, v_ref = torch.zeros(shape), torch.zeros(shape)
+    k_new, v_new = torch.randn(5, 3, 40, generator=g), torch.randn(5, 3, 40, generator=g)
+    slots = torch.tensor([0, 7, 23, 12, 5])
+    write_kv_ref(k_ref, v_ref, slots, k_new, v_new)
+    k_cache, v_cache = torch.zeros(shape, device=DEVICE), torch.zeros(shape, device=DEVICE)
+    write_kv(k_cache, v_cache, slots.to(DEVICE), k_new.to(DEVICE), v_new.to(DEVICE))
+    assert torch.equal(k_cache.cpu(), k_ref) and torch.equal(v_cache.cpu(), v_ref)
+    skip = torch.tensor([-1, 3, -1, -1, -1], device=DEVICE)  # -1 = padding, skipped
+    write_kv(
+        k_cache,
+        v_cache,
+        skip,
+        torch.ones(5, 3, 40, device=DEVICE),
+        torch.ones(5, 3, 40, device=DEVICE),
+    )
+    assert int((k_cache.cpu() != k_ref).any(dim=(2, 3)).sum()) == 1
+    with pytest.raises(ValueError, match="slot_mapping must be < num_blocks"):
+        write_kv(
+            k_cache,
+            v_cache,
+            torch.tensor([99], device=DEVICE),
+            k_new[:1].to(DEVICE),
+            v_new[:1].to(DEVICE),
+        )
