@@ -50,7 +50,7 @@ def attend_blocks(
     d = tl.arange(0, D_P2)
     dmask = d < HEAD_DIM
     m = tl.full([GROUP_P2], float("-inf"), tl.float32)
-    l = tl.zeros([GROUP_P2], tl.float32)
+    denom = tl.zeros([GROUP_P2], tl.float32)
     acc = tl.zeros([GROUP_P2, D_P2], tl.float32)
     for b in range(first_block, last_block):
         room = tl.load(bt_ptr + seq.to(tl.int64) * stride_bts + b * stride_btb).to(tl.int64)
@@ -79,10 +79,10 @@ def attend_blocks(
             mask=kv_mask,
             other=0.0,
         ).to(tl.float32)
-        l = l * alpha + tl.sum(p, axis=1)
+        denom = denom * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m = m_new
-    return m, l, acc
+    return m, denom, acc
 
 
 @triton.jit
@@ -129,7 +129,7 @@ def paged_decode_kernel(
         other=0.0,
     ).to(tl.float32)
     seq_len = tl.load(lens_ptr + seq)
-    m, l, acc = attend_blocks(
+    m, denom, acc = attend_blocks(
         q,
         seq,
         kvh,
@@ -155,7 +155,7 @@ def paged_decode_kernel(
         HEAD_DIM,
         D_P2,
     )
-    out = acc / l[:, None]
+    out = acc / denom[:, None]
     tl.store(
         out_ptr
         + seq.to(tl.int64) * stride_os
@@ -216,7 +216,7 @@ def paged_decode_split_kernel(
     seq_len = tl.load(lens_ptr + seq)
     first = split * blocks_per_split
     last = tl.minimum(first + blocks_per_split, tl.cdiv(seq_len, BLOCK_SIZE))
-    m, l, acc = attend_blocks(
+    m, denom, acc = attend_blocks(
         q,
         seq,
         kvh,
@@ -245,7 +245,7 @@ def paged_decode_split_kernel(
     row = (seq.to(tl.int64) * num_q_heads + heads) * num_splits + split  # [GROUP_P2]
     tl.store(part_acc_ptr + row[:, None] * D_P2 + d[None, :], acc, mask=hmask[:, None])
     tl.store(part_ml_ptr + row * 2, m, mask=hmask)
-    tl.store(part_ml_ptr + row * 2 + 1, l, mask=hmask)
+    tl.store(part_ml_ptr + row * 2 + 1, denom, mask=hmask)
 
 
 @triton.jit
@@ -270,11 +270,11 @@ def merge_splits_kernel(
     smask = s < num_splits
     row = (seq.to(tl.int64) * num_q_heads + head) * num_splits + s
     m = tl.load(part_ml_ptr + row * 2, mask=smask, other=float("-inf"))
-    l = tl.load(part_ml_ptr + row * 2 + 1, mask=smask, other=0.0)
+    denom = tl.load(part_ml_ptr + row * 2 + 1, mask=smask, other=0.0)
     acc = tl.load(part_acc_ptr + row[:, None] * D_P2 + d[None, :], mask=smask[:, None], other=0.0)
     top = tl.max(m, axis=0)
     w = tl.where(smask & (m > float("-inf")), tl.exp(m - top), 0.0)
-    out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
+    out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * denom, axis=0)
     tl.store(
         out_ptr + seq.to(tl.int64) * stride_os + head * stride_oh + d * stride_od,
         out.to(out_ptr.dtype.element_ty),
