@@ -72,18 +72,88 @@ def allocator(n: int = 1_000_000) -> dict:
     }
 
 
-BENCHMARKS = {"allocator": allocator}
-
-
 def main(name: str, out: str | None) -> int:
-    if name not in BENCHMARKS:
-        print(f"kvlab bench: unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}")
+    benchmarks = {"allocator": allocator, "attention": attention}
+    if name not in benchmarks:
+        print(f"kvlab bench: unknown benchmark {name!r}; choose from {', '.join(benchmarks)}")
         return 2
-    report = BENCHMARKS[name]()
-    for label, value in report["results"].items():
+    try:
+        report = benchmarks[name]()
+    except RuntimeError as e:
+        print(f"kvlab bench {name}: {e}")
+        return 2
+    for label, value in report.get("results", {}).items():
         print(f"{label:48s} {value:>14,}")
+    for row in report.get("rows", []):
+        print("  ".join(f"{k}={v}" for k, v in row.items()))
     path = Path(out) if out else BENCH_DIR / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def attention(device: str | None = None) -> dict:
+    """Paged decode attention on a GPU: achieved bandwidth against the device's peak, the ratio
+    to torch's SDPA on a contiguous cache of the same tokens, and split-K at batch 1."""
+    import torch
+
+    from kvlab.kernels import paged_decode_attention
+    from kvlab.roofline import GPUS
+
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "the attention benchmark needs a CUDA GPU; in Triton's interpreter timings mean nothing"
+        )
+    import triton.testing
+
+    device = device or "cuda"
+    name = torch.cuda.get_device_name(0)
+    peak = next(
+        (g.hbm_bytes_per_s for key, g in GPUS.items() if key.split()[0].split("-")[0] in name), None
+    )
+    hq, hkv, d, bs, dtype = 32, 8, 128, 16, torch.bfloat16
+    rows = []
+    for batch, context in [(1, 8192), (8, 8192), (32, 8192), (32, 2048), (1, 32768)]:
+        blocks = batch * context // bs
+        g = torch.Generator(device=device).manual_seed(0)
+        k_cache = torch.randn(blocks, bs, hkv, d, device=device, dtype=dtype, generator=g)
+        v_cache = torch.randn_like(k_cache)
+        tables = torch.randperm(blocks, device=device, generator=g).to(torch.int32).view(batch, -1)
+        lens = torch.full((batch,), context, device=device, dtype=torch.int32)
+        q = torch.randn(batch, hq, d, device=device, dtype=dtype, generator=g)
+        kv_bytes = 2 * batch * context * hkv * d * k_cache.element_size()
+        ms = triton.testing.do_bench(
+            lambda: paged_decode_attention(q, k_cache, v_cache, tables, lens)
+        )
+        one_split = triton.testing.do_bench(
+            lambda: paged_decode_attention(q, k_cache, v_cache, tables, lens, num_splits=1)
+        )
+        k = k_cache[tables.long()].reshape(batch, context, hkv, d).transpose(1, 2).contiguous()
+        v = v_cache[tables.long()].reshape(batch, context, hkv, d).transpose(1, 2).contiguous()
+        sdpa = triton.testing.do_bench(
+            lambda: torch.nn.functional.scaled_dot_product_attention(
+                q.unsqueeze(2), k, v, enable_gqa=True
+            )
+        )
+        rows.append(
+            {
+                "batch": batch,
+                "context": context,
+                "ms": round(ms, 4),
+                "GB_per_s": round(kv_bytes / ms / 1e6, 1),
+                "fraction_of_peak": round(kv_bytes / ms / 1e-3 / peak, 3) if peak else None,
+                "speed_vs_sdpa_contiguous": round(sdpa / ms, 3),
+                "split_k_speedup": round(one_split / ms, 2),
+            }
+        )
+    import triton as _triton
+
+    return {
+        "benchmark": "attention",
+        "device": name,
+        "torch": torch.__version__,
+        "triton": _triton.__version__,
+        "shape": {"q_heads": hq, "kv_heads": hkv, "head_dim": d, "block_size": bs, "dtype": "bf16"},
+        "rows": rows,
+    }

@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     bench = sub.add_parser("bench", help="run a benchmark, print figures, write JSON")
-    bench.add_argument("name", choices=["allocator"], help="what to measure")
+    bench.add_argument("name", choices=["allocator", "attention"], help="what to measure")
     bench.add_argument("--out", help="JSON path (default: benchmarks/NAME.json)")
 
     labs = sub.add_parser("labs", help="write learner notebooks from the solutions")

@@ -249,9 +249,14 @@ class PagedHotel:
         return self.manager.num_blocks * self.manager.block_size
 
     def admit(self, request_id, prompt_len: int, output_len: int | None = None) -> None:
-        self.manager.allocate(request_id, prompt_len)
-        if output_len is not None:
-            self.manager.final[request_id] = prompt_len + output_len
+        if output_len is not None and request_id not in self.manager:
+            self.manager.final[request_id] = prompt_len + output_len  # known before check-in
+        try:
+            self.manager.allocate(request_id, prompt_len)
+        except Exception:
+            if request_id not in self.manager:
+                self.manager.final.pop(request_id, None)
+            raise
 
     def append(self, request_id) -> None:
         self.manager.append_slot(request_id)
@@ -313,8 +318,23 @@ class PagedKVCache:
         for i, index in enumerate(layers):
             kk = k if layer is not None else k[i]
             vv = v if layer is not None else v[i]
-            self.k[index].view(-1, *self.k[index].shape[2:])[slots] = kk.to(self.k[index].dtype)
-            self.v[index].view(-1, *self.v[index].shape[2:])[slots] = vv.to(self.v[index].dtype)
+            target = {"dtype": self.k[index].dtype, "device": self.k[index].device}
+            self.k[index].view(-1, *self.k[index].shape[2:])[slots] = kk.to(**target)
+            self.v[index].view(-1, *self.v[index].shape[2:])[slots] = vv.to(**target)
+
+    def _check_kv(self, k, v, layer) -> None:
+        heads = (self.spec.num_kv_heads, self.spec.head_dim)
+        if layer is None:
+            want = f"[{self.spec.num_layers}, n, {heads[0]}, {heads[1]}] (all layers)"
+            ok = k.dim() == 4 and k.shape[0] == self.spec.num_layers and tuple(k.shape[2:]) == heads
+        else:
+            positive_int("layer", layer, minimum=0)
+            if layer >= self.spec.num_layers:
+                raise ValueError(f"layer must be < {self.spec.num_layers}, got {layer}")
+            want = f"[n, {heads[0]}, {heads[1]}] (one layer)"
+            ok = k.dim() == 3 and tuple(k.shape[1:]) == heads
+        if not ok or k.shape != v.shape:
+            raise ValueError(f"k and v must be {want}, got {tuple(k.shape)} and {tuple(v.shape)}")
 
     def copy_blocks(self, pairs) -> None:
         """Copy whole rooms ``src -> dst`` in every layer (after a copy-on-write)."""
@@ -325,6 +345,11 @@ class PagedKVCache:
     def append_token(self, seq_id, k, v) -> None:
         """Room for one more token (copying a shared room first if needed), then store its K, V
         (``[layers, 1, kv_heads, head_dim]``)."""
+        self._check_kv(k, v, None)
+        if k.shape[1] != 1:
+            raise ValueError(
+                f"append_token takes one token: k must be [layers, 1, ...], got {tuple(k.shape)}"
+            )
         moved = self.manager.append_slot(seq_id)
         if moved is not None:
             self.copy_blocks([moved])

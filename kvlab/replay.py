@@ -32,7 +32,7 @@ class ReplayResult:
     waiting: list[int] = field(default_factory=list)
     busy: list[bool] = field(default_factory=list)
     probes: list = field(default_factory=list)  # what ``probe(cache)`` returned after each step
-    refusals: int = 0
+    refusals: int = 0  # admissions tried and refused (a blocked guest is retried every step)
     preemptions: int = 0  # guests asked to leave and come back later (their tokens recomputed)  # admissions tried and refused (a blocked guest is retried every step)
 
     @property
@@ -116,8 +116,14 @@ def replay(
                 except ReservationFull:
                     raise
                 except OutOfMemory:
+                    alone = len(left) == 1
                     victim = _preempt(cache, queue, left, requests_by_id, now)
                     result.preemptions += 1
+                    if victim == guest and alone:
+                        raise ValueError(
+                            f"{guest} needs {requests_by_id[guest].total_len} beds and cannot fit "
+                            "even alone in the hotel"
+                        ) from None
                     if victim == guest:
                         break
             if guest in left:

@@ -137,3 +137,22 @@ def test_bad_input_is_refused_before_the_browser():
         encode(small_paged_trace(), steps_only=True)
     with pytest.raises(ValueError, match="traces must name at least one trace"):
         compare({})
+
+
+def test_grouped_booking_whose_first_room_goes_to_the_neighbour():
+    arena = ArenaAllocator(64, record=True)
+    arena.allocate("A", 10)  # beds 0..9: room 0 (beds 0..15) is mostly A's
+    arena.allocate("B", 50)  # beds 10..59 hold B's tokens
+    data = encode(arena.trace, room_size=16)
+    states = room_states(data, len(data["frames"]) - 1)
+    # room 0 is drawn for A (10 beds); B's rooms 1..3 hold beds 16..59 of B
+    assert states[0] == (0, 10, 1) and [s[1] for s in states[1:4]] == [16, 16, 12]
+    assert sum(s[1] for s in states) == 10 + 50 - 6  # B's 6 beds in room 0 are drawn as A's room
+
+
+def test_room_size_must_match_a_paged_trace():
+    assert encode(small_paged_trace(), room_size=4)["num_rooms"] == 12
+    with pytest.raises(ValueError, match="room_size must be 4"):
+        encode(small_paged_trace(), room_size=16)
+    with pytest.raises(ValueError, match="room_size must be >= 1"):
+        encode(ArenaAllocator(8, record=True).trace, room_size=0)

@@ -295,11 +295,12 @@ def run_checks(exercise_id: str, obj, timeout: float | None = None) -> CheckResu
             ],
         )
         return CheckResult(ex.id, ex.title, "wrong kind", [outcome], total)
-    if str(getattr(obj, "__module__", "")).startswith("kvlab."):
+    inner = getattr(obj, "fn", obj)  # a @triton.jit kernel wraps the Python function in .fn
+    if str(getattr(inner, "__module__", "")).startswith("kvlab."):
         outcome = Outcome(
             "hand in your own code",
             False,
-            [f"{getattr(obj, '__qualname__', obj)} is kvlab's reference, not your exercise"],
+            [f"{getattr(inner, '__qualname__', obj)} is kvlab's reference, not your exercise"],
         )
         return CheckResult(ex.id, ex.title, "wrong kind", [outcome], total)
     out = BoundedBuffer()

@@ -3,6 +3,7 @@ beds report."""
 
 from __future__ import annotations
 
+import numbers
 import random
 
 from kvlab.grading.core import CheckFailed, call_without_mutation, exercise, expect_equal, short
@@ -47,7 +48,8 @@ class _Judge:
                     or "a room holds block_size tokens; take a new room only when the last is full",
                 )
             for block in table:
-                if not isinstance(block, int) or not 0 <= block < self.num_blocks:
+                integral = isinstance(block, numbers.Integral) and not isinstance(block, bool)
+                if not integral or not 0 <= block < self.num_blocks:
                     raise CheckFailed(
                         "room numbers must be ints in range(num_blocks)",
                         input=where,
@@ -103,8 +105,11 @@ class _Judge:
         del self.tokens[seq]
         self.check()
 
+    def counts(self) -> dict:
+        return {s: self.m.num_tokens(s) for s in self.tokens}
+
     def refused(self, errors, method, *args, hint):
-        before = (self.tables(), self.m.num_free_blocks)
+        before = (self.tables(), self.m.num_free_blocks, self.counts())
         self._log(method, *args)
         try:
             getattr(self.m, method)(*args)
@@ -113,7 +118,7 @@ class _Judge:
         else:
             names = " or ".join(e.__name__ for e in errors)
             raise CheckFailed(f"expected {names}", input=self.where(), got="no error", hint=hint)
-        if (self.tables(), self.m.num_free_blocks) != before:
+        if (self.tables(), self.m.num_free_blocks, self.counts()) != before:
             raise CheckFailed(
                 "a refused call must change nothing (no half-allocated guest, no lost room)",
                 input=self.where(),
@@ -168,6 +173,8 @@ def _free(cls):
     judge.allocate("c", 6)
     judge.free("b")
     judge.free("c")
+    judge.allocate("a", 3)  # an id may check in again after checking out (preemption does)
+    judge.free("a")
     if judge.m.num_free_blocks != 6:
         raise CheckFailed("after everyone checks out every room is free", input=judge.where())
 

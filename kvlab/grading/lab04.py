@@ -54,6 +54,14 @@ def _expect_case(fn, what: str, **case):
             got=str(tuple(got.shape)),
             hint="return [num_seqs, num_q_heads, head_dim]",
         )
+    if got.dtype != expected.dtype:
+        raise CheckFailed(
+            "the output must have q's dtype",
+            input=what,
+            expected=str(expected.dtype),
+            got=str(got.dtype),
+            hint="compute in float32, then .to(q.dtype)",
+        )
     atol, rtol = TOLERANCE[expected.dtype]
     if not torch.allclose(got.float(), expected.float(), atol=atol, rtol=rtol):
         err = (got.float() - expected.float()).abs().max().item()

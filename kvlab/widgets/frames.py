@@ -9,6 +9,7 @@ share at their boundary is drawn for the booking holding more of its beds.
 from __future__ import annotations
 
 from kvlab.trace import Trace, intervals, split_waste
+from kvlab.validate import positive_int
 from kvlab.viz import guest_color
 
 MAX_DISPLAY_ROOMS = 4096
@@ -72,7 +73,10 @@ def _cards(trace: Trace, frame, group: int) -> list[tuple]:
             for r in range(start // group, (start + length - 1) // group + 1)
             if owner[r][1] == guest
         ]
-        cards.append((guest, rooms, start - (start // group) * group, frame.tokens[guest]))
+        # where the guest's first bed lies relative to its first drawn room (negative when the
+        # booking's first room is drawn for the neighbour)
+        offset = start - rooms[0] * group if rooms else 0
+        cards.append((guest, rooms, offset, frame.tokens[guest]))
     return cards
 
 
@@ -87,13 +91,20 @@ def encode(
     _validate(trace)
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise ValueError(f"every must be an int >= 1, got {every!r}")
+    if room_size is not None:
+        positive_int("room_size", room_size)
     chosen = [i for i, f in enumerate(trace.frames) if not steps_only or f.event == "step"]
     chosen = chosen[::every]
     if not chosen:
         raise ValueError("no frames left to draw: the trace has no 'step' frames")
-    group = default_room_size(trace) if room_size is None else room_size
-    if group < 1 or (trace.room_size > 1 and group != 1):
-        raise ValueError("room_size can only group the beds of a contiguous trace (room_size 1)")
+    if trace.room_size > 1:  # a paged trace is drawn in its own rooms
+        if room_size not in (None, trace.room_size):
+            raise ValueError(
+                f"room_size must be {trace.room_size} (the trace's block size) for this trace, got {room_size}"
+            )
+        group = 1
+    else:
+        group = default_room_size(trace) if room_size is None else room_size
     rooms = -(-trace.num_rooms // group)
     if rooms > MAX_DISPLAY_ROOMS:
         raise ValueError(f"{rooms} display rooms is too many to draw; pass a larger room_size")
@@ -151,8 +162,9 @@ def room_states(data: dict, step: int) -> list[tuple[int, int, int]]:
         logical = 0
         for start, length in zip(runs[::2], runs[1::2], strict=True):
             for room in range(start, start + length):
-                first = offset if logical == 0 else 0
-                used = max(0, min(size, offset + tokens - logical * size) - first)
+                # beds [offset, offset + tokens) of the guest's drawn rooms hold tokens
+                lo, hi = logical * size, (logical + 1) * size
+                used = max(0, min(hi, offset + tokens) - max(lo, offset))
                 cell = state[room]
                 if cell[0] == -1:
                     cell[0] = guest

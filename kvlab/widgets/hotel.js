@@ -1,20 +1,24 @@
 // The hotel floor plan: rooms = KV blocks, guests = requests, key cards = block tables.
 // Self-contained ES module for anywidget: no imports, no network.
 
-function roomStates(data, step) {
-  // Per room: owner guest (-1 free), beds holding tokens, key cards holding it, logical index.
+function roomStates(data, step, selected) {
+  // Per room: owner guest (-1 free), beds holding tokens, key cards holding it, logical index,
+  // and whether the selected guest's key card lists it. Same arithmetic as frames.room_states.
   const n = data.num_rooms;
   const size = data.beds_per_room;
   const owner = new Int32Array(n).fill(-1);
   const used = new Int32Array(n);
   const refs = new Int32Array(n);
   const logicalOf = new Int32Array(n).fill(-1);
+  const picked = new Uint8Array(n);
   for (const [guest, runs, offset, tokens] of data.frames[step].cards) {
     let logical = 0;
     for (let r = 0; r < runs.length; r += 2) {
       for (let room = runs[r]; room < runs[r] + runs[r + 1]; room++) {
-        const first = logical === 0 ? offset : 0;
-        const beds = Math.max(0, Math.min(size, offset + tokens - logical * size) - first);
+        // beds [offset, offset + tokens) of the guest's drawn rooms hold tokens
+        const lo = logical * size;
+        const beds = Math.max(0, Math.min(lo + size, offset + tokens) - Math.max(lo, offset));
+        if (guest === selected) picked[room] = 1;
         if (owner[room] === -1) {
           owner[room] = guest;
           logicalOf[room] = logical;
@@ -25,7 +29,7 @@ function roomStates(data, step) {
       }
     }
   }
-  return { owner, used, refs, logicalOf };
+  return { owner, used, refs, logicalOf, picked };
 }
 
 function cardText(runs, limit) {
@@ -108,11 +112,11 @@ function render({ model, el }) {
     const frame = data.frames[step];
     const selected = model.get("selected");
     const selectedIndex = data.guests.indexOf(selected);
-    state = roomStates(data, step);
+    state = roomStates(data, step, selectedIndex);
     const size = data.beds_per_room;
     for (let room = 0; room < data.num_rooms; room++) {
       const owner = state.owner[room];
-      const key = `${owner}|${state.used[room]}|${state.refs[room]}|${selectedIndex}`;
+      const key = `${owner}|${state.used[room]}|${state.refs[room]}|${selectedIndex}|${state.picked[room]}`;
       if (shown[room] === key) continue;
       shown[room] = key;
       const { cell, fill, badge } = rooms[room];
@@ -126,7 +130,7 @@ function render({ model, el }) {
       const color = data.colors[owner];
       cell.className = "kvh-room kvh-booked";
       if (state.refs[room] > 1) cell.classList.add("kvh-shared");
-      if (selectedIndex >= 0) cell.classList.add(owner === selectedIndex ? "kvh-picked" : "kvh-dim");
+      if (selectedIndex >= 0) cell.classList.add(state.picked[room] ? "kvh-picked" : "kvh-dim");
       cell.style.backgroundColor = color + "40";
       fill.style.backgroundColor = color;
       fill.style.height = `${(100 * state.used[room]) / size}%`;
@@ -213,6 +217,9 @@ function render({ model, el }) {
   });
   plan.addEventListener("mouseleave", () => {
     tip.style.visibility = "hidden";
+  });
+  plan.addEventListener("mouseout", (event) => {
+    if (!event.relatedTarget || !event.relatedTarget.closest(".kvh-room")) tip.style.visibility = "hidden";
   });
 
   model.on("change:step", draw);
