@@ -98,55 +98,22 @@ def attention(device: str | None = None) -> dict:
     to torch's SDPA on a contiguous cache of the same tokens, and split-K at batch 1."""
     import torch
 
-    from kvlab.kernels import paged_decode_attention
     from kvlab.roofline import GPUS
 
     if not torch.cuda.is_available():
         raise RuntimeError(
             "the attention benchmark needs a CUDA GPU; in Triton's interpreter timings mean nothing"
         )
-    import triton.testing
-
     device = device or "cuda"
     name = torch.cuda.get_device_name(0)
     peak = next(
         (g.hbm_bytes_per_s for key, g in GPUS.items() if key.split()[0].split("-")[0] in name), None
     )
     hq, hkv, d, bs, dtype = 32, 8, 128, 16, torch.bfloat16
-    rows = []
-    for batch, context in [(1, 8192), (8, 8192), (32, 8192), (32, 2048), (1, 32768)]:
-        blocks = batch * context // bs
-        g = torch.Generator(device=device).manual_seed(0)
-        k_cache = torch.randn(blocks, bs, hkv, d, device=device, dtype=dtype, generator=g)
-        v_cache = torch.randn_like(k_cache)
-        tables = torch.randperm(blocks, device=device, generator=g).to(torch.int32).view(batch, -1)
-        lens = torch.full((batch,), context, device=device, dtype=torch.int32)
-        q = torch.randn(batch, hq, d, device=device, dtype=dtype, generator=g)
-        kv_bytes = 2 * batch * context * hkv * d * k_cache.element_size()
-        ms = triton.testing.do_bench(
-            lambda: paged_decode_attention(q, k_cache, v_cache, tables, lens)
-        )
-        one_split = triton.testing.do_bench(
-            lambda: paged_decode_attention(q, k_cache, v_cache, tables, lens, num_splits=1)
-        )
-        k = k_cache[tables.long()].reshape(batch, context, hkv, d).transpose(1, 2).contiguous()
-        v = v_cache[tables.long()].reshape(batch, context, hkv, d).transpose(1, 2).contiguous()
-        sdpa = triton.testing.do_bench(
-            lambda: torch.nn.functional.scaled_dot_product_attention(
-                q.unsqueeze(2), k, v, enable_gqa=True
-            )
-        )
-        rows.append(
-            {
-                "batch": batch,
-                "context": context,
-                "ms": round(ms, 4),
-                "GB_per_s": round(kv_bytes / ms / 1e6, 1),
-                "fraction_of_peak": round(kv_bytes / ms / 1e-3 / peak, 3) if peak else None,
-                "speed_vs_sdpa_contiguous": round(sdpa / ms, 3),
-                "split_k_speedup": round(one_split / ms, 2),
-            }
-        )
+    rows = [
+        _attention_row(batch, context, hq, hkv, d, bs, dtype, device, peak)
+        for batch, context in [(1, 8192), (8, 8192), (32, 8192), (32, 2048), (1, 32768)]
+    ]
     import triton as _triton
 
     return {
@@ -156,4 +123,39 @@ def attention(device: str | None = None) -> dict:
         "triton": _triton.__version__,
         "shape": {"q_heads": hq, "kv_heads": hkv, "head_dim": d, "block_size": bs, "dtype": "bf16"},
         "rows": rows,
+    }
+
+
+def _attention_row(batch, context, hq, hkv, d, bs, dtype, device, peak) -> dict:
+    """One configuration: the kernel (auto and single split) and SDPA on a contiguous copy."""
+    import torch
+    import triton.testing
+
+    from kvlab.kernels import paged_decode_attention
+
+    blocks = batch * context // bs
+    g = torch.Generator(device=device).manual_seed(0)
+    k_cache = torch.randn(blocks, bs, hkv, d, device=device, dtype=dtype, generator=g)
+    v_cache = torch.randn_like(k_cache)
+    tables = torch.randperm(blocks, device=device, generator=g).to(torch.int32).view(batch, -1)
+    lens = torch.full((batch,), context, device=device, dtype=torch.int32)
+    q = torch.randn(batch, hq, d, device=device, dtype=dtype, generator=g)
+    kv_bytes = 2 * batch * context * hkv * d * k_cache.element_size()
+    args = (q, k_cache, v_cache, tables, lens)
+    ms = triton.testing.do_bench(lambda: paged_decode_attention(*args))
+    one_split = triton.testing.do_bench(lambda: paged_decode_attention(*args, num_splits=1))
+    k = k_cache[tables.long()].reshape(batch, context, hkv, d).transpose(1, 2).contiguous()
+    v = v_cache[tables.long()].reshape(batch, context, hkv, d).transpose(1, 2).contiguous()
+    sdpa_args = (q.unsqueeze(2), k, v)
+    sdpa = triton.testing.do_bench(
+        lambda: torch.nn.functional.scaled_dot_product_attention(*sdpa_args, enable_gqa=True)
+    )
+    return {
+        "batch": batch,
+        "context": context,
+        "ms": round(ms, 4),
+        "GB_per_s": round(kv_bytes / ms / 1e6, 1),
+        "fraction_of_peak": round(kv_bytes / ms / 1e-3 / peak, 3) if peak else None,
+        "speed_vs_sdpa_contiguous": round(sdpa / ms, 3),
+        "split_k_speedup": round(one_split / ms, 2),
     }
