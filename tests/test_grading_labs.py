@@ -236,3 +236,86 @@ def test_paged_attention_checks():
         return out
 
     assert failed(run_checks("04.paged_attention", no_cut))[0] == "one sequence in one room"
+
+
+def test_kernel_checks():
+    import triton
+    import triton.language as tl
+
+    from kvlab.kernels import paged_decode_kernel
+
+    refused = run_checks("05.kernel", paged_decode_kernel)
+    assert refused.status == "wrong kind" and "kvlab's reference" in refused.outcomes[0].details[0]
+
+    @triton.jit
+    def unwritten(
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        bt_ptr,
+        lens_ptr,
+        out_ptr,
+        s0,
+        s1,
+        s2,
+        s3,
+        s4,
+        s5,
+        s6,
+        s7,
+        s8,
+        s9,
+        s10,
+        s11,
+        s12,
+        s13,
+        s14,
+        s15,
+        scale,
+        GROUP: tl.constexpr,
+        GROUP_P2: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        D_P2: tl.constexpr,
+    ):
+        raise NotImplementedError
+
+    assert run_checks("05.kernel", unwritten).status == "not implemented"
+
+    @triton.jit
+    def zeros(
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        bt_ptr,
+        lens_ptr,
+        out_ptr,
+        s0,
+        s1,
+        s2,
+        s3,
+        s4,
+        s5,
+        s6,
+        s7,
+        s8,
+        s9,
+        s10,
+        s11,
+        s12,
+        s13,
+        s14,
+        s15,
+        scale,
+        GROUP: tl.constexpr,
+        GROUP_P2: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        D_P2: tl.constexpr,
+    ):
+        seq = tl.program_id(0)
+        d = tl.arange(0, D_P2)
+        tl.store(out_ptr + seq * s13 + d * s15, tl.zeros([D_P2], tl.float32), mask=d < HEAD_DIM)
+
+    result = run_checks("05.kernel", zeros)
+    assert result.passed == 0 and "differs from the reference" in result.outcomes[0].details[0]
