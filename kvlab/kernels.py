@@ -86,6 +86,32 @@ def attend_blocks(
 
 
 @triton.jit
+def load_group_queries(
+    q_ptr,
+    seq,
+    kvh,
+    stride_qs,
+    stride_qh,
+    stride_qd,
+    GROUP: tl.constexpr,
+    GROUP_P2: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_P2: tl.constexpr,
+):
+    """The fp32 queries ``[GROUP_P2, D_P2]`` of the heads sharing KV head ``kvh`` (padding masked)."""
+    g = tl.arange(0, GROUP_P2)
+    d = tl.arange(0, D_P2)
+    heads = kvh * GROUP + g
+    qmask = (g < GROUP)[:, None] & (d < HEAD_DIM)[None, :]
+    q = tl.load(
+        q_ptr + seq.to(tl.int64) * stride_qs + heads[:, None] * stride_qh + d[None, :] * stride_qd,
+        mask=qmask,
+        other=0.0,
+    ).to(tl.float32)
+    return q, heads, qmask
+
+
+@triton.jit
 def paged_decode_kernel(
     q_ptr,
     k_ptr,
@@ -119,15 +145,10 @@ def paged_decode_kernel(
     """One program per (sequence, KV head): all the query heads that share the KV head."""
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
-    g = tl.arange(0, GROUP_P2)
+    q, heads, qmask = load_group_queries(
+        q_ptr, seq, kvh, stride_qs, stride_qh, stride_qd, GROUP, GROUP_P2, HEAD_DIM, D_P2
+    )
     d = tl.arange(0, D_P2)
-    heads = kvh * GROUP + g
-    qmask = (g < GROUP)[:, None] & (d < HEAD_DIM)[None, :]
-    q = tl.load(
-        q_ptr + seq.to(tl.int64) * stride_qs + heads[:, None] * stride_qh + d[None, :] * stride_qd,
-        mask=qmask,
-        other=0.0,
-    ).to(tl.float32)
     seq_len = tl.load(lens_ptr + seq)
     m, denom, acc = attend_blocks(
         q,
@@ -203,16 +224,11 @@ def paged_decode_split_kernel(
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    g = tl.arange(0, GROUP_P2)
+    q, heads, qmask = load_group_queries(
+        q_ptr, seq, kvh, stride_qs, stride_qh, stride_qd, GROUP, GROUP_P2, HEAD_DIM, D_P2
+    )
+    hmask = tl.arange(0, GROUP_P2) < GROUP
     d = tl.arange(0, D_P2)
-    heads = kvh * GROUP + g
-    hmask = g < GROUP
-    qmask = hmask[:, None] & (d < HEAD_DIM)[None, :]
-    q = tl.load(
-        q_ptr + seq.to(tl.int64) * stride_qs + heads[:, None] * stride_qh + d[None, :] * stride_qd,
-        mask=qmask,
-        other=0.0,
-    ).to(tl.float32)
     seq_len = tl.load(lens_ptr + seq)
     first = split * blocks_per_split
     last = tl.minimum(first + blocks_per_split, tl.cdiv(seq_len, BLOCK_SIZE))
