@@ -84,8 +84,13 @@ def main(name: str, out: str | None) -> int:
         return 2
     for label, value in report.get("results", {}).items():
         print(f"{label:48s} {value:>14,}")
+    if "device" in report:
+        print(f"{report['device']} | torch {report['torch']} | triton {report['triton']}")
+        print(f"device-to-device copy: {report['copy_GB_per_s']:,} GB/s")
     for row in report.get("rows", []):
         print("  ".join(f"{k}={v}" for k, v in row.items()))
+    for label, (value, met) in report.get("targets", {}).items():
+        print(f"target {label}: {value} ({'met' if met else 'NOT met'})")
     path = Path(out) if out else BENCH_DIR / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
@@ -94,9 +99,11 @@ def main(name: str, out: str | None) -> int:
 
 
 def attention(device: str | None = None) -> dict:
-    """Paged decode attention on a GPU: achieved bandwidth against the device's peak, the ratio
-    to torch's SDPA on a contiguous cache of the same tokens, and split-K at batch 1."""
+    """Paged decode attention on a GPU: achieved bandwidth against the device's peak and its
+    measured copy bandwidth, the ratio to torch's SDPA on a contiguous cache of the same tokens,
+    split-K at batch 1, and the Lab 05 teaching kernel for comparison."""
     import torch
+    import triton
 
     from kvlab.roofline import GPUS
 
@@ -105,33 +112,67 @@ def attention(device: str | None = None) -> dict:
             "the attention benchmark needs a CUDA GPU; in Triton's interpreter timings mean nothing"
         )
     device = device or "cuda"
-    name = torch.cuda.get_device_name(0)
+    name = torch.cuda.get_device_name(device)
     peak = next(
         (g.hbm_bytes_per_s for key, g in GPUS.items() if key.split()[0].split("-")[0] in name), None
     )
+    copy = copy_bandwidth(device)
     hq, hkv, d, bs, dtype = 32, 8, 128, 16, torch.bfloat16
     rows = [
-        _attention_row(batch, context, hq, hkv, d, bs, dtype, device, peak)
+        _attention_row(batch, context, hq, hkv, d, bs, dtype, device, peak, copy)
         for batch, context in [(1, 8192), (8, 8192), (32, 8192), (32, 2048), (1, 32768)]
     ]
-    import triton as _triton
-
     return {
         "benchmark": "attention",
         "device": name,
         "torch": torch.__version__,
-        "triton": _triton.__version__,
+        "triton": triton.__version__,
+        "peak_GB_per_s": peak / 1e9 if peak else None,
+        "copy_GB_per_s": round(copy / 1e9, 1),
         "shape": {"q_heads": hq, "kv_heads": hkv, "head_dim": d, "block_size": bs, "dtype": "bf16"},
         "rows": rows,
+        "targets": attention_targets(rows),
     }
 
 
-def _attention_row(batch, context, hq, hkv, d, bs, dtype, device, peak) -> dict:
-    """One configuration: the kernel (auto and single split) and SDPA on a contiguous copy."""
+def copy_bandwidth(device, nbytes: int = 2**30) -> float:
+    """Bytes per second a device-to-device copy moves, counting bytes read and written."""
     import torch
     import triton.testing
 
-    from kvlab.kernels import paged_decode_attention
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src))
+    return 2 * nbytes / (ms * 1e-3)
+
+
+def attention_targets(rows: list[dict]) -> dict:
+    """Issue 6's targets, each with the measured figure and whether it was met."""
+    at = {(r["batch"], r["context"]): r for r in rows}
+    big, long = at[(32, 8192)], at[(1, 32768)]
+    return {
+        "B=32 ctx 8192: >= 0.8 of copy bandwidth": [
+            big["fraction_of_copy"],
+            big["fraction_of_copy"] >= 0.8,
+        ],
+        "B=32 ctx 8192: >= 0.9x SDPA speed": [
+            big["speed_vs_sdpa_contiguous"],
+            big["speed_vs_sdpa_contiguous"] >= 0.9,
+        ],
+        "B=1 ctx 32k: split-K >= 3x one split": [
+            long["split_k_speedup"],
+            long["split_k_speedup"] >= 3,
+        ],
+    }
+
+
+def _attention_row(batch, context, hq, hkv, d, bs, dtype, device, peak, copy) -> dict:
+    """One configuration: the kernel (auto and single split), the teaching kernel, and SDPA on a
+    contiguous copy of the same tokens."""
+    import torch
+    import triton.testing
+
+    from kvlab.kernels import launch_paged_decode, paged_decode_attention, paged_decode_kernel
 
     blocks = batch * context // bs
     g = torch.Generator(device=device).manual_seed(0)
@@ -144,18 +185,26 @@ def _attention_row(batch, context, hq, hkv, d, bs, dtype, device, peak) -> dict:
     args = (q, k_cache, v_cache, tables, lens)
     ms = triton.testing.do_bench(lambda: paged_decode_attention(*args))
     one_split = triton.testing.do_bench(lambda: paged_decode_attention(*args, num_splits=1))
+    teaching = triton.testing.do_bench(lambda: launch_paged_decode(paged_decode_kernel, *args))
     k = k_cache[tables.long()].reshape(batch, context, hkv, d).transpose(1, 2).contiguous()
     v = v_cache[tables.long()].reshape(batch, context, hkv, d).transpose(1, 2).contiguous()
     sdpa_args = (q.unsqueeze(2), k, v)
-    sdpa = triton.testing.do_bench(
-        lambda: torch.nn.functional.scaled_dot_product_attention(*sdpa_args, enable_gqa=True)
-    )
+
+    def sdpa():
+        return torch.nn.functional.scaled_dot_product_attention(*sdpa_args, enable_gqa=True)
+
+    sdpa_ms = triton.testing.do_bench(sdpa)
+    error = (paged_decode_attention(*args).float() - sdpa().squeeze(2).float()).abs().max().item()
+    bytes_per_s = kv_bytes / (ms * 1e-3)
     return {
         "batch": batch,
         "context": context,
         "ms": round(ms, 4),
-        "GB_per_s": round(kv_bytes / ms / 1e6, 1),
-        "fraction_of_peak": round(kv_bytes / ms / 1e-3 / peak, 3) if peak else None,
-        "speed_vs_sdpa_contiguous": round(sdpa / ms, 3),
+        "GB_per_s": round(bytes_per_s / 1e9, 1),
+        "fraction_of_peak": round(bytes_per_s / peak, 3) if peak else None,
+        "fraction_of_copy": round(bytes_per_s / copy, 3),
+        "speed_vs_sdpa_contiguous": round(sdpa_ms / ms, 3),
         "split_k_speedup": round(one_split / ms, 2),
+        "speed_vs_room_by_room": round(teaching / ms, 2),
+        "max_error_vs_sdpa": float(f"{error:.2g}"),
     }

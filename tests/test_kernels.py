@@ -2,11 +2,20 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvlab.attention import paged_decode_attention_ref
 from kvlab.attention import write_kv as write_kv_ref
 from kvlab.grading.lab04 import make_case
-from kvlab.kernels import choose_splits, paged_decode_attention, write_kv
+from kvlab.kernels import (
+    choose_splits,
+    launch_paged_decode,
+    paged_decode_attention,
+    paged_decode_kernel,
+    tile_tokens,
+    write_kv,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
@@ -24,6 +33,13 @@ CASES = [
     ([129, 5], 128, (4, 1), 32, torch.bfloat16),
     ([24, 9], 8, (4, 2), 256, torch.float32),
     ([40], 4, (2, 2), 96, torch.bfloat16),
+    # tiles of many rooms: 64 rooms of one bed per step, a tile boundary at 64 and 65
+    ([65, 64, 3], 1, (2, 1), 32, torch.float32),
+    ([70], 32, (4, 4), 48, torch.float16),
+    ([64, 63], 64, (12, 4), 32, torch.float32),
+    # several tiles per program (and per split)
+    ([300, 129, 1], 16, (8, 2), 64, torch.float32),
+    ([200], 1, (4, 1), 32, torch.float16),
 ]
 
 
@@ -46,6 +62,68 @@ def test_kernel_matches_reference(seq_lens, block_size, heads, head_dim, dtype, 
     got = paged_decode_attention(*args, num_splits=num_splits)
     assert got.dtype == dtype and got.shape == expected.shape
     torch.testing.assert_close(got.float(), expected.float(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("seq_lens, block_size, heads, head_dim, dtype", CASES[:6])
+def test_room_by_room_kernel_matches_reference(seq_lens, block_size, heads, head_dim, dtype):
+    """The Lab 05 teaching kernel, launched the way the lab launches the learner's."""
+    args = on_device(
+        make_case(
+            seq_lens,
+            block_size,
+            q_heads=heads[0],
+            kv_heads=heads[1],
+            head_dim=head_dim,
+            dtype=dtype,
+            garbage=-(2**31),
+        )
+    )
+    got = launch_paged_decode(paged_decode_kernel, *args)
+    expected = paged_decode_attention_ref(*args)
+    torch.testing.assert_close(got.float(), expected.float(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(
+    lens=st.lists(st.integers(1, 40), min_size=1, max_size=3),
+    log_block=st.integers(0, 4),
+    kv_heads=st.sampled_from([1, 2]),
+    group=st.sampled_from([1, 3, 4]),
+    head_dim=st.sampled_from([32, 40, 64]),
+    num_splits=st.sampled_from([None, 1, 2, 5]),
+)
+def test_tiled_kernel_any_shape(lens, log_block, kv_heads, group, head_dim, num_splits):
+    args = on_device(
+        make_case(
+            lens, 2**log_block, q_heads=kv_heads * group, kv_heads=kv_heads, head_dim=head_dim
+        )
+    )
+    got = paged_decode_attention(*args, num_splits=num_splits)
+    torch.testing.assert_close(got, paged_decode_attention_ref(*args), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_rising_scores_rescale_earlier_tiles(num_splits):
+    """Each later key scores higher, so every tile raises the running max and the sums kept so far
+    must be rescaled: a kernel that forgets exp(m - m') fails here."""
+    q, k, v, tables, lens = make_case([333, 250], 8, q_heads=4, kv_heads=2, head_dim=32)
+    position = torch.zeros(k.shape[0], k.shape[1])  # guest 0's token index in each bed
+    for i, room in enumerate(tables[0, :42].tolist()):
+        position[room] = torch.arange(8) + 8 * i
+    k = q[0, ::2].reshape(1, 1, 2, 32) * (position / 40).view(*position.shape, 1, 1)
+    args = on_device((q, k, v, tables, lens))
+    got = paged_decode_attention(*args, num_splits=num_splits)
+    torch.testing.assert_close(got, paged_decode_attention_ref(*args), atol=1e-5, rtol=1e-5)
+
+
+def test_split_choice_and_tile_size():
+    # one 32k guest on an H100/H200-sized GPU: many slices; a big batch: one pass
+    assert choose_splits(1, 8, 32768, multiprocessors=132) == 66
+    assert choose_splits(32, 8, 8192, multiprocessors=132) == 3
+    assert choose_splits(256, 8, 8192, multiprocessors=132) == 1
+    assert choose_splits(1, 8, 100, multiprocessors=132) == 1  # too short to split
+    assert tile_tokens(1, 128) == 64 and tile_tokens(128, 128) == 128
+    assert tile_tokens(16, 256) == 32
 
 
 def test_shared_rooms_strided_q_and_scale():
@@ -71,7 +149,6 @@ def test_bad_input_is_refused():
         paged_decode_attention(q3, k3, v3, t3, l3)
     with pytest.raises(TypeError, match="seq_lens must be an int32 tensor"):
         paged_decode_attention(q, k, v, tables, lens.long())
-    assert choose_splits(1, 8, 2048) >= 1
 
 
 def test_write_kv_kernel_matches_reference():
