@@ -37,18 +37,61 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
 
 
 def decode_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *, scale: float | None = None
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *,
+    scale: float | None = None,
+    seq_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One new token's query ``[q_heads, head_dim]`` against every cached key and value
-    (``[tokens, kv_heads, head_dim]``), accumulated in fp32; ``scale`` defaults to 1/sqrt(head_dim)."""
-    if q.dim() != 2 or k_cache.dim() != 3 or k_cache.shape != v_cache.shape:
+    """Decode attention on a contiguous cache: each guest's new query against its cached keys and
+    values, accumulated in fp32, returned in q's dtype; ``scale`` defaults to 1/sqrt(head_dim).
+
+    One guest: q ``[q_heads, head_dim]``, caches ``[tokens, kv_heads, head_dim]``. A batch: q
+    ``[num_seqs, q_heads, head_dim]``, caches ``[num_seqs, max_tokens, kv_heads, head_dim]`` (the
+    max-length layout of Lab 01), where ``seq_lens`` (``[num_seqs]``, each 1..max_tokens) says how
+    many beds of each guest's row hold tokens; without it every bed counts.
+    """
+    single = q.dim() == 2
+    if single:
+        if k_cache.dim() != 3 or v_cache.shape != k_cache.shape:
+            raise ValueError(
+                f"for q [Hq,D], k_cache and v_cache must be [T,Hkv,D]; got {tuple(k_cache.shape)}, "
+                f"{tuple(v_cache.shape)}"
+            )
+        if seq_lens is not None:
+            raise ValueError("seq_lens needs a batch: q [num_seqs, Hq, D]")
+        q, k_cache, v_cache = q[None], k_cache[None], v_cache[None]
+    elif q.dim() != 3:
+        raise ValueError(f"q must be [Hq,D] or [num_seqs,Hq,D], got shape {tuple(q.shape)}")
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape or k_cache.shape[0] != q.shape[0]:
         raise ValueError(
-            f"expected q [Hq,D], caches [T,Hkv,D]; got {q.shape}, {k_cache.shape}, {v_cache.shape}"
+            f"k_cache and v_cache must be [num_seqs={q.shape[0]}, T, Hkv, D]; got "
+            f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}"
         )
+    if k_cache.shape[-1] != q.shape[-1]:
+        raise ValueError(f"head_dim mismatch: q has {q.shape[-1]}, k_cache has {k_cache.shape[-1]}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    k, v = _expand_kv(k_cache, q.shape[0]), _expand_kv(v_cache, q.shape[0])
-    scores = torch.einsum("hd,shd->hs", q.float(), k.float()) * scale
-    return torch.einsum("hs,shd->hd", scores.softmax(dim=-1), v.float()).to(q.dtype)
+    k = _expand_kv(k_cache.flatten(0, 1), q.shape[1]).unflatten(0, k_cache.shape[:2])
+    v = _expand_kv(v_cache.flatten(0, 1), q.shape[1]).unflatten(0, v_cache.shape[:2])
+    scores = torch.einsum("bhd,bshd->bhs", q.float(), k.float()) * scale
+    if seq_lens is not None:
+        scores = scores.masked_fill(~_filled_beds(seq_lens, k.shape[:2])[:, None, :], float("-inf"))
+    out = torch.einsum("bhs,bshd->bhd", scores.softmax(dim=-1), v.float()).to(q.dtype)
+    return out[0] if single else out
+
+
+def _filled_beds(seq_lens, shape) -> torch.Tensor:
+    """``[num_seqs, max_tokens]`` True where a bed holds one of the guest's tokens."""
+    if not isinstance(seq_lens, torch.Tensor):
+        raise TypeError(f"seq_lens must be a torch.Tensor, got {type(seq_lens).__name__}")
+    if seq_lens.shape != shape[:1]:
+        raise ValueError(f"seq_lens must be [num_seqs={shape[0]}], got {tuple(seq_lens.shape)}")
+    if seq_lens.dtype.is_floating_point or seq_lens.dtype == torch.bool:
+        raise TypeError(f"seq_lens must hold integers, got {seq_lens.dtype}")
+    if len(seq_lens) and (int(seq_lens.min()) < 1 or int(seq_lens.max()) > shape[1]):
+        raise ValueError(f"seq_lens must be in 1..{shape[1]} (the cache's max_tokens)")
+    return torch.arange(shape[1], device=seq_lens.device)[None, :] < seq_lens[:, None]
 
 
 def check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens) -> None:

@@ -86,3 +86,80 @@ def test_bad_attention_shapes():
         causal_attention(torch.zeros(2, 2), torch.zeros(2, 1, 2), torch.zeros(2, 1, 2))
     with pytest.raises(ValueError, match="multiple of kv_heads"):
         decode_attention(torch.zeros(3, 4), torch.zeros(5, 2, 4), torch.zeros(5, 2, 4))
+
+
+def test_batched_decode_attention_on_a_max_length_cache():
+    """A batch of guests in Lab 01's layout: each row has max_tokens beds, the first seq_len filled;
+    whatever sits in the reserved beds must not matter."""
+    g = torch.Generator().manual_seed(5)
+    lens = [1, 7, 12]
+    q = torch.randn(3, 6, 24, generator=g)
+    k = torch.randn(3, 12, 2, 24, generator=g)
+    v = torch.randn(3, 12, 2, 24, generator=g)
+    out = decode_attention(q, k, v, seq_lens=torch.tensor(lens))
+    for s, n in enumerate(lens):
+        torch.testing.assert_close(out[s], decode_attention(q[s], k[s, :n], v[s, :n]))
+    k[0, 1:], v[0, 1:], k[1, 7:] = 1e4, -1e4, 1e4  # junk in reserved beds
+    torch.testing.assert_close(decode_attention(q, k, v, seq_lens=torch.tensor(lens)), out)
+    full = decode_attention(q, k, v, scale=0.2)  # no seq_lens: every bed counts
+    torch.testing.assert_close(full[2], decode_attention(q[2], k[2], v[2], scale=0.2))
+    half = decode_attention(q.half(), k.half(), v.half(), seq_lens=torch.tensor(lens))
+    assert half.dtype == torch.float16 and half.shape == (3, 6, 24)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, error, match",
+    [
+        (
+            (torch.zeros(2, 4, 8), torch.zeros(3, 5, 2, 8), torch.zeros(3, 5, 2, 8)),
+            {},
+            ValueError,
+            "num_seqs=2",
+        ),
+        (
+            (torch.zeros(2, 4, 8), torch.zeros(2, 5, 2, 6), torch.zeros(2, 5, 2, 6)),
+            {},
+            ValueError,
+            "head_dim mismatch",
+        ),
+        (
+            (torch.zeros(4, 8), torch.zeros(5, 2, 8), torch.zeros(5, 2, 8)),
+            {"seq_lens": torch.tensor([5])},
+            ValueError,
+            "needs a batch",
+        ),
+        (
+            (torch.zeros(2, 4, 8), torch.zeros(2, 5, 2, 8), torch.zeros(2, 5, 2, 8)),
+            {"seq_lens": torch.tensor([5, 6])},
+            ValueError,
+            r"1\.\.5",
+        ),
+        (
+            (torch.zeros(2, 4, 8), torch.zeros(2, 5, 2, 8), torch.zeros(2, 5, 2, 8)),
+            {"seq_lens": torch.tensor([5.0, 1.0])},
+            TypeError,
+            "integers",
+        ),
+        (
+            (torch.zeros(2, 4, 8), torch.zeros(2, 5, 2, 8), torch.zeros(2, 5, 2, 8)),
+            {"seq_lens": [5, 1]},
+            TypeError,
+            "torch.Tensor",
+        ),
+        (
+            (torch.zeros(2, 4, 8), torch.zeros(2, 5, 2, 8), torch.zeros(2, 5, 2, 8)),
+            {"seq_lens": torch.tensor([5])},
+            ValueError,
+            r"num_seqs=2",
+        ),
+        (
+            (torch.zeros(1, 2, 4, 8), torch.zeros(2, 5, 2, 8), torch.zeros(2, 5, 2, 8)),
+            {},
+            ValueError,
+            r"q must be",
+        ),
+    ],
+)
+def test_decode_attention_bad_input(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        decode_attention(*args, **kwargs)
