@@ -9,10 +9,13 @@ TORCH_SPEC ?= torch==2.13.0
 # SYSTEM_SITE=1 builds the venv on top of the base Python's packages (e.g. its CUDA torch).
 SYSTEM_SITE ?=
 LAB_PORT ?= 8888
+# The GPU machine's Triton, beside ours, only to compile the kernels for sm_90 without a GPU (tests).
+TRITON_GPU_VERSION ?= 3.6.0
+TRITON_GPU_DIR := $(VENV)/triton-$(TRITON_GPU_VERSION)
 FIRST_LAB := $(firstword $(sort $(wildcard labs/00_*.ipynb)))
 STAMP := $(VENV)/.kvlab-installed
 
-.PHONY: install lab test labs lint format clean browser
+.PHONY: install lab test labs lint format clean browser triton-gpu
 
 install: $(STAMP)
 
@@ -43,10 +46,17 @@ browser:
 			echo "kvlab: chromium is missing and cannot be installed here (needs root and apt-get): browser tests will be skipped"; \
 		fi; }
 
-test: install browser
+triton-gpu: $(TRITON_GPU_DIR)/.installed
+
+$(TRITON_GPU_DIR)/.installed: | install
+	$(PY) -m pip install --disable-pip-version-check -q --no-deps --target $(TRITON_GPU_DIR) \
+		"triton==$(TRITON_GPU_VERSION)"
+	@touch $@
+
+test: install browser triton-gpu
 	$(VENV)/bin/ruff check kvlab tests
 	$(VENV)/bin/ruff format --check kvlab tests
-	TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest tests solutions --nbval-lax --nbval-current-env \
+	KVLAB_TRITON_GPU_DIR=$(TRITON_GPU_DIR) TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest tests solutions --nbval-lax --nbval-current-env \
 		--nbval-cell-timeout=90 -p no:cacheprovider $(PYTEST_ARGS)
 
 labs: install

@@ -125,6 +125,7 @@ def attention(device: str | None = None) -> dict:
     return {
         "benchmark": "attention",
         "device": name,
+        "launch_options_at_B32_ctx8192": launch_sweep(hq, hkv, d, bs, dtype, device),
         "torch": torch.__version__,
         "triton": triton.__version__,
         "peak_GB_per_s": peak / 1e9 if peak else None,
@@ -133,6 +134,39 @@ def attention(device: str | None = None) -> dict:
         "rows": rows,
         "targets": attention_targets(rows),
     }
+
+
+def launch_sweep(hq, hkv, d, bs, dtype, device) -> list[dict]:
+    """Milliseconds of the tiled kernel at 32 guests of 8,192 tokens for a few (num_warps,
+    num_stages): 5 stages let Triton 3.6 double-buffer K and V, fewer load one tile at a time."""
+    import triton.testing
+
+    from kvlab.kernels import paged_decode_attention
+
+    args = _attention_inputs(32, 8192, hq, hkv, d, bs, dtype, device)
+    results = []
+    for warps, stages in [(4, 3), (4, 5), (8, 3), (8, 5)]:
+
+        def run(warps=warps, stages=stages):
+            return paged_decode_attention(*args, num_warps=warps, num_stages=stages)
+
+        ms = triton.testing.do_bench(run)
+        results.append({"num_warps": warps, "num_stages": stages, "ms": round(ms, 4)})
+    return results
+
+
+def _attention_inputs(batch, context, hq, hkv, d, bs, dtype, device):
+    """q, a paged cache with every guest's rooms scattered at random, tables and lengths."""
+    import torch
+
+    blocks = batch * context // bs
+    g = torch.Generator(device=device).manual_seed(0)
+    k_cache = torch.randn(blocks, bs, hkv, d, device=device, dtype=dtype, generator=g)
+    v_cache = torch.randn_like(k_cache)
+    tables = torch.randperm(blocks, device=device, generator=g).to(torch.int32).view(batch, -1)
+    lens = torch.full((batch,), context, device=device, dtype=torch.int32)
+    q = torch.randn(batch, hq, d, device=device, dtype=dtype, generator=g)
+    return q, k_cache, v_cache, tables, lens
 
 
 def copy_bandwidth(device, nbytes: int = 2**30) -> float:
@@ -174,15 +208,9 @@ def _attention_row(batch, context, hq, hkv, d, bs, dtype, device, peak, copy) ->
 
     from kvlab.kernels import launch_paged_decode, paged_decode_attention, paged_decode_kernel
 
-    blocks = batch * context // bs
-    g = torch.Generator(device=device).manual_seed(0)
-    k_cache = torch.randn(blocks, bs, hkv, d, device=device, dtype=dtype, generator=g)
-    v_cache = torch.randn_like(k_cache)
-    tables = torch.randperm(blocks, device=device, generator=g).to(torch.int32).view(batch, -1)
-    lens = torch.full((batch,), context, device=device, dtype=torch.int32)
-    q = torch.randn(batch, hq, d, device=device, dtype=dtype, generator=g)
+    args = _attention_inputs(batch, context, hq, hkv, d, bs, dtype, device)
+    q, k_cache, v_cache, tables, lens = args
     kv_bytes = 2 * batch * context * hkv * d * k_cache.element_size()
-    args = (q, k_cache, v_cache, tables, lens)
     ms = triton.testing.do_bench(lambda: paged_decode_attention(*args))
     one_split = triton.testing.do_bench(lambda: paged_decode_attention(*args, num_splits=1))
     teaching = triton.testing.do_bench(lambda: launch_paged_decode(paged_decode_kernel, *args))

@@ -40,3 +40,24 @@ def test_targets_read_the_right_rows():
     ]
     targets = bench.attention_targets(rows)
     assert [met for _, met in targets.values()] == [True, False, True]
+
+
+def test_launch_sweep_runs_each_option(monkeypatch):
+    seen = []
+
+    def fake_bench(fn):
+        fn()
+        seen.append(fn)
+        return 2.0
+
+    monkeypatch.setattr(triton.testing, "do_bench", fake_bench)
+    monkeypatch.setattr(bench, "_attention_inputs", lambda *a: _small_inputs())
+    sweep = bench.launch_sweep(4, 2, 32, 16, torch.float32, "cpu")
+    assert [(r["num_warps"], r["num_stages"]) for r in sweep] == [(4, 3), (4, 5), (8, 3), (8, 5)]
+    assert len(seen) == 4 and all(r["ms"] == 2.0 for r in sweep)
+
+
+def _small_inputs():
+    from kvlab.grading.lab04 import make_case
+
+    return make_case([20, 3], 16, q_heads=4, kv_heads=2, head_dim=32)

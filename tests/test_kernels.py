@@ -40,6 +40,7 @@ CASES = [
     # several tiles per program (and per split)
     ([300, 129, 1], 16, (8, 2), 64, torch.float32),
     ([200], 1, (4, 1), 32, torch.float16),
+    ([300, 1], 256, (2, 1), 32, torch.float32),  # a room of 256 beds takes several tiles
 ]
 
 
@@ -119,11 +120,11 @@ def test_rising_scores_rescale_earlier_tiles(num_splits):
 def test_split_choice_and_tile_size():
     # one 32k guest on an H100/H200-sized GPU: many slices; a big batch: one pass
     assert choose_splits(1, 8, 32768, multiprocessors=132) == 66
-    assert choose_splits(32, 8, 8192, multiprocessors=132) == 3
+    assert choose_splits(32, 8, 8192, multiprocessors=132) == 2  # 512 programs: one wave
+    assert choose_splits(1, 1, 131072, multiprocessors=132) == 128  # capped for the merge
     assert choose_splits(256, 8, 8192, multiprocessors=132) == 1
     assert choose_splits(1, 8, 100, multiprocessors=132) == 1  # too short to split
-    assert tile_tokens(1, 128) == 64 and tile_tokens(128, 128) == 128
-    assert tile_tokens(16, 256) == 32
+    assert tile_tokens(128) == 64 and tile_tokens(40) == 64 and tile_tokens(256) == 32
 
 
 def test_shared_rooms_strided_q_and_scale():

@@ -28,6 +28,8 @@ from kvlab.runtime import kernel_mode
 TILE_TOKENS = 64
 MIN_TOKENS_PER_SPLIT = 256
 PROGRAMS_PER_MULTIPROCESSOR = 4
+MAX_SPLITS = 128  # the merge kernel holds every split of a head at once
+LOG2E = 1.4426950408889634
 
 
 @triton.jit
@@ -64,7 +66,6 @@ def paged_decode_tiled_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TILE: tl.constexpr,
-    ROOMS_PER_TILE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     D_P2: tl.constexpr,
     LOW_PRECISION: tl.constexpr,
@@ -90,19 +91,19 @@ def paged_decode_tiled_kernel(
         q = q.to(tl.float32)
     seq_len = tl.load(lens_ptr + seq)
     first = split * rooms_per_split
-    last = tl.minimum(first + rooms_per_split, tl.cdiv(seq_len, BLOCK_SIZE))
+    # one past the slice's last token: key-card entries beyond it are never read
+    t_end = tl.minimum((first + rooms_per_split) * BLOCK_SIZE, seq_len)
     tok = tl.arange(0, TILE)
-    slot = tok // BLOCK_SIZE  # which room of the tile holds token tok
-    bed = tok % BLOCK_SIZE
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, D_P2], tl.float32)
-    for r0 in range(first, last, ROOMS_PER_TILE):
-        r = r0 + slot
-        rmask = r < last  # never read a key-card entry past the slice (or the card's end)
-        room = tl.load(bt_ptr + seq * stride_bts + r * stride_btb, mask=rmask, other=0)
+    for t0 in range(first * BLOCK_SIZE, t_end, TILE):
+        t = t0 + tok
+        tmask = t < t_end
+        r = t // BLOCK_SIZE  # the key-card entry of token t, and its bed in that room
+        bed = t % BLOCK_SIZE
+        room = tl.load(bt_ptr + seq * stride_bts + r * stride_btb, mask=tmask, other=0)
         room = room.to(tl.int64)
-        tmask = rmask & (r * BLOCK_SIZE + bed < seq_len)
         kv_mask = tmask[:, None] & dmask[None, :]
         k = tl.load(
             k_ptr
@@ -126,10 +127,11 @@ def paged_decode_tiled_kernel(
             scores = tl.dot(q, tl.trans(k))
         else:
             scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        # scores in log2 units (scale includes log2(e)), so exp2 does the exponentials
         scores = tl.where(tmask[None, :], scores * scale, float("-inf"))  # [BLOCK_H, TILE]
         m_new = tl.maximum(m, tl.max(scores, axis=1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(scores - m_new[:, None])
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(scores - m_new[:, None])
         denom = denom * alpha + tl.sum(p, axis=1)
         if LOW_PRECISION:
             pv = tl.dot(p.to(v.dtype), v)
@@ -165,8 +167,8 @@ def merge_splits_kernel(
     HEAD_DIM: tl.constexpr,
     D_P2: tl.constexpr,
 ):
-    """Combine the splits of one (sequence, query head) with log-sum-exp weights; a split that
-    saw no room (max -inf) weighs nothing."""
+    """Combine the splits of one (sequence, query head) with log-sum-exp weights (maxima in log2
+    units); a split that saw no room (max -inf) weighs nothing."""
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     s = tl.arange(0, SPLITS_P2)
@@ -177,7 +179,7 @@ def merge_splits_kernel(
     denom = tl.load(part_ml_ptr + row * 2 + 1, mask=smask, other=0.0)
     acc = tl.load(part_acc_ptr + row[:, None] * D_P2 + d[None, :], mask=smask[:, None], other=0.0)
     top = tl.max(m, axis=0)
-    w = tl.where(smask & (m > float("-inf")), tl.exp(m - top), 0.0)
+    w = tl.where(smask & (m > float("-inf")), tl.exp2(m - top), 0.0)
     out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * denom, axis=0)
     tl.store(
         out_ptr + seq * stride_os + head * stride_oh + d * stride_od,
@@ -186,11 +188,10 @@ def merge_splits_kernel(
     )
 
 
-def tile_tokens(block_size: int, head_dim: int) -> int:
-    """Tokens per loop step: at least one room, at least 16 (tl.dot's smallest side), and half as
-    many for head dims above 128 so a tile of K and V stays the same size."""
-    target = TILE_TOKENS if head_dim <= 128 else TILE_TOKENS // 2
-    return max(block_size, target, 16)
+def tile_tokens(head_dim: int) -> int:
+    """Tokens per loop step, whatever the room size (a room of 128 beds takes two steps): 64, or 32
+    for head dims above 128, so a tile of K and V stays small enough for shared memory."""
+    return TILE_TOKENS if head_dim <= 128 else TILE_TOKENS // 2
 
 
 def choose_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, multiprocessors: int) -> int:
@@ -198,8 +199,8 @@ def choose_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, multiproce
     at least ``MIN_TOKENS_PER_SPLIT`` tokens in each slice: many splits for one long guest, one for
     a large batch."""
     programs = max(1, num_seqs * num_kv_heads)
-    wanted = math.ceil(PROGRAMS_PER_MULTIPROCESSOR * multiprocessors / programs)
-    return max(1, min(wanted, max_seq_len // MIN_TOKENS_PER_SPLIT))
+    wanted = PROGRAMS_PER_MULTIPROCESSOR * multiprocessors // programs  # down: no partial wave
+    return max(1, min(wanted, max_seq_len // MIN_TOKENS_PER_SPLIT, MAX_SPLITS))
 
 
 def _tensor_core_dtypes() -> tuple:
@@ -218,7 +219,16 @@ def _auto_splits(q, num_kv_heads: int, max_seq_len: int) -> int:
 
 
 def paged_decode_attention(
-    q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, num_splits=None
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    *,
+    scale=None,
+    num_splits=None,
+    num_warps=None,
+    num_stages=None,
 ) -> torch.Tensor:
     """Decode attention reading K/V rooms in place through block tables.
 
@@ -227,6 +237,8 @@ def paged_decode_attention(
     ceil(seq_len / block_size) are never read); seq_lens int32 ``[num_seqs]``. fp32 accumulation;
     returns ``[num_seqs, num_q_heads, head_dim]`` in q's dtype. ``num_splits`` > 1 splits each
     sequence's rooms across programs (flash-decoding); None chooses from the GPU's size.
+    ``num_warps`` and ``num_stages`` (Triton's launch options; None = Triton's defaults) are for
+    tuning on a GPU.
     """
     check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens)
     block_size = k_cache.shape[1]
@@ -241,8 +253,8 @@ def paged_decode_attention(
     if num_seqs == 0:
         return out
     max_seq_len = int(seq_lens.max())
-    tile = tile_tokens(block_size, head_dim)
-    rooms_per_tile = tile // block_size
+    tile = tile_tokens(head_dim)
+    rooms_per_tile = max(1, tile // block_size)
     rooms = math.ceil(max_seq_len / block_size)
     if num_splits is None:
         num_splits = _auto_splits(q, num_kv_heads, max_seq_len)
@@ -271,7 +283,7 @@ def paged_decode_attention(
         *v_cache.stride(),
         *block_tables.stride(),
         *out.stride(),
-        1.0 / math.sqrt(head_dim) if scale is None else float(scale),
+        LOG2E * (1.0 / math.sqrt(head_dim) if scale is None else float(scale)),
         rooms_per_split,
         num_splits,
         num_q_heads,
@@ -279,11 +291,11 @@ def paged_decode_attention(
         BLOCK_H=max(16, pow2(group)),
         BLOCK_SIZE=block_size,
         TILE=tile,
-        ROOMS_PER_TILE=rooms_per_tile,
         HEAD_DIM=head_dim,
         D_P2=d_p2,
         LOW_PRECISION=low_precision,
         SPLIT=split,
+        **{k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v},
     )
     if split:
         merge_splits_kernel[(num_seqs, num_q_heads)](
