@@ -237,3 +237,44 @@ def test_call_without_mutation_and_same():
     assert same({"a": torch.ones(2)}, {"a": torch.ones(2)})
     assert not same(torch.ones(2), torch.ones(2, dtype=torch.float64))
     assert not same((1, 2), [1, 2])
+
+
+def test_isolated_checks_survive_a_crash_a_hang_and_report_output():
+    import os
+    import signal
+
+    from kvlab.grading.core import exercise
+    from kvlab.grading.limits import can_fork
+
+    if not can_fork():
+        pytest.skip("forking is not available here")
+    ex = exercise("99.isolated", "checks in child processes", isolate=True)
+
+    @ex.check("prints and passes")
+    def _prints(fn):
+        fn("ok")
+
+    @ex.check("crashes", hint="unused")
+    def _crash(fn):
+        fn("crash")
+
+    @ex.check("hangs")
+    def _hang(fn):
+        fn("hang")
+
+    def learner(what):
+        print("x" * 5000)
+        if what == "crash":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        while what == "hang":
+            pass
+
+    try:
+        result = run_checks("99.isolated", learner, timeout=1)
+    finally:
+        del EXERCISES["99.isolated"]
+    passed, crashed, hung = result.outcomes
+    assert passed.passed and not crashed.passed and not hung.passed
+    assert crashed.details[0] == "your code crashed the process (SIGSEGV)"
+    assert hung.details[0].startswith("your code did not finish within 1 s")
+    assert result.printed_chars >= 10_001  # counted from the children (the crash lost its own)

@@ -319,3 +319,61 @@ def test_kernel_checks():
 
     result = run_checks("05.kernel", zeros)
     assert result.passed == 0 and "differs from the reference" in result.outcomes[0].details[0]
+
+
+def _kernel_with_body(body: str):
+    """A learner-style Lab 05 kernel from source: the solution with one line changed."""
+    import json
+    import pathlib
+    import tempfile
+
+    import triton  # noqa: F401  (used by the generated module)
+
+    cells = json.loads(pathlib.Path("solutions/05_triton_kernel.ipynb").read_text())["cells"]
+    source = next("".join(c["source"]) for c in cells if c.get("id") == "lab05-07")
+    source = "".join(line for line in source.splitlines(True) if "### " not in line)
+    old, new = body.split(" => ")
+    assert old in source, old
+    source = source.replace(old, new)
+    header = "import triton\nimport triton.language as tl\n\n"
+    with tempfile.NamedTemporaryFile("w", suffix="_learner.py", delete=False) as f:
+        f.write(header + source)  # @triton.jit needs the source in a file
+    namespace = {}
+    exec(compile(header + source, f.name, "exec"), namespace)
+    return namespace["my_paged_decode_kernel"]
+
+
+def test_kernel_that_corrupts_memory_fails_one_check_per_crash():
+    """A store outside every tensor kills the interpreter's process: the checks run in children,
+    so the report still comes back, one line per check."""
+    crashing = _kernel_with_body("out_ptr + seq => out_ptr + 2**40 + seq")  # far outside
+    result = run_checks("05.kernel", crashing)
+    assert result.status == "failed" and result.passed == 0
+    first = result.outcomes[0].details
+    assert first[0].startswith("your code crashed the process (SIG"), first
+    assert "mask every tl.load / tl.store" in first[1]
+
+
+def test_kernel_mistakes_get_a_diagnosis():
+    no_scale = _kernel_with_body("axis=2) * scale => axis=2)")
+    details = run_checks("05.kernel", no_scale).outcomes[0].details
+    assert any("multiply the scores q·k by scale" in d for d in details), details
+
+
+def test_paged_attention_diagnoses_the_wrong_kv_head():
+    import torch
+
+    from kvlab.attention import decode_attention, gather_kv
+
+    def modulo_heads(q, kc, vc, bt, sl):
+        out = torch.empty_like(q)
+        heads = [h % kc.shape[2] for h in range(q.shape[1])]
+        for s in range(q.shape[0]):
+            k, v = gather_kv(kc, vc, bt[s], int(sl[s]))
+            out[s] = decode_attention(q[s], k[:, heads], v[:, heads])
+        return out
+
+    result = run_checks("04.paged_attention", modulo_heads)
+    gqa = next(o for o in result.outcomes if o.name.startswith("grouped-query"))
+    assert any("h // 4 (the group size)" in d for d in gqa.details), gqa.details
+    assert any(d.startswith("expected: [") and "values)" in d for d in gqa.details)

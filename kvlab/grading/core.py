@@ -19,7 +19,15 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvlab.grading.limits import BoundedBuffer, CheckTimeout, captured_output, time_limit
+from kvlab.grading.limits import (
+    BoundedBuffer,
+    CheckTimeout,
+    ChildCrashed,
+    can_fork,
+    captured_output,
+    in_child_process,
+    time_limit,
+)
 
 DEFAULT_TIMEOUT = float(os.environ.get("KVLAB_CHECK_TIMEOUT", "10"))
 GRADE_LOG_VAR = "KVLAB_GRADE_LOG"  # set by `kvlab grade`: results are appended there as JSON lines
@@ -54,6 +62,9 @@ class Exercise:
     title: str
     expects: str = "function"  # "function" or "class": what the learner hands to check()
     checks: list[Check] = field(default_factory=list)
+    # run each check in a forked child where possible, so code that crashes the process (Triton's
+    # interpreter writing outside a tensor) fails one check instead of killing the kernel
+    isolate: bool = False
 
     def check(self, name: str, hint: str | None = None):
         """Decorator: register ``func(learner_obj)`` as one named check of this exercise."""
@@ -68,10 +79,12 @@ class Exercise:
 EXERCISES: dict[str, Exercise] = {}
 
 
-def exercise(exercise_id: str, title: str, expects: str = "function") -> Exercise:
+def exercise(
+    exercise_id: str, title: str, expects: str = "function", isolate: bool = False
+) -> Exercise:
     if exercise_id in EXERCISES:
         raise ValueError(f"exercise {exercise_id!r} is defined twice")
-    EXERCISES[exercise_id] = ex = Exercise(exercise_id, title, expects)
+    EXERCISES[exercise_id] = ex = Exercise(exercise_id, title, expects, isolate=isolate)
     return ex
 
 
@@ -267,6 +280,33 @@ def _run_one(check_: Check, obj, timeout: float, out: BoundedBuffer) -> tuple[Ou
     return Outcome(check_.name, True), False
 
 
+CRASH_HINT = (
+    "a load or store outside a tensor? mask every tl.load / tl.store (tokens past seq_len, "
+    "lanes past HEAD_DIM, heads past GROUP) and stop at the key card's last room"
+)
+
+
+def _run_isolated(check_: Check, obj, timeout: float, out: BoundedBuffer) -> tuple[Outcome, bool]:
+    """``_run_one`` in a forked child; a crash or a hang costs this check only."""
+
+    def child():
+        buffer = BoundedBuffer()
+        outcome, unimplemented = _run_one(check_, obj, timeout, buffer)
+        return outcome, unimplemented, buffer.text(), buffer.total
+
+    try:
+        outcome, unimplemented, text, total = in_child_process(child, timeout + 5)
+    except CheckTimeout:
+        details = [f"your code did not finish within {timeout:g} s (an endless loop?)"]
+        return Outcome(check_.name, False, details + _hint(check_)), False
+    except ChildCrashed as crash:
+        details = [f"your code crashed the process ({crash.how})", f"hint:     {CRASH_HINT}"]
+        return Outcome(check_.name, False, details), False
+    out.write(text)
+    out.total += total - len(text)
+    return outcome, unimplemented
+
+
 def _hint(check_: Check) -> list[str]:
     return [f"hint:     {check_.hint}"] if check_.hint else []
 
@@ -311,7 +351,8 @@ def run_checks(exercise_id: str, obj, timeout: float | None = None) -> CheckResu
         if timed_out:  # one endless loop is enough to wait for
             outcomes.append(Outcome(check_.name, False, [TIMED_OUT_SKIP]))
             continue
-        outcome, unimplemented = _run_one(check_, obj, timeout, out)
+        run = _run_isolated if ex.isolate and can_fork() else _run_one
+        outcome, unimplemented = run(check_, obj, timeout, out)
         if unimplemented and not outcomes:
             return CheckResult(ex.id, ex.title, "not implemented", [], total)
         if outcome.passed:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from kvlab.attention import paged_decode_attention_ref
-from kvlab.grading.core import CheckFailed, call_without_mutation, exercise, expect_type, short
+from kvlab.attention import decode_attention, gather_kv, paged_decode_attention_ref
+from kvlab.grading.core import CheckFailed, call_without_mutation, exercise, expect_type
 
 paged = exercise("04.paged_attention", "decode attention through key cards")
 
@@ -62,16 +64,76 @@ def _expect_case(fn, what: str, **case):
             got=str(got.dtype),
             hint="compute in float32, then .to(q.dtype)",
         )
+    expect_attention(got, expected, args, what, "attention on its contiguous K and V")
+
+
+def expect_attention(got, expected, args, what: str, reference: str) -> None:
+    """Raise a CheckFailed naming the guest and head that differ, with the first values and a
+    diagnosis of the usual slips (NaN, a missing or inverted scale, the wrong KV head)."""
     atol, rtol = TOLERANCE[expected.dtype]
-    if not torch.allclose(got.float(), expected.float(), atol=atol, rtol=rtol):
-        err = (got.float() - expected.float()).abs().max().item()
-        worst = int((got.float() - expected.float()).abs().amax(dim=(1, 2)).argmax())
-        raise CheckFailed(
-            f"sequence {worst} differs from attention on its contiguous K and V (max error {err:.3g})",
-            input=what,
-            expected=short(expected[worst]),
-            got=short(got[worst]),
+    got, expected = got.float().cpu(), expected.float()
+    if torch.allclose(got, expected, atol=atol, rtol=rtol):
+        return
+    diff = (got - expected).abs().nan_to_num(nan=math.inf)
+    seq = int(diff.amax(dim=(1, 2)).argmax())
+    head = int(diff[seq].amax(dim=1).argmax())
+    raise CheckFailed(
+        f"guest {seq}, query head {head} differs from {reference} "
+        f"(max error {diff.max().item():.3g})",
+        input=what,
+        expected=preview(expected[seq, head]),
+        got=preview(got[seq, head]),
+        hint=diagnose(got, [a.cpu() for a in args], atol, rtol),
+    )
+
+
+def preview(vector, n: int = 4) -> str:
+    """The first values of a vector: enough to compare by eye."""
+    values = ", ".join(f"{x:.4g}" for x in vector[:n].tolist())
+    return f"[{values}{', …' if len(vector) > n else ''}] ({len(vector)} values)"
+
+
+def diagnose(got, args, atol, rtol) -> str | None:
+    """Name a common mistake when the output matches what that mistake would produce."""
+    if got.isnan().any():
+        return (
+            "NaN: a softmax over nothing but -inf (or a sum of 0). Does every guest read "
+            "ceil(seq_len / block_size) rooms, and are only the beds past seq_len masked?"
         )
+    q, k_cache, v_cache, tables, lens = args
+    head_dim, q_heads, kv_heads = q.shape[2], q.shape[1], k_cache.shape[2]
+    slips = [
+        ("no scale: multiply the scores q·k by scale = 1/sqrt(head_dim)", 1.0, None),
+        ("the scores were divided by scale: multiply by it", math.sqrt(head_dim), None),
+    ]
+    if kv_heads not in (1, q_heads):
+        group = q_heads // kv_heads
+        slips.append(
+            (
+                f"query head h reads KV head h // {group} (the group size), not h % {kv_heads}",
+                None,
+                [h % kv_heads for h in range(q_heads)],
+            )
+        )
+    for message, scale, kv_of_head in slips:
+        wrong = _attention_with(args, scale=scale, kv_of_head=kv_of_head)
+        if torch.allclose(got, wrong, atol=atol, rtol=rtol):
+            return message
+    return None
+
+
+def _attention_with(args, *, scale=None, kv_of_head=None):
+    """The reference answer computed with a given scale or query-to-KV-head mapping."""
+    q, k_cache, v_cache, tables, lens = args
+    group = q.shape[1] // k_cache.shape[2]
+    heads = kv_of_head or [h // group for h in range(q.shape[1])]
+    out = torch.empty(q.shape)
+    for s in range(q.shape[0]):
+        k, v = gather_kv(k_cache, v_cache, tables[s], int(lens[s]))
+        out[s] = decode_attention(
+            q[s].float(), k[:, heads].float(), v[:, heads].float(), scale=scale
+        )
+    return out
 
 
 @paged.check(
