@@ -235,7 +235,7 @@ def test_paged_attention_checks():
             out[s] = decode_attention(q[s], kc[rooms].flatten(0, 1), vc[rooms].flatten(0, 1))
         return out
 
-    assert failed(run_checks("04.paged_attention", no_cut))[0] == "one sequence in one room"
+    assert failed(run_checks("04.paged_attention", no_cut))[0] == "one guest in one room"
 
 
 def test_kernel_checks():

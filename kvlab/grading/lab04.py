@@ -137,11 +137,11 @@ def _attention_with(args, *, scale=None, kv_of_head=None):
 
 
 @paged.check(
-    "one sequence in one room",
+    "one guest in one room",
     hint="gather rows block_tables[s, :ceil(len / block_size)] of the cache, keep the first len tokens",
 )
 def _one(fn):
-    _expect_case(fn, "1 sequence of 3 tokens, block_size 4", seq_lens=[3], block_size=4)
+    _expect_case(fn, "1 guest of 3 tokens, block_size 4", seq_lens=[3], block_size=4)
 
 
 @paged.check(
@@ -177,7 +177,7 @@ def _garbage(fn):
     _expect_case(fn, "padding 10**9", seq_lens=[5, 17], block_size=4, garbage=10**9)
 
 
-@paged.check("two sequences sharing their rooms (a shared prefix)")
+@paged.check("two guests sharing their rooms (a shared prefix)")
 def _shared(fn):
     _expect_case(
         fn, "both key cards list the same rooms", seq_lens=[9, 12], block_size=4, shared=True
