@@ -48,10 +48,11 @@ browser:
 
 triton-gpu: $(TRITON_GPU_DIR)/.installed
 
+# Best effort: without it (offline, say) the compile test uses our Triton only and says so.
 $(TRITON_GPU_DIR)/.installed: | install
-	$(PY) -m pip install --disable-pip-version-check -q --no-deps --target $(TRITON_GPU_DIR) \
-		"triton==$(TRITON_GPU_VERSION)"
-	@touch $@
+	@$(PY) -m pip install --disable-pip-version-check -q --no-deps --target $(TRITON_GPU_DIR) \
+		"triton==$(TRITON_GPU_VERSION)" && touch $@ \
+		|| echo "kvlab: could not install triton $(TRITON_GPU_VERSION) beside ours: its compile test will be skipped"
 
 test: install browser triton-gpu
 	$(VENV)/bin/ruff check kvlab tests

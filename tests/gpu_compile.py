@@ -51,7 +51,7 @@ def cases():
         write_kv,
     )
 
-    def paged(seqs, q_heads, kv_heads, head_dim, block_size, context, dtype, **kw):
+    def paged(seqs, q_heads, kv_heads, head_dim, block_size, context, dtype):
         q = torch.zeros(seqs, q_heads, head_dim, dtype=dtype)
         cache = torch.zeros(4, block_size, kv_heads, head_dim, dtype=dtype)
         tables = torch.zeros(seqs, -(-context // block_size), dtype=torch.int32)

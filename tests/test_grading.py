@@ -278,3 +278,31 @@ def test_isolated_checks_survive_a_crash_a_hang_and_report_output():
     assert crashed.details[0] == "your code crashed the process (SIGSEGV)"
     assert hung.details[0].startswith("your code did not finish within 1 s")
     assert result.printed_chars >= 10_001  # counted from the children (the crash lost its own)
+
+
+def test_isolated_check_that_ignores_its_alarm_is_killed_by_the_parent():
+    import signal
+    import time
+
+    from kvlab.grading.core import exercise
+    from kvlab.grading.limits import can_fork
+
+    if not can_fork():
+        pytest.skip("forking is not available here")
+    ex = exercise("99.stubborn", "a check that outlives its own time limit", isolate=True)
+
+    @ex.check("ignores SIGALRM")
+    def _stubborn(fn):
+        fn()
+
+    def learner():
+        signal.signal(signal.SIGALRM, signal.SIG_IGN)
+        time.sleep(60)
+
+    start = time.monotonic()
+    try:
+        result = run_checks("99.stubborn", learner, timeout=0.5)
+    finally:
+        del EXERCISES["99.stubborn"]
+    assert time.monotonic() - start < 20  # the parent's deadline (timeout + 5 s), not 60 s
+    assert result.outcomes[0].details[0].startswith("your code did not finish within 0.5 s")

@@ -86,7 +86,7 @@ def test_room_by_room_kernel_matches_reference(seq_lens, block_size, heads, head
 
 @settings(max_examples=12, deadline=None, derandomize=True)
 @given(
-    lens=st.lists(st.integers(1, 40), min_size=1, max_size=3),
+    lens=st.lists(st.integers(1, 150), min_size=1, max_size=3),  # up to three 64-token tiles
     log_block=st.integers(0, 4),
     kv_heads=st.sampled_from([1, 2]),
     group=st.sampled_from([1, 3, 4]),
@@ -117,6 +117,17 @@ def test_rising_scores_rescale_earlier_tiles(num_splits):
     torch.testing.assert_close(got, paged_decode_attention_ref(*args), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("auto", [2, 3, 7, 50])
+def test_automatic_splits_round_to_whole_tiles(monkeypatch, auto):
+    """On a GPU the split count comes from its size; here it is forced, to check the slicing."""
+    from kvlab.kernels import tiled
+
+    monkeypatch.setattr(tiled, "_auto_splits", lambda *args: auto)
+    args = on_device(make_case([300, 70, 1], 4, q_heads=4, kv_heads=2, head_dim=32))
+    got = paged_decode_attention(*args)
+    torch.testing.assert_close(got, paged_decode_attention_ref(*args), atol=1e-5, rtol=1e-5)
+
+
 def test_split_choice_and_tile_size():
     # one 32k guest on an H100/H200-sized GPU: many slices; a big batch: one pass
     assert choose_splits(1, 8, 32768, multiprocessors=132) == 66
@@ -143,8 +154,16 @@ def test_shared_rooms_strided_q_and_scale():
 
 def test_bad_input_is_refused():
     q, k, v, tables, lens = make_case([5], 4)
-    with pytest.raises(ValueError, match="num_splits must be an int >= 1"):
+    with pytest.raises(ValueError, match=r"num_splits must be 1\.\.128"):
         paged_decode_attention(q, k, v, tables, lens, num_splits=0)
+    with pytest.raises(ValueError, match=r"num_splits must be 1\.\.128"):
+        paged_decode_attention(q, k, v, tables, lens, num_splits=129)
+    with pytest.raises(TypeError, match="num_splits must be an int or None, got float"):
+        paged_decode_attention(q, k, v, tables, lens, num_splits=2.0)
+    with pytest.raises(ValueError, match="num_warps must be 1, 2, 4"):
+        paged_decode_attention(q, k, v, tables, lens, num_warps=3)
+    with pytest.raises(ValueError, match="num_stages must be >= 1"):
+        paged_decode_attention(q, k, v, tables, lens, num_stages=0)
     q3, k3, v3, t3, l3 = make_case([5], 3)
     with pytest.raises(ValueError, match="block_size must be a power of two"):
         paged_decode_attention(q3, k3, v3, t3, l3)

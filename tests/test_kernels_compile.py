@@ -31,7 +31,11 @@ def _start(tmp_path, name, pythonpath=None):
 
 
 def _rows(proc):
-    out, err = proc.communicate(timeout=600)
+    try:
+        out, err = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert proc.returncode == 0, [r for r in rows if "error" in r] or err[-3000:]
     return rows

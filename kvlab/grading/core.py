@@ -300,7 +300,10 @@ def _run_isolated(check_: Check, obj, timeout: float, out: BoundedBuffer) -> tup
         details = [f"your code did not finish within {timeout:g} s (an endless loop?)"]
         return Outcome(check_.name, False, details + _hint(check_)), False
     except ChildCrashed as crash:
-        details = [f"your code crashed the process ({crash.how})", f"hint:     {CRASH_HINT}"]
+        if crash.signalled:
+            details = [f"your code crashed the process ({crash.how})", f"hint:     {CRASH_HINT}"]
+        else:
+            details = [f"the check's process ended without a result ({crash.how})", *_hint(check_)]
         return Outcome(check_.name, False, details), False
     out.write(text)
     out.total += total - len(text)

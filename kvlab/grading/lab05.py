@@ -15,7 +15,8 @@ from kvlab.runtime import kernel_mode
 kernel = exercise(
     "05.kernel", "a Triton paged-attention kernel", isolate=kernel_mode() == "interpreter"
 )
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# the interpreter runs on the CPU; only compiled kernels need (and may touch) the GPU
+DEVICE = "cuda" if kernel_mode() == "compiled" and torch.cuda.is_available() else "cpu"
 
 
 def _unwrap_unimplemented(error: BaseException) -> None:

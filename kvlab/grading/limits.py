@@ -1,4 +1,5 @@
-"""Keep learner code from taking the check cell down: time limits and captured output."""
+"""Keep learner code from taking the check cell down: time limits, captured output, and (for code
+that can crash the process) a forked child per check."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import ctypes
 import io
 import signal
 import threading
+import warnings
 
 
 class CheckTimeout(BaseException):
@@ -99,9 +101,10 @@ def captured_output(buffer: BoundedBuffer):
 class ChildCrashed(Exception):
     """The child process running a check died without reporting (a segfault, an abort)."""
 
-    def __init__(self, how: str):
+    def __init__(self, how: str, signalled: bool):
         super().__init__(how)
         self.how = how
+        self.signalled = signalled
 
 
 def can_fork() -> bool:
@@ -120,54 +123,83 @@ def in_child_process(func, deadline: float):
 
     Code that corrupts memory (an unmasked load or store in Triton's interpreter writes outside a
     tensor) then kills only the child: :class:`ChildCrashed` says how. A child still running
-    after ``deadline`` seconds is killed (:class:`CheckTimeout`).
+    after ``deadline`` seconds is killed (:class:`CheckTimeout`), and so is one whose parent stops
+    waiting for any other reason (an interrupt), so no child outlives the call.
     """
-    import faulthandler
     import os
     import pickle
-    import select
+    import selectors
     import time
 
     read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: run, send the pickled result, leave without cleanup
-        status = 1
-        try:
-            os.close(read_end)
-            quiet = os.open(os.devnull, os.O_WRONLY)  # a crash report would land on the
-            os.dup2(quiet, 1)  # server's terminal; what the code prints is captured anyway
-            os.dup2(quiet, 2)
-            faulthandler.disable()
-            try:
-                import torch
-
-                torch.set_num_threads(1)  # OpenMP's pool does not survive a fork
-            except ImportError:
-                pass
-            payload = pickle.dumps(func())
-            with os.fdopen(write_end, "wb") as pipe:
-                pipe.write(payload)
-            status = 0
-        finally:
-            os._exit(status)
+    with warnings.catch_warnings():
+        # Python 3.12 warns about forking a threaded process (Jupyter's kernel is one); the child
+        # only runs the check and leaves with os._exit, touching none of the other threads' state.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        _child(func, read_end, write_end)
     os.close(write_end)
-    chunks, end = [], time.monotonic() + deadline
+    chunks, finished = [], False
+    end = time.monotonic() + deadline
     try:
-        while True:
-            left = end - time.monotonic()
-            if left <= 0 or not select.select([read_end], [], [], left)[0]:
-                os.kill(pid, signal.SIGKILL)
-                raise CheckTimeout(deadline)
-            chunk = os.read(read_end, 1 << 16)
-            if not chunk:
-                break
-            chunks.append(chunk)
+        with selectors.DefaultSelector() as selector:
+            selector.register(read_end, selectors.EVENT_READ)
+            while True:
+                left = end - time.monotonic()
+                if left <= 0 or not selector.select(left):
+                    raise CheckTimeout(deadline)
+                chunk = os.read(read_end, 1 << 16)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        finished = True
     finally:
         os.close(read_end)
-        _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
+        if not finished:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        status = _reap(pid)
+    if status is not None and os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        raise ChildCrashed(signal.Signals(sig).name if sig in signal.valid_signals() else str(sig))
-    if os.WEXITSTATUS(status) != 0 or not chunks:
-        raise ChildCrashed(f"exit status {os.WEXITSTATUS(status)}")
+        name = signal.Signals(sig).name if sig in signal.valid_signals() else f"signal {sig}"
+        raise ChildCrashed(name, signalled=True)
+    if not chunks:
+        code = os.WEXITSTATUS(status) if status is not None else "unknown"
+        raise ChildCrashed(f"exit status {code}", signalled=False)
     return pickle.loads(b"".join(chunks))
+
+
+def _child(func, read_end: int, write_end: int):
+    """In the forked child: run, send the pickled result, leave without any cleanup."""
+    import faulthandler
+    import os
+    import pickle
+    import sys
+
+    status = 1
+    try:
+        os.close(read_end)
+        quiet = os.open(os.devnull, os.O_WRONLY)  # a crash report would land on the server's
+        os.dup2(quiet, 1)  # terminal; what the code prints is captured by the check anyway
+        os.dup2(quiet, 2)
+        faulthandler.disable()
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            torch.set_num_threads(1)  # OpenMP's pool does not survive a fork
+        payload = pickle.dumps(func())
+        with os.fdopen(write_end, "wb") as pipe:
+            pipe.write(payload)
+        status = 0
+    finally:
+        os._exit(status)
+
+
+def _reap(pid: int):
+    """The child's wait status, or None where SIGCHLD is ignored and the system reaped it."""
+    import os
+
+    try:
+        return os.waitpid(pid, 0)[1]
+    except ChildProcessError:
+        return None

@@ -203,6 +203,16 @@ def choose_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, multiproce
     return max(1, min(wanted, max_seq_len // MIN_TOKENS_PER_SPLIT, MAX_SPLITS))
 
 
+def _check_launch_option(name: str, value, ok, allowed: str) -> None:
+    """None means "choose for me"; anything else must be an int in the allowed range."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
+    if not ok(value):
+        raise ValueError(f"{name} must be {allowed} (or None), got {value}")
+
+
 def _tensor_core_dtypes() -> tuple:
     """Types tl.dot multiplies in directly. The interpreter gets bf16 products wrong (NumPy has no
     bf16), so there bf16 takes the fp32 path; fp16 still exercises the low-precision one."""
@@ -243,10 +253,13 @@ def paged_decode_attention(
     check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens)
     block_size = k_cache.shape[1]
     check_block_size(block_size)
-    if num_splits is not None and (
-        isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1
-    ):
-        raise ValueError(f"num_splits must be an int >= 1 (or None), got {num_splits!r}")
+    _check_launch_option(
+        "num_splits", num_splits, lambda n: 1 <= n <= MAX_SPLITS, f"1..{MAX_SPLITS}"
+    )
+    _check_launch_option(
+        "num_warps", num_warps, lambda n: n in (1, 2, 4, 8, 16, 32), "1, 2, 4 … 32"
+    )
+    _check_launch_option("num_stages", num_stages, lambda n: n >= 1, ">= 1")
     num_seqs, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -295,7 +308,9 @@ def paged_decode_attention(
         D_P2=d_p2,
         LOW_PRECISION=low_precision,
         SPLIT=split,
-        **{k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v},
+        **{
+            k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None
+        },
     )
     if split:
         merge_splits_kernel[(num_seqs, num_q_heads)](
