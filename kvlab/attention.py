@@ -15,11 +15,11 @@ from kvlab.validate import positive_int
 
 
 def _expand_kv(x: torch.Tensor, num_q_heads: int) -> torch.Tensor:
-    """Repeat each KV head for the query heads that share it (GQA)."""
-    num_kv_heads = x.shape[1]
+    """Repeat each KV head (axis -2) for the query heads that share it (GQA)."""
+    num_kv_heads = x.shape[-2]
     if num_q_heads % num_kv_heads:
         raise ValueError(f"q_heads ({num_q_heads}) must be a multiple of kv_heads ({num_kv_heads})")
-    return x.repeat_interleave(num_q_heads // num_kv_heads, dim=1)
+    return x.repeat_interleave(num_q_heads // num_kv_heads, dim=-2)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -72,8 +72,7 @@ def decode_attention(
     if k_cache.shape[-1] != q.shape[-1]:
         raise ValueError(f"head_dim mismatch: q has {q.shape[-1]}, k_cache has {k_cache.shape[-1]}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    k = _expand_kv(k_cache.flatten(0, 1), q.shape[1]).unflatten(0, k_cache.shape[:2])
-    v = _expand_kv(v_cache.flatten(0, 1), q.shape[1]).unflatten(0, v_cache.shape[:2])
+    k, v = _expand_kv(k_cache, q.shape[1]), _expand_kv(v_cache, q.shape[1])
     scores = torch.einsum("bhd,bshd->bhs", q.float(), k.float()) * scale
     if seq_lens is not None:
         scores = scores.masked_fill(~_filled_beds(seq_lens, k.shape[:2])[:, None, :], float("-inf"))

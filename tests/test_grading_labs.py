@@ -239,101 +239,43 @@ def test_paged_attention_checks():
 
 
 def test_kernel_checks():
-    import triton
-    import triton.language as tl
-
     from kvlab.kernels import paged_decode_kernel
 
     refused = run_checks("05.kernel", paged_decode_kernel)
     assert refused.status == "wrong kind" and "kvlab's reference" in refused.outcomes[0].details[0]
 
-    @triton.jit
-    def unwritten(
-        q_ptr,
-        k_ptr,
-        v_ptr,
-        bt_ptr,
-        lens_ptr,
-        out_ptr,
-        s0,
-        s1,
-        s2,
-        s3,
-        s4,
-        s5,
-        s6,
-        s7,
-        s8,
-        s9,
-        s10,
-        s11,
-        s12,
-        s13,
-        s14,
-        s15,
-        scale,
-        GROUP: tl.constexpr,
-        GROUP_P2: tl.constexpr,
-        BLOCK_SIZE: tl.constexpr,
-        HEAD_DIM: tl.constexpr,
-        D_P2: tl.constexpr,
-    ):
-        raise NotImplementedError
-
+    unwritten = _lab05_kernel(stub="raise NotImplementedError")  # the lab as learners get it
     assert run_checks("05.kernel", unwritten).status == "not implemented"
 
-    @triton.jit
-    def zeros(
-        q_ptr,
-        k_ptr,
-        v_ptr,
-        bt_ptr,
-        lens_ptr,
-        out_ptr,
-        s0,
-        s1,
-        s2,
-        s3,
-        s4,
-        s5,
-        s6,
-        s7,
-        s8,
-        s9,
-        s10,
-        s11,
-        s12,
-        s13,
-        s14,
-        s15,
-        scale,
-        GROUP: tl.constexpr,
-        GROUP_P2: tl.constexpr,
-        BLOCK_SIZE: tl.constexpr,
-        HEAD_DIM: tl.constexpr,
-        D_P2: tl.constexpr,
-    ):
-        seq = tl.program_id(0)
-        d = tl.arange(0, D_P2)
-        tl.store(out_ptr + seq * s13 + d * s15, tl.zeros([D_P2], tl.float32), mask=d < HEAD_DIM)
-
+    zeros = _lab05_kernel(
+        stub="seq = tl.program_id(0)\n"
+        "    d = tl.arange(0, D_P2)\n"
+        "    tl.store(out_ptr + seq * stride_os + d * stride_od, tl.zeros([D_P2], tl.float32), "
+        "mask=d < HEAD_DIM)"
+    )
     result = run_checks("05.kernel", zeros)
     assert result.passed == 0 and "differs from the reference" in result.outcomes[0].details[0]
 
 
-def _kernel_with_body(body: str):
-    """A learner-style Lab 05 kernel from source: the solution with one line changed."""
+def _lab05_kernel(edit: str | None = None, stub: str | None = None):
+    """A learner-style Lab 05 kernel from the solution notebook: the solution with one edit
+    ("old => new"), or labgen's learner stub with ``stub`` in place of its NotImplementedError."""
     import json
     import pathlib
     import tempfile
 
+    from kvlab.labgen import strip_solution
+
     notebook = pathlib.Path(__file__).parents[1] / "solutions" / "05_triton_kernel.ipynb"
     cells = json.loads(notebook.read_text())["cells"]
     source = next("".join(c["source"]) for c in cells if c.get("id") == "lab05-07")
-    source = "".join(line for line in source.splitlines(True) if "### " not in line)
-    old, new = body.split(" => ")
-    assert old in source, old
-    source = source.replace(old, new)
+    if stub is not None:
+        source = strip_solution(source)[0].replace("raise NotImplementedError", stub)
+    else:
+        source = "".join(line for line in source.splitlines(True) if "### " not in line)
+        old, new = edit.split(" => ")
+        assert old in source, old
+        source = source.replace(old, new)
     header = "import triton\nimport triton.language as tl\n\n"
     folder = pathlib.Path(tempfile.mkdtemp(prefix="kvlab-learner-"))
     path = folder / "learner.py"  # @triton.jit reads the source from a file
@@ -346,7 +288,7 @@ def _kernel_with_body(body: str):
 def test_kernel_that_corrupts_memory_fails_one_check_per_crash():
     """A store outside every tensor kills the interpreter's process: the checks run in children,
     so the report still comes back, one line per check."""
-    crashing = _kernel_with_body("out_ptr + seq => out_ptr + 2**40 + seq")  # far outside
+    crashing = _lab05_kernel("out_ptr + seq => out_ptr + 2**40 + seq")  # far outside
     result = run_checks("05.kernel", crashing)
     assert result.status == "failed" and result.passed == 0
     first, *rest = result.outcomes
@@ -356,7 +298,7 @@ def test_kernel_that_corrupts_memory_fails_one_check_per_crash():
 
 
 def test_kernel_mistakes_get_a_diagnosis():
-    no_scale = _kernel_with_body("axis=2) * scale => axis=2)")
+    no_scale = _lab05_kernel("axis=2) * scale => axis=2)")
     details = run_checks("05.kernel", no_scale).outcomes[0].details
     assert any("multiply the scores q·k by scale" in d for d in details), details
 

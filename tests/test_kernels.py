@@ -44,21 +44,27 @@ CASES = [
 ]
 
 
+def grid_case(seq_lens, block_size, heads, head_dim, dtype, garbage, seed=0):
+    """One CASES row as kernel inputs on the test device."""
+    q_heads, kv_heads = heads
+    case = make_case(
+        seq_lens,
+        block_size,
+        q_heads=q_heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        garbage=garbage,
+        seed=seed,
+    )
+    return on_device(case)
+
+
 @pytest.mark.parametrize("seq_lens, block_size, heads, head_dim, dtype", CASES)
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_kernel_matches_reference(seq_lens, block_size, heads, head_dim, dtype, num_splits):
-    args = on_device(
-        make_case(
-            seq_lens,
-            block_size,
-            q_heads=heads[0],
-            kv_heads=heads[1],
-            head_dim=head_dim,
-            dtype=dtype,
-            garbage=10**9,
-            seed=len(seq_lens) + block_size,
-        )
-    )
+    seed = len(seq_lens) + block_size
+    args = grid_case(seq_lens, block_size, heads, head_dim, dtype, garbage=10**9, seed=seed)
     expected = paged_decode_attention_ref(*args)
     got = paged_decode_attention(*args, num_splits=num_splits)
     assert got.dtype == dtype and got.shape == expected.shape
@@ -68,17 +74,7 @@ def test_kernel_matches_reference(seq_lens, block_size, heads, head_dim, dtype, 
 @pytest.mark.parametrize("seq_lens, block_size, heads, head_dim, dtype", CASES[:6])
 def test_room_by_room_kernel_matches_reference(seq_lens, block_size, heads, head_dim, dtype):
     """The Lab 05 teaching kernel, launched the way the lab launches the learner's."""
-    args = on_device(
-        make_case(
-            seq_lens,
-            block_size,
-            q_heads=heads[0],
-            kv_heads=heads[1],
-            head_dim=head_dim,
-            dtype=dtype,
-            garbage=-(2**31),
-        )
-    )
+    args = grid_case(seq_lens, block_size, heads, head_dim, dtype, garbage=-(2**31))
     got = launch_paged_decode(paged_decode_kernel, *args)
     expected = paged_decode_attention_ref(*args)
     torch.testing.assert_close(got.float(), expected.float(), atol=TOL[dtype], rtol=TOL[dtype])

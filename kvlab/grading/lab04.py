@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from kvlab.attention import decode_attention, gather_kv, paged_decode_attention_ref
+from kvlab.attention import paged_decode_attention_ref
 from kvlab.grading.core import CheckFailed, call_without_mutation, exercise, expect_type
 
 paged = exercise("04.paged_attention", "decode attention through key cards")
@@ -123,17 +123,14 @@ def diagnose(got, args, atol, rtol) -> str | None:
 
 
 def _attention_with(args, *, scale=None, kv_of_head=None):
-    """The reference answer computed with a given scale or query-to-KV-head mapping."""
+    """The reference answer in fp32, with a given scale or query-to-KV-head mapping (each query
+    head given its own copy of the KV head it reads)."""
     q, k_cache, v_cache, tables, lens = args
-    group = q.shape[1] // k_cache.shape[2]
-    heads = kv_of_head or [h // group for h in range(q.shape[1])]
-    out = torch.empty(q.shape)
-    for s in range(q.shape[0]):
-        k, v = gather_kv(k_cache, v_cache, tables[s], int(lens[s]))
-        out[s] = decode_attention(
-            q[s].float(), k[:, heads].float(), v[:, heads].float(), scale=scale
-        )
-    return out
+    if kv_of_head is not None:
+        k_cache, v_cache = k_cache[:, :, kv_of_head], v_cache[:, :, kv_of_head]
+    return paged_decode_attention_ref(
+        q.float(), k_cache.float(), v_cache.float(), tables, lens, scale=scale
+    )
 
 
 @paged.check(

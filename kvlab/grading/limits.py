@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import faulthandler
 import io
+import os
+import pickle
+import selectors
 import signal
+import sys
 import threading
+import time
 import warnings
 
 
@@ -109,9 +115,6 @@ class ChildCrashed(Exception):
 
 def can_fork() -> bool:
     """Forking is safe on Linux while no GPU context exists (the interpreter runs on the CPU)."""
-    import os
-    import sys
-
     if not (sys.platform.startswith("linux") and hasattr(os, "fork")):
         return False
     torch = sys.modules.get("torch")
@@ -126,11 +129,6 @@ def in_child_process(func, deadline: float):
     after ``deadline`` seconds is killed (:class:`CheckTimeout`), and so is one whose parent stops
     waiting for any other reason (an interrupt), so no child outlives the call.
     """
-    import os
-    import pickle
-    import selectors
-    import time
-
     read_end, write_end = os.pipe()
     with warnings.catch_warnings():
         # Python 3.12 warns about forking a threaded process (Jupyter's kernel is one); the child
@@ -172,11 +170,6 @@ def in_child_process(func, deadline: float):
 
 def _child(func, read_end: int, write_end: int):
     """In the forked child: run, send the pickled result, leave without any cleanup."""
-    import faulthandler
-    import os
-    import pickle
-    import sys
-
     status = 1
     try:
         os.close(read_end)
@@ -197,8 +190,6 @@ def _child(func, read_end: int, write_end: int):
 
 def _reap(pid: int):
     """The child's wait status, or None where SIGCHLD is ignored and the system reaped it."""
-    import os
-
     try:
         return os.waitpid(pid, 0)[1]
     except ChildProcessError:
