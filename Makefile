@@ -14,20 +14,37 @@ TRITON_GPU_VERSION ?= 3.6.0
 TRITON_GPU_DIR := $(VENV)/triton-$(TRITON_GPU_VERSION)
 FIRST_LAB := $(firstword $(sort $(wildcard labs/00_*.ipynb)))
 STAMP := $(VENV)/.kvlab-installed
+TEST_STAMP := $(VENV)/.kvlab-test-installed
+PIP := $(PY) -m pip install --disable-pip-version-check --progress-bar on
 
-.PHONY: install lab test labs lint format clean browser triton-gpu
+.PHONY: install install-test lab test test-notebooks labs lint format clean browser triton-gpu
 
 install: $(STAMP)
 
+# What a learner needs, step by step with sizes, so a first install is never a silent wait.
 $(STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(if $(SYSTEM_SITE),--system-site-packages) $(VENV)
-	@$(PY) -c "import torch" 2>/dev/null \
-		&& echo "kvlab: keeping the installed torch $$($(PY) -c 'import torch; print(torch.__version__)')" \
-		|| $(PY) -m pip install --disable-pip-version-check -q "$(TORCH_SPEC)"
-	$(PY) -m pip install --disable-pip-version-check -q -e ".[test]"
-	$(PY) -m ipykernel install --sys-prefix --name kvlab --display-name "kvlab (Python 3)" >/dev/null
+	@test -x $(PY) || { echo "kvlab: creating the environment $(VENV)"; \
+		$(PYTHON) -m venv $(if $(SYSTEM_SITE),--system-site-packages) $(VENV); }
+	@if $(PY) -c "import torch" 2>/dev/null; then \
+		echo "kvlab: [1/3] keeping the installed torch $$($(PY) -c 'import torch; print(torch.__version__)')"; \
+	else \
+		echo "kvlab: [1/3] installing $(TORCH_SPEC) (CPU build: ~200 MB to fetch, ~750 MB installed)"; \
+		$(PIP) "$(TORCH_SPEC)"; \
+	fi
+	@echo "kvlab: [2/3] installing kvlab with Triton (~1 GB installed), JupyterLab, widgets, matplotlib"
+	$(PIP) -e .
+	@echo "kvlab: [3/3] registering the 'kvlab (Python 3)' Jupyter kernel"
+	$(VENV)/bin/kvlab kernel
 	@touch $@
-	@echo "kvlab: installed into $(VENV)"
+	@echo "kvlab: installed into $(VENV) ($$(du -sh $(VENV) 2>/dev/null | cut -f1))"
+
+# The test tools (pytest, hypothesis, nbval, ruff, Playwright) come with `make test` only.
+install-test: $(TEST_STAMP)
+
+$(TEST_STAMP): $(STAMP)
+	@echo "kvlab: installing the test tools: pytest, hypothesis, nbval, ruff, Playwright (~200 MB)"
+	$(PIP) -q -e ".[test]"
+	@touch $@
 
 # Opens a browser only where there is a display; on a headless machine the URL (with its token) is printed.
 lab: install
@@ -49,24 +66,31 @@ browser:
 triton-gpu: $(TRITON_GPU_DIR)/.installed
 
 # Best effort: without it (offline, say) the compile test uses our Triton only and says so.
-$(TRITON_GPU_DIR)/.installed: | install
+$(TRITON_GPU_DIR)/.installed: | install-test
 	@$(PY) -m pip install --disable-pip-version-check -q --no-deps --target $(TRITON_GPU_DIR) \
 		"triton==$(TRITON_GPU_VERSION)" && touch $@ \
 		|| echo "kvlab: could not install triton $(TRITON_GPU_VERSION) beside ours: its compile test will be skipped"
 
-test: install browser triton-gpu
+# Two runs: the package's tests, then every solution notebook through the registered `kvlab`
+# kernel exactly as JupyterLab runs it. Nothing here sets TRITON_INTERPRET: the kernel decides
+# (the first run imports kvlab, which sets it in that process, so notebooks get their own run).
+test: install-test browser triton-gpu
 	$(VENV)/bin/ruff check kvlab tests
 	$(VENV)/bin/ruff format --check kvlab tests
-	KVLAB_TRITON_GPU_DIR=$(TRITON_GPU_DIR) TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest tests solutions --nbval-lax --nbval-current-env \
-		--nbval-cell-timeout=90 -p no:cacheprovider $(PYTEST_ARGS)
+	KVLAB_TRITON_GPU_DIR=$(TRITON_GPU_DIR) $(PY) -m pytest tests -p no:cacheprovider $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-notebooks
+
+test-notebooks: install-test
+	$(PY) -m pytest solutions --nbval-lax --nbval-kernel-name kvlab --nbval-cell-timeout=90 \
+		-p no:cacheprovider $(NBVAL_ARGS)
 
 labs: install
 	$(VENV)/bin/kvlab labs
 
-lint: install
+lint: install-test
 	$(VENV)/bin/ruff check kvlab tests
 
-format: install
+format: install-test
 	$(VENV)/bin/ruff format kvlab tests
 
 clean:

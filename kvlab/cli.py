@@ -1,4 +1,4 @@
-"""The ``kvlab`` command: doctor, grade, labs, bench."""
+"""The ``kvlab`` command: doctor, grade, labs, bench, kernel."""
 
 from __future__ import annotations
 
@@ -37,8 +37,17 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument("--json", action="store_true", help="print JSON instead of a table")
     grade.add_argument("--cell-timeout", type=int, default=300, help="seconds per cell (300)")
     grade.add_argument(
-        "--kernel", default="python3", help="Jupyter kernel to run in (default: this Python)"
+        "--kernel",
+        default=None,
+        help="a registered Jupyter kernel to run in (default: kvlab's kernel on this Python)",
     )
+
+    kernel = sub.add_parser(
+        "kernel", help="register the 'kvlab (Python 3)' Jupyter kernel for this environment"
+    )
+    where = kernel.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true", help="in your user's Jupyter folder")
+    where.add_argument("--prefix", help="under this prefix (default: this environment)")
 
     bench = sub.add_parser("bench", help="run a benchmark, print figures, write JSON")
     bench.add_argument("name", choices=["allocator", "attention"], help="what to measure")
@@ -61,6 +70,11 @@ def main(argv: list[str] | None = None) -> int:
         from kvlab.grading.notebook import main as grade
 
         return grade(args.paths, args.json, args.cell_timeout, args.kernel)
+    if args.command == "kernel":
+        from kvlab.jupyter_kernel import install
+
+        print(f"registered the kvlab kernel in {install(user=args.user, prefix=args.prefix)}")
+        return 0
     if args.command == "bench":
         from kvlab.bench import main as bench
 

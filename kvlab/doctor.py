@@ -8,6 +8,7 @@ import platform
 import sys
 from dataclasses import dataclass
 
+from kvlab import runtime
 from kvlab.runtime import INTERPRET_VAR, cuda_available, kernel_mode
 
 MIN_TRITON = (3, 6)
@@ -78,6 +79,18 @@ def check_kernel_mode(has_cuda: bool | None = None) -> Finding:
         return Finding(True, f"kernels: compiled on {torch.cuda.get_device_name(0)}")
     where = "GPU tensors" if has_cuda else "CPU, no CUDA GPU visible"
     return Finding(True, f"kernels: Triton interpreter ({INTERPRET_VAR}={setting}; {where})")
+
+
+def check_import_order() -> Finding:
+    """In this process (a notebook calling ``kvlab.doctor.main()``, a script): was Triton imported
+    before kvlab could choose the interpreter?"""
+    if runtime.TRITON_TOO_EARLY:
+        return Finding(
+            False,
+            "Triton was imported before kvlab in this Python: its kernels cannot run in the interpreter",
+            runtime.TRITON_TOO_EARLY_FIX,
+        )
+    return Finding(True, "import order: Triton was not imported before kvlab chose where it runs")
 
 
 def check_test_kernel(has_cuda: bool) -> Finding:
@@ -161,39 +174,115 @@ def check_jupyter() -> list[Finding]:
     return findings
 
 
+KERNEL_FIX = "kvlab kernel  (registers it for this environment; or: make install)"
+
+# Run in a fresh `kvlab` kernel: Triton imported first, as Lab 05 once did, then a kernel launch.
+KERNEL_PROBE = """
+import os, triton, triton.language as tl, torch
+@triton.jit
+def _add_one(x_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs) + tl.zeros([BLOCK], tl.float32) + 1.0
+    tl.store(x_ptr + offs, x + tl.sum(x, axis=0) - BLOCK)  # tl.zeros, tl.sum: built at import
+interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+x = torch.zeros(4, device="cpu" if interpret else "cuda")
+_add_one[(1,)](x, BLOCK=4)
+print("kvlab-probe", "interpreter" if interpret else "compiled", x.sum().item())
+"""
+
+
 def check_kernel_spec() -> Finding:
     try:
-        from jupyter_client.kernelspec import KernelSpecManager
+        from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 
-        specs = KernelSpecManager().find_kernel_specs()
+        spec = KernelSpecManager().get_kernel_spec("kvlab")
     except ImportError:
-        specs = {}
-    fix = 'python -m ipykernel install --sys-prefix --name kvlab --display-name "kvlab (Python 3)"'
-    if "kvlab" not in specs:
-        return Finding(False, "Jupyter kernel 'kvlab' is not registered", fix)
-    return Finding(True, f"Jupyter kernel 'kvlab' ({specs['kvlab']})")
+        return Finding(False, "Jupyter is not installed", "make install")
+    except NoSuchKernel:
+        return Finding(False, "Jupyter kernel 'kvlab' is not registered", KERNEL_FIX)
+    from kvlab.jupyter_kernel import launches_kvlab
+
+    if not launches_kvlab(spec.argv):
+        return Finding(
+            False,
+            f"Jupyter kernel 'kvlab' ({spec.resource_dir}) starts plain ipykernel: "
+            "a notebook that imports triton first breaks Lab 05",
+            KERNEL_FIX,
+        )
+    return Finding(True, f"Jupyter kernel 'kvlab' ({spec.resource_dir})")
 
 
-def diagnose() -> list[Finding]:
+def check_kernel_start(timeout: float = 120) -> Finding:
+    """Start the registered `kvlab` kernel as JupyterLab does and run a Triton kernel in it, with
+    Triton imported before anything else."""
+    try:
+        from jupyter_client.manager import start_new_kernel
+    except ImportError:
+        return Finding(True, "kernel start: skipped (Jupyter is not installed)")
+    printed: list[str] = []
+
+    def collect(msg):
+        if msg["msg_type"] == "stream":
+            printed.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            printed.append(f"{msg['content']['ename']}: {msg['content']['evalue']}")
+
+    try:
+        km, kc = start_new_kernel(
+            kernel_name="kvlab",
+            env=runtime.child_environ(),
+            startup_timeout=timeout,
+            extra_arguments=["--IPKernelApp.log_level=ERROR"],
+        )
+    except Exception as e:
+        return Finding(
+            False, f"the kvlab kernel does not start: {type(e).__name__}: {e}", KERNEL_FIX
+        )
+    try:
+        kc.execute_interactive(KERNEL_PROBE, timeout=timeout, output_hook=collect)
+    except Exception as e:
+        printed.append(f"{type(e).__name__}: {e}")
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    text = " ".join("".join(printed).split())
+    words = text.split()
+    if len(words) >= 3 and words[0] == "kvlab-probe" and words[2] == "4.0":
+        return Finding(
+            True, f"kvlab kernel: starts, runs Triton ({words[1]}) even when imported first"
+        )
+    fix = runtime.TRITON_TOO_EARLY_FIX if runtime.TRITON_TOO_EARLY_MARK in text else KERNEL_FIX
+    return Finding(False, f"kvlab kernel: a Triton test failed: {text[:200]}", fix)
+
+
+def diagnose(start_kernel: bool = True) -> list[Finding]:
     has_cuda = cuda_available()
-    return [
+    findings = [
         check_python(),
         check_torch(),
         check_triton(),
         check_kernel_mode(has_cuda),
+        check_import_order(),
         check_test_kernel(has_cuda),
         *check_jupyter(),
-        check_kernel_spec(),
+        spec := check_kernel_spec(),
     ]
+    registered = spec.ok or "starts plain ipykernel" in spec.what
+    mode_ok = findings[3].ok  # with kernels that cannot run here, the probe would only repeat it
+    if start_kernel and registered and mode_ok:  # a plain kernelspec shows what goes wrong in it
+        findings.append(check_kernel_start())
+    return findings
 
 
-def main() -> int:
-    import kvlab  # noqa: F401  (chooses the kernel mode before the test kernel is defined)
+def main(start_kernel: bool = True) -> int:
+    """Print the findings; exit status 1 when any is a problem. Also callable in a notebook
+    (``kvlab.doctor.main()``), where it checks that notebook's own Python too."""
+    import kvlab  # chooses the kernel mode before the test kernel is defined
 
-    findings = diagnose()
+    findings = diagnose(start_kernel)
     print(f"kvlab doctor (kvlab {kvlab.__version__})")
     for f in findings:
-        print(f"  {'✅' if f.ok else '❌'} {f.what}")
+        print(f"  {'✔' if f.ok else '✘'} {f.what}")
         if f.fix:
             print(f"     fix: {f.fix}")
     problems = sum(not f.ok for f in findings)

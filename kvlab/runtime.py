@@ -1,7 +1,10 @@
 """Where kernels run: compiled on a CUDA GPU, or in Triton's interpreter on the CPU.
 
-Triton reads ``TRITON_INTERPRET`` when a ``@triton.jit`` function is defined, so the choice must be
-made before any kernel exists. ``import kvlab`` makes it; a user's explicit setting always wins.
+Triton reads ``TRITON_INTERPRET`` when it is imported (Triton 3.9 builds ``tl.zeros``, ``tl.sum``,
+... as JIT functions then), so the choice must be made before anything imports Triton. The
+``kvlab`` Jupyter kernel (:mod:`kvlab.jupyter_kernel`) makes it when the kernel starts, before any
+cell runs; ``import kvlab`` makes it for scripts, and warns when Triton came first. A user's
+explicit setting always wins.
 """
 
 from __future__ import annotations
@@ -9,8 +12,31 @@ from __future__ import annotations
 import glob
 import os
 import sys
+import warnings
 
 INTERPRET_VAR = "TRITON_INTERPRET"
+
+# Triton's message when a kernel built for the GPU meets its interpreter (imported too early)
+TRITON_TOO_EARLY_MARK = "outside of the scope of a kernel"
+TRITON_TOO_EARLY_FIX = (
+    "restart with the “kvlab (Python 3)” kernel (Kernel ▸ Change Kernel…), which chooses the "
+    "interpreter before any cell runs; in a plain Python, `import kvlab` before `import triton`, "
+    "or start Python with TRITON_INTERPRET=1 set"
+)
+TRITON_TOO_EARLY_DETAILS = (
+    "Triton was imported before kvlab chose its interpreter, so no Triton kernel can run in this "
+    "Python process. This is not a mistake in your code.",
+    f"fix:      {TRITON_TOO_EARLY_FIX}",
+)
+
+
+class TritonImportedTooEarly(RuntimeWarning):
+    """Triton was imported before the interpreter was chosen on a machine without a GPU."""
+
+
+# Set by configure_triton: how the choice was made in this process.
+SET_BY_KVLAB = False  # kvlab set TRITON_INTERPRET itself (a child process should decide afresh)
+TRITON_TOO_EARLY = False  # Triton was already imported when kvlab chose the interpreter
 
 
 def _no_gpu_driver() -> bool:
@@ -38,17 +64,39 @@ def cuda_available() -> bool:
 def configure_triton(environ: dict | None = None, has_cuda: bool | None = None) -> str:
     """Set ``TRITON_INTERPRET=1`` when no CUDA GPU is visible, unless the user already chose.
 
-    Returns how kernels will run: ``"compiled"`` or ``"interpreter"``.
+    Returns how kernels will run: ``"compiled"`` or ``"interpreter"``. When this process has
+    already imported Triton without the variable, its kernels cannot run in the interpreter any
+    more: warn with the fix (once) instead of failing later with Triton's puzzling message.
     """
+    global SET_BY_KVLAB, TRITON_TOO_EARLY
     env = os.environ if environ is None else environ
     if INTERPRET_VAR not in env:
         if has_cuda is None:
             has_cuda = cuda_available()
         if not has_cuda:
             env[INTERPRET_VAR] = "1"
+            if environ is None:
+                SET_BY_KVLAB = True
+                if "triton" in sys.modules and not TRITON_TOO_EARLY:
+                    TRITON_TOO_EARLY = True
+                    warnings.warn(
+                        "kvlab: Triton was imported before kvlab, so its kernels cannot run in "
+                        f"Triton's interpreter on this machine (no CUDA GPU). Fix: {TRITON_TOO_EARLY_FIX}.",
+                        TritonImportedTooEarly,
+                        stacklevel=3,
+                    )
     return kernel_mode(env)
 
 
 def kernel_mode(environ: dict | None = None) -> str:
     env = os.environ if environ is None else environ
     return "interpreter" if env.get(INTERPRET_VAR, "0") not in ("", "0") else "compiled"
+
+
+def child_environ() -> dict[str, str]:
+    """This process's environment as its user set it, for a child (a notebook kernel) that
+    must decide where kernels run for itself: without the variable kvlab set here."""
+    env = dict(os.environ)
+    if SET_BY_KVLAB:
+        env.pop(INTERPRET_VAR, None)
+    return env

@@ -12,6 +12,12 @@ settings.load_profile("kvlab")
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 
+# The environment as the user's shell gave it, read before any test imports kvlab (which sets
+# TRITON_INTERPRET in this process when there is no GPU). Subprocesses that stand for what a
+# learner runs (kvlab grade, doctor, a Jupyter kernel) get this one, never kvlab's setting.
+assert "kvlab" not in sys.modules, "conftest must read the environment before kvlab is imported"
+LEARNER_ENV = dict(os.environ)
+
 
 @pytest.fixture
 def root() -> Path:

@@ -1,8 +1,8 @@
-import os
+import json
 import subprocess
 import sys
 
-from conftest import ROOT, kvlab_cli
+from conftest import LEARNER_ENV, ROOT, kvlab_cli
 
 
 def run(*args, env=None):
@@ -11,7 +11,7 @@ def run(*args, env=None):
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env={**os.environ, **(env or {})},
+        env={**LEARNER_ENV, **(env or {})},
         timeout=300,
     )
 
@@ -30,15 +30,38 @@ def test_doctor_passes_here_and_reports_versions():
         assert word in out.stdout
     assert "widget extensions: ipywidgets" in out.stdout
     assert "Jupyter kernel 'kvlab'" in out.stdout
+    assert "kvlab kernel: starts, runs Triton" in out.stdout  # with Triton imported first
+    assert "import order: Triton was not imported before kvlab" in out.stdout
     assert out.stdout.rstrip().endswith("all good")
 
 
 def test_doctor_fails_with_a_fix_when_compiled_kernels_cannot_run():
     out = run("doctor", env={"TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""})
     assert out.returncode == 1
-    assert "❌ kernels: TRITON_INTERPRET='0'" in out.stdout
+    assert "✘ kernels: TRITON_INTERPRET='0'" in out.stdout
     assert "fix: unset TRITON_INTERPRET" in out.stdout
     assert "1 problem(s) found" in out.stdout
+
+
+def test_kernel_command_registers_the_launcher(tmp_path):
+    out = run("kernel", "--prefix", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    spec = json.loads((tmp_path / "share/jupyter/kernels/kvlab/kernel.json").read_text())
+    assert spec["argv"][1:] == ["-m", "kvlab.jupyter_kernel", "-f", "{connection_file}"]
+    assert spec["display_name"] == "kvlab (Python 3)"
+
+
+def test_doctor_flags_a_plain_kernelspec(tmp_path):
+    """A 'kvlab' kernel registered the old way (plain ipykernel) lets Lab 05's import order break."""
+    plain = tmp_path / "share/jupyter/kernels/kvlab"
+    plain.mkdir(parents=True)
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    (plain / "kernel.json").write_text(
+        json.dumps({"argv": argv, "display_name": "kvlab", "language": "python"})
+    )
+    out = run("doctor", env={"JUPYTER_PATH": str(tmp_path / "share/jupyter")})
+    assert out.returncode == 1
+    assert "starts plain ipykernel" in out.stdout and "fix: kvlab kernel" in out.stdout
 
 
 def test_python_dash_m_works_too():

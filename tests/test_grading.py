@@ -26,7 +26,7 @@ def test_reference_solutions_get_full_marks(capsys):
         assert result.ok and result.passed == result.total == len(EXERCISES[exercise_id].checks)
         assert result.score == 1.0
     out = capsys.readouterr().out
-    assert out.count("✅") == 10 and "❌" not in out
+    assert out.count("✔") == 10 and "✘" not in out
 
 
 def test_wrong_answer_shows_input_expected_got_and_hint(capsys):
@@ -36,7 +36,7 @@ def test_wrong_answer_shows_input_expected_got_and_hint(capsys):
     result = check("00.kv_bytes", counts_query_heads)
     out = capsys.readouterr().out
     assert result.status == "failed" and 0 < result.passed < result.total
-    assert "❌ grouped-query attention" in out
+    assert "✘ grouped-query attention" in out
     assert "expected: 131072" in out and "got:      524288" in out
     assert "hint:     query heads are not cached" in out
     assert "Llama-3-8B: 32 layers, 32 query heads, 8 KV heads" in out

@@ -1,34 +1,46 @@
-"""Every lab runs top to bottom; `kvlab grade` scores labs 0 and solutions full, as instructors run it.
+"""Every lab runs top to bottom in the learner's `kvlab` kernel; `kvlab grade` scores labs 0 and
+solutions full, as instructors run it. Nothing here sets TRITON_INTERPRET: the kernel decides.
 
-(nbval executes the solution notebooks themselves: see `make test`.)
+(nbval executes the solution notebooks through the same kernel: see `make test-notebooks`.)
 """
 
 import json
-import os
 import subprocess
 
 import nbformat
 import pytest
-from conftest import ROOT, kvlab_cli
+from conftest import LEARNER_ENV, ROOT, kvlab_cli
 
 pytestmark = pytest.mark.slow
 
+ARTIFACTS = ROOT / "tests" / "artifacts"
 
-def grade(*paths, env=None, timeout=600):
+
+def grade(*paths, env=None, kernel=None, timeout=900):
+    options = ["--kernel", kernel] if kernel else []
     out = subprocess.run(
-        [*kvlab_cli(), "grade", "--json", *map(str, paths)],
+        [*kvlab_cli(), "grade", "--json", *options, *map(str, paths)],
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env={**os.environ, **(env or {})},
+        env={**LEARNER_ENV, **(env or {})},
         timeout=timeout,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     return {g["path"]: g for g in json.loads(out.stdout)["notebooks"]}
 
 
+def record_times(name: str, grades: dict) -> None:
+    """Seconds per notebook (kernel start included), for the closing notes: never asserted."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    times = {path: g["seconds"] for path, g in grades.items()}
+    (ARTIFACTS / f"notebook_times_{name}.json").write_text(json.dumps(times, indent=1) + "\n")
+    print(f"\n{name}: " + ", ".join(f"{p} {t:.0f} s" for p, t in times.items()))
+
+
 def test_labs_run_top_to_bottom_and_score_zero():
-    grades = grade("labs")
+    grades = grade("labs", kernel="kvlab")  # the kernel `make lab` registered
+    record_times("labs", grades)
     assert len(grades) == len(list((ROOT / "labs").glob("*.ipynb")))
     for path, g in grades.items():
         assert g["error"] is None, path
@@ -41,7 +53,9 @@ def test_labs_run_top_to_bottom_and_score_zero():
 
 
 def test_solutions_get_full_marks():
-    for path, g in grade("solutions").items():
+    grades = grade("solutions", kernel="kvlab")
+    record_times("solutions", grades)
+    for path, g in grades.items():
         assert g["error"] is None and g["error_cells"] == [], path
         assert g["passed"] == g["total"] > 0, path
         assert {e["status"] for e in g["exercises"]} == {"passed"}, path
@@ -86,6 +100,37 @@ def test_a_deleted_check_cell_scores_zero(tmp_path):
     scores = {e["id"]: (e["passed"], e["status"]) for e in g["exercises"]}
     assert scores == {"00.kv_bytes": (5, "passed"), "00.decode_step": (0, "not run")}
     assert (g["passed"], g["total"]) == (5, 10)
+
+
+TRITON_FIRST = [
+    "import torch, triton, triton.language as tl",
+    "@triton.jit\n"
+    "def double_sum(x_ptr, BLOCK: tl.constexpr):\n"
+    "    offs = tl.arange(0, BLOCK)\n"
+    "    x = tl.load(x_ptr + offs)\n"
+    "    tl.store(x_ptr + offs, x * 0 + tl.sum(x, axis=0) + tl.zeros([BLOCK], tl.float32))",
+    "x = torch.ones(4); double_sum[(1,)](x, BLOCK=4); assert x.tolist() == [4.0] * 4",
+]
+
+
+def test_grading_runs_in_the_learners_kernel_not_in_its_own_environment(tmp_path):
+    """`kvlab grade` imports kvlab (which sets TRITON_INTERPRET in its own process); the notebook
+    must still start as in JupyterLab: through the kvlab kernel, which decides for itself."""
+    path = _notebook(tmp_path, TRITON_FIRST, name="triton_first.ipynb")
+    env = {"CUDA_VISIBLE_DEVICES": ""}
+    learner = {k: v for k, v in LEARNER_ENV.items() if k != "TRITON_INTERPRET"}
+    (ours,) = grade(path, env={**learner, **env}).values()
+    assert ours["error"] is None and ours["error_cells"] == [], ours
+    # a plain Python kernel gets the user's environment too, not kvlab's setting: Triton first breaks
+    out = subprocess.run(
+        [*kvlab_cli(), "grade", "--json", "--kernel", "python3", str(path)],
+        capture_output=True,
+        text=True,
+        env={**learner, **env},
+        timeout=300,
+    )
+    (plain,) = json.loads(out.stdout)["notebooks"]
+    assert plain["error_cells"] == [2], plain
 
 
 def test_grade_text_report_and_bad_paths(tmp_path):

@@ -30,3 +30,39 @@ def test_import_kvlab_sets_the_variable_before_any_kernel_exists():
     code = "import os, kvlab; print(os.environ.get('TRITON_INTERPRET'), kvlab.KERNEL_MODE)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.split() == ["1", "interpreter"], out.stderr
+
+
+def _python(code: str, **extra) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(CUDA_VISIBLE_DEVICES="", **extra)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+
+
+def test_triton_imported_before_kvlab_warns_with_the_fix():
+    code = (
+        "import triton, kvlab, kvlab.runtime as r\n"
+        "print(r.TRITON_TOO_EARLY, r.SET_BY_KVLAB)\n"
+        "from kvlab.doctor import check_import_order\n"
+        "f = check_import_order(); print(f.ok, f.fix)"
+    )
+    out = _python(code)
+    assert out.stdout.splitlines()[0] == "True True", out.stderr
+    assert (
+        "TritonImportedTooEarly" in out.stderr and "Triton was imported before kvlab" in out.stderr
+    )
+    assert "kvlab (Python 3)" in out.stderr  # the warning says how to fix it
+    assert out.stdout.splitlines()[1].startswith("False restart with the")
+
+
+def test_kvlab_first_is_quiet_and_a_user_setting_is_never_blamed():
+    assert _python("import kvlab, triton").stderr == ""
+    out = _python(
+        "import triton, kvlab, kvlab.runtime as r; print(r.TRITON_TOO_EARLY)", TRITON_INTERPRET="1"
+    )
+    assert out.stdout.strip() == "False" and out.stderr == ""
+
+
+def test_child_environ_drops_only_what_kvlab_set():
+    code = "import os, kvlab.runtime as r; print(os.environ.get('TRITON_INTERPRET'), r.child_environ().get('TRITON_INTERPRET'))"
+    assert _python(code).stdout.split() == ["1", "None"]
+    assert _python(code, TRITON_INTERPRET="1").stdout.split() == ["1", "1"]

@@ -28,6 +28,7 @@ from kvlab.grading.limits import (
     in_child_process,
     time_limit,
 )
+from kvlab.runtime import TRITON_TOO_EARLY_DETAILS, TRITON_TOO_EARLY_MARK
 
 DEFAULT_TIMEOUT = float(os.environ.get("KVLAB_CHECK_TIMEOUT", "10"))
 GRADE_LOG_VAR = "KVLAB_GRADE_LOG"  # set by `kvlab grade`: results are appended there as JSON lines
@@ -38,22 +39,40 @@ _LIBRARY_DIRS = tuple(
 
 
 class CheckFailed(AssertionError):
-    """A wrong answer: what went in, what should have come out, what came out, and a hint."""
+    """A wrong answer: what went in, what should have come out, what came out.
 
-    def __init__(self, message="", *, input=None, expected=None, got=None, hint=None):
+    ``hint`` is advice for a *diagnosed* mistake only (the check recognised what went wrong); a
+    check that does not know the cause leaves it out and the report says so neutrally. ``cause``
+    names the diagnosed mistake (by default the hint itself): a later check that fails for the
+    same cause is reported as "probably the same problem as above". ``replay`` says how to
+    reproduce an input too long to show (a seed, a call).
+    """
+
+    def __init__(
+        self,
+        message="",
+        *,
+        input=None,
+        expected=None,
+        got=None,
+        hint=None,
+        cause=None,
+        replay=None,
+    ):
         super().__init__(message)
         self.message = message
         self.input = input
         self.expected = expected
         self.got = got
         self.hint = hint
+        self.cause = cause if cause is not None else hint
+        self.replay = replay
 
 
 @dataclass
 class Check:
     name: str
     func: object
-    hint: str | None = None
 
 
 @dataclass
@@ -66,11 +85,15 @@ class Exercise:
     # interpreter writing outside a tensor) fails one check instead of killing the kernel
     isolate: bool = False
 
-    def check(self, name: str, hint: str | None = None):
-        """Decorator: register ``func(learner_obj)`` as one named check of this exercise."""
+    def check(self, name: str):
+        """Decorator: register ``func(learner_obj)`` as one named check of this exercise.
+
+        A check has no hint of its own: hints come with the mistake a check diagnoses
+        (``CheckFailed(hint=...)``), so a learner is never told about a bug they did not make.
+        """
 
         def register(func):
-            self.checks.append(Check(name, func, hint))
+            self.checks.append(Check(name, func))
             return func
 
         return register
@@ -114,12 +137,21 @@ def get_exercise(exercise_id: str) -> Exercise:
 
 # --- outcomes and results --------------------------------------------------------------------
 
+PASS_MARK = "✔"  # text glyphs (DejaVu has them): legible where no colour-emoji font is installed
+FAIL_MARK = "✘"
+NO_DIAGNOSIS = (
+    "the checks do not recognise this mistake: compare expected with got, and re-read the task"
+)
+SAME_PROBLEM = "probably the same problem as above"
+
 
 @dataclass
 class Outcome:
     name: str
     passed: bool
     details: list[str] = field(default_factory=list)
+    cause: str | None = None  # the diagnosed mistake, to fold later failures with the same cause
+    unimplemented: str | None = None  # the learner's function that still raises NotImplementedError
 
 
 @dataclass
@@ -146,6 +178,12 @@ class CheckResult:
     def ok(self) -> bool:
         return self.status == "passed"
 
+    @property
+    def unwritten(self) -> list[str]:
+        """The learner's methods (or function) that still raise NotImplementedError."""
+        names = [o.unimplemented for o in self.outcomes if o.unimplemented]
+        return list(dict.fromkeys(names))
+
     def __repr__(self):
         return f"<CheckResult {self.exercise}: {self.passed}/{self.total} {self.status}>"
 
@@ -166,23 +204,32 @@ class CheckResult:
         if self.status == "not implemented":
             return (
                 f"{head}: not implemented yet (0/{self.total})\n"
-                "⏳ Replace `raise NotImplementedError` in the exercise cell above with your code,\n"
-                "   run that cell, then run this one again."
+                "→ Replace `raise NotImplementedError` in the exercise cell above with your code,\n"
+                "  run that cell, then run this one again."
             )
         lines = [f"{head}: {self.passed}/{self.total} checks passed"]
+        unwritten = [n for n in self.unwritten if n != "?"]
+        if unwritten:
+            names = ", ".join(f"`{n}`" for n in unwritten)
+            lines[0] += f" (still to write: {names})"
         for o in self.outcomes:
-            lines.append(f"{'✅' if o.passed else '❌'} {o.name}")
+            lines.append(f"{PASS_MARK if o.passed else FAIL_MARK} {o.name}")
             lines.extend(f"   {d}" for d in o.details)
         if self.printed_chars:
             lines.append(
-                f"ℹ️  your code printed {self.printed_chars:,} characters during the checks (hidden)"
+                f"note: your code printed {self.printed_chars:,} characters during the checks (hidden)"
             )
         if self.status == "passed":
-            lines.append("🎉 All checks passed.")
+            lines.append("All checks passed. Well done!")
         return "\n".join(lines)
 
 
 # --- explaining failures ---------------------------------------------------------------------
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``plural(1, "room")`` is "1 room", ``plural(3, "room")`` "3 rooms"."""
+    return f"{n:,} {word if n == 1 else (many or word + 's')}"
 
 
 def short(value, limit: int = 160) -> str:
@@ -223,13 +270,17 @@ def _is_learner_frame(filename: str) -> bool:
     return not installed
 
 
+def _learner_frames(exc: BaseException) -> list:
+    return [f for f in traceback.extract_tb(exc.__traceback__) if _is_learner_frame(f.filename)]
+
+
 def explain_exception(exc: BaseException) -> list[str]:
     """One or two lines: the exception and, when it came from learner code, that line."""
     message = " ".join(str(exc).split())
     if len(message) > 200:
         message = message[:199] + "…"
     lines = [f"{type(exc).__name__}: {message}" if message else type(exc).__name__]
-    learner = [f for f in traceback.extract_tb(exc.__traceback__) if _is_learner_frame(f.filename)]
+    learner = _learner_frames(exc)
     if learner:
         frame = learner[-1]
         code = (frame.line or linecache.getline(frame.filename, frame.lineno)).strip()
@@ -238,46 +289,75 @@ def explain_exception(exc: BaseException) -> list[str]:
     return lines
 
 
-def failure_details(failure: CheckFailed, hint: str | None) -> list[str]:
+def _exception_cause(exc: BaseException) -> str:
+    """Two failures with the same exception raised at the same line share a cause."""
+    learner = _learner_frames(exc)
+    where = f"{learner[-1].filename}:{learner[-1].lineno}" if learner else str(exc)
+    return f"{type(exc).__name__}@{where}"
+
+
+def failure_details(failure: CheckFailed) -> list[str]:
     details = [failure.message] if failure.message else []
     if failure.input is not None:
         details.append(f"input:    {failure.input}")
+    if failure.replay is not None:
+        details.append(f"replay:   {failure.replay}")
     if failure.expected is not None:
         details.append(f"expected: {failure.expected}")
     if failure.got is not None:
         details.append(f"got:      {failure.got}")
-    hint = failure.hint or hint
-    if hint:
-        details.append(f"hint:     {hint}")
+    details.append(f"hint:     {failure.hint or NO_DIAGNOSIS}")
     return details
+
+
+def _unimplemented_name(exc: NotImplementedError) -> str:
+    """The learner function that raised (a method's name for class exercises), else "?"."""
+    learner = _learner_frames(exc)
+    name = learner[-1].name if learner else "?"
+    return "?" if name.startswith("<") else name
+
+
+def _triton_too_early(exc: BaseException) -> bool:
+    """Triton was imported before the interpreter was chosen: no kernel can run in this process."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if TRITON_TOO_EARLY_MARK in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 # --- running ---------------------------------------------------------------------------------
 
 
-def _run_one(check_: Check, obj, timeout: float, out: BoundedBuffer) -> tuple[Outcome, bool]:
-    """Run one check. Returns the outcome and whether the learner's code is unimplemented."""
+def _run_one(check_: Check, obj, timeout: float, out: BoundedBuffer) -> Outcome:
+    """Run one check and say what happened, blaming the learner's code only when it is at fault."""
+    name = check_.name
     try:
         with captured_output(out), time_limit(timeout):
             check_.func(obj)
     except CheckFailed as f:
-        return Outcome(check_.name, False, failure_details(f, check_.hint)), False
-    except NotImplementedError:
-        return Outcome(check_.name, False, ["not implemented yet"]), True
+        return Outcome(name, False, failure_details(f), cause=f.cause)
+    except NotImplementedError as e:
+        method = _unimplemented_name(e)
+        what = "your code" if method == "?" else f"`{method}`"
+        details = [f"not implemented yet: {what} still raises NotImplementedError"]
+        return Outcome(name, False, details, cause=f"unwritten {method}", unimplemented=method)
     except CheckTimeout:
         details = [f"your code did not finish within {timeout:g} s (an endless loop?)"]
-        return Outcome(check_.name, False, details + _hint(check_)), False
-    except RecursionError as e:
-        return Outcome(check_.name, False, explain_exception(e) + _hint(check_)), False
+        return Outcome(name, False, details, cause="timeout")
     except SystemExit as e:
         details = [f"your code called exit({e.code!r}); return a value instead"]
-        return Outcome(check_.name, False, details + explain_exception(e)[1:]), False
-    except Exception as e:
+        return Outcome(name, False, details + explain_exception(e)[1:], cause="exit")
+    except Exception as e:  # RecursionError included
+        if _triton_too_early(e):
+            return Outcome(name, False, list(TRITON_TOO_EARLY_DETAILS), cause="triton too early")
         details = explain_exception(e)
-        if not _from_learner(e) and "your code" not in " ".join(details):
+        if not _learner_frames(e):
             details.insert(0, "calling your code failed:")
-        return Outcome(check_.name, False, details + _hint(check_)), False
-    return Outcome(check_.name, True), False
+        return Outcome(name, False, details, cause=_exception_cause(e))
+    return Outcome(name, True)
 
 
 CRASH_HINT = (
@@ -286,43 +366,54 @@ CRASH_HINT = (
 )
 
 
-def _run_isolated(check_: Check, obj, timeout: float, out: BoundedBuffer) -> tuple[Outcome, bool]:
+def _run_isolated(check_: Check, obj, timeout: float, out: BoundedBuffer) -> Outcome:
     """``_run_one`` in a forked child; a crash or a hang costs this check only."""
 
     def child():
         buffer = BoundedBuffer()
-        outcome, unimplemented = _run_one(check_, obj, timeout, buffer)
-        return outcome, unimplemented, buffer.text(), buffer.total
+        outcome = _run_one(check_, obj, timeout, buffer)
+        return outcome, buffer.text(), buffer.total
 
     try:
-        outcome, unimplemented, text, total = in_child_process(child, timeout + 5)
+        outcome, text, total = in_child_process(child, timeout + 5)
     except CheckTimeout:
         details = [f"your code did not finish within {timeout:g} s (an endless loop?)"]
-        return Outcome(check_.name, False, details + _hint(check_)), False
+        return Outcome(check_.name, False, details, cause="timeout")
     except ChildCrashed as crash:
         if crash.signalled:
             details = [f"your code crashed the process ({crash.how})", f"hint:     {CRASH_HINT}"]
         else:
-            details = [f"the check's process ended without a result ({crash.how})", *_hint(check_)]
-        return Outcome(check_.name, False, details), False
+            details = [f"the check's process ended without a result ({crash.how})"]
+        return Outcome(check_.name, False, details, cause=f"crash {crash.how}")
     out.write(text)
     out.total += total - len(text)
-    return outcome, unimplemented
-
-
-def _hint(check_: Check) -> list[str]:
-    return [f"hint:     {check_.hint}"] if check_.hint else []
-
-
-def _from_learner(exc: BaseException) -> bool:
-    return any(_is_learner_frame(f.filename) for f in traceback.extract_tb(exc.__traceback__))
+    return outcome
 
 
 TIMED_OUT_SKIP = "skipped: your code timed out in an earlier check"
 
 
+def _fold(outcome: Outcome, earlier: dict[str, str]) -> None:
+    """Shorten a failure whose cause an earlier check already explained."""
+    if outcome.passed or outcome.cause is None:
+        return
+    if outcome.cause in earlier:
+        if outcome.unimplemented:
+            what = "your code" if outcome.unimplemented == "?" else f"`{outcome.unimplemented}`"
+            outcome.details = [f"needs {what}, which is not written yet"]
+        else:
+            inputs = [d for d in outcome.details if d.startswith(("input:", "replay:"))]
+            outcome.details = [f"{SAME_PROBLEM} (“{earlier[outcome.cause]}”)", *inputs]
+    else:
+        earlier[outcome.cause] = outcome.name
+
+
 def run_checks(exercise_id: str, obj, timeout: float | None = None) -> CheckResult:
-    """Run every check of an exercise against ``obj``; never raises for learner mistakes."""
+    """Run every check of an exercise against ``obj``; never raises for learner mistakes.
+
+    A function that is not written yet stops at its first check. A class is judged method by
+    method: every check runs, so the methods already written get their marks.
+    """
     ex = get_exercise(exercise_id)
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     total = len(ex.checks)
@@ -338,38 +429,40 @@ def run_checks(exercise_id: str, obj, timeout: float | None = None) -> CheckResu
             ],
         )
         return CheckResult(ex.id, ex.title, "wrong kind", [outcome], total)
-    inner = getattr(obj, "fn", obj)  # a @triton.jit kernel wraps the Python function in .fn
-    if str(getattr(inner, "__module__", "")).startswith("kvlab."):
+    reference = _kvlab_reference(obj)
+    if reference:
         outcome = Outcome(
-            "hand in your own code",
-            False,
-            [f"{getattr(inner, '__qualname__', obj)} is kvlab's reference, not your exercise"],
+            "hand in your own code", False, [f"{reference} is kvlab's reference, not your exercise"]
         )
         return CheckResult(ex.id, ex.title, "wrong kind", [outcome], total)
     out = BoundedBuffer()
     outcomes: list[Outcome] = []
-    last_failure: list[str] | None = None
+    causes: dict[str, str] = {}
     timed_out = False
     for check_ in ex.checks:
         if timed_out:  # one endless loop is enough to wait for
             outcomes.append(Outcome(check_.name, False, [TIMED_OUT_SKIP]))
             continue
         run = _run_isolated if ex.isolate and can_fork() else _run_one
-        outcome, unimplemented = run(check_, obj, timeout, out)
-        if unimplemented and not outcomes:
+        outcome = run(check_, obj, timeout, out)
+        if outcome.unimplemented and not outcomes and not wanted_class:
             return CheckResult(ex.id, ex.title, "not implemented", [], total)
-        if outcome.passed:
-            last_failure = None
-        else:
-            timed_out = outcome.details[0].startswith("your code did not finish")
-            first = outcome.details[0]
-            if first == last_failure:
-                inputs = [d for d in outcome.details if d.startswith("input:")]
-                outcome.details = ["the same problem as above", *inputs]
-            last_failure = first
+        timed_out = outcome.cause == "timeout"
+        _fold(outcome, causes)
         outcomes.append(outcome)
+    if all(o.unimplemented for o in outcomes):
+        return CheckResult(ex.id, ex.title, "not implemented", [], total)
     status = "passed" if all(o.passed for o in outcomes) else "failed"
     return CheckResult(ex.id, ex.title, status, outcomes, total, out.total)
+
+
+def _kvlab_reference(obj) -> str | None:
+    """The name of kvlab's own function or class when ``obj`` is one (or a thin wrapper whose
+    code just hands over to one), else None."""
+    inner = getattr(obj, "fn", obj)  # a @triton.jit kernel wraps the Python function in .fn
+    if str(getattr(inner, "__module__", "")).startswith("kvlab."):
+        return getattr(inner, "__qualname__", repr(obj))
+    return None
 
 
 def check(exercise_id: str, obj, timeout: float | None = None) -> CheckResult:
@@ -438,6 +531,6 @@ def call_without_mutation(fn, *args, names: tuple[str, ...] = ()):
             name = names[i] if i < len(names) else f"argument {i + 1}"
             raise CheckFailed(
                 f"your code changed its input `{name}` in place",
-                hint="build new values (e.g. torch.cat) instead of modifying the inputs",
+                hint=f"leave `{name}` as it came in: build new values instead of modifying it",
             )
     return result

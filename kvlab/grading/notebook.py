@@ -1,22 +1,27 @@
 """``kvlab grade``: execute a notebook headlessly and score its exercises.
 
-The notebook runs in a fresh kernel of this Python (whatever kernel its metadata names), with
-``KVLAB_GRADE_LOG`` pointing at a file where every ``check(...)`` appends its result. Exercises of
-the lab whose check never ran (deleted cell, a crash before it) score zero.
+The notebook runs in a fresh ``kvlab`` kernel of this Python (whatever kernel its metadata names),
+started exactly as JupyterLab starts a learner's: through :mod:`kvlab.jupyter_kernel`, in this
+process's environment as the user set it (not the ``TRITON_INTERPRET`` that importing kvlab here
+may have added), with ``KVLAB_GRADE_LOG`` pointing at a file where every ``check(...)`` appends
+its result. Exercises of the lab whose check never ran (deleted cell, a crash before it) score
+zero.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
+import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
 
 from kvlab.grading.core import GRADE_LOG_VAR, get_exercise, load_lab
+from kvlab.runtime import child_environ
 
 _CHECK_CALL = re.compile(r"""\bcheck\(\s*["'](\d\d\.[\w.]+)["']""")
 _LAB_NAME = re.compile(r"^(\d\d)_")
@@ -37,6 +42,7 @@ class NotebookGrade:
     exercises: list[ExerciseScore] = field(default_factory=list)
     error_cells: list[int] = field(default_factory=list)
     error: str | None = None  # the notebook could not be run at all
+    seconds: float = 0.0  # wall time of the run, kernel start included
 
     @property
     def passed(self) -> int:
@@ -55,6 +61,7 @@ class NotebookGrade:
             "exercises": [e.__dict__ for e in self.exercises],
             "error_cells": self.error_cells,
             "error": self.error,
+            "seconds": round(self.seconds, 1),
         }
 
 
@@ -70,11 +77,30 @@ def expected_exercises(nb, path: Path) -> list[str]:
     return ids
 
 
-def grade_notebook(path: str | Path, cell_timeout: int = 300, kernel_name: str = "python3"):
-    """Run one notebook and return its :class:`NotebookGrade` (never raises for learner errors)."""
+def _kernel_manager(kernel_name: str | None, spec_dir: Path):
+    """A kernel manager for a registered kernelspec, or (``None``) for kvlab's own kernel on this
+    Python, written into ``spec_dir``: grading never depends on what is registered."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+
+    if kernel_name is not None:
+        return KernelManager(kernel_name=kernel_name)
+    from kvlab.jupyter_kernel import write_kernelspec
+
+    write_kernelspec(spec_dir / "kernels" / "kvlab-grade", python=sys.executable)
+    specs = KernelSpecManager(kernel_dirs=[str(spec_dir / "kernels")])
+    return KernelManager(kernel_name="kvlab-grade", kernel_spec_manager=specs)
+
+
+def grade_notebook(path: str | Path, cell_timeout: int = 300, kernel_name: str | None = None):
+    """Run one notebook and return its :class:`NotebookGrade` (never raises for learner errors).
+
+    ``kernel_name`` names a registered Jupyter kernel; by default kvlab's kernel on this Python.
+    """
     from nbclient import NotebookClient
 
     path = Path(path)
+    started = time.monotonic()
     grade = NotebookGrade(str(path))
     try:
         nb = nbformat.read(path, as_version=4)
@@ -85,25 +111,23 @@ def grade_notebook(path: str | Path, cell_timeout: int = 300, kernel_name: str =
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "results.jsonl"
         log.touch()
-        saved = os.environ.get(GRADE_LOG_VAR)
-        os.environ[GRADE_LOG_VAR] = str(log)
+        env = {**child_environ(), GRADE_LOG_VAR: str(log)}
         try:
             client = NotebookClient(
                 nb,
+                km=_kernel_manager(kernel_name, Path(tmp)),
                 timeout=cell_timeout,
-                kernel_name=kernel_name,
                 allow_errors=True,
-                extra_arguments=["--IPKernelApp.log_level=ERROR"],  # no transport warnings
+                # no transport warnings; no history file shared between concurrent gradings
+                extra_arguments=[
+                    "--IPKernelApp.log_level=ERROR",
+                    "--HistoryManager.hist_file=:memory:",
+                ],
                 resources={"metadata": {"path": str(path.parent.resolve())}},
             )
-            client.execute()
-        except Exception as e:  # kernel died, a cell timed out, ...
+            client.execute(env=env)
+        except Exception as e:  # kernel died, a cell timed out, no such kernel, ...
             grade.error = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
-        finally:
-            if saved is None:
-                os.environ.pop(GRADE_LOG_VAR, None)
-            else:
-                os.environ[GRADE_LOG_VAR] = saved
         results = {}
         for line in log.read_text().splitlines():
             record = json.loads(line)
@@ -122,6 +146,7 @@ def grade_notebook(path: str | Path, cell_timeout: int = 300, kernel_name: str =
         else:
             ex = get_exercise(exercise_id)
             grade.exercises.append(ExerciseScore(ex.id, ex.title, 0, len(ex.checks), "not run"))
+    grade.seconds = time.monotonic() - started
     return grade
 
 
@@ -144,13 +169,16 @@ def format_grade(grade: NotebookGrade) -> str:
     for e in grade.exercises:
         lines.append(f"  {e.id:<{width}}  {e.passed:>3}/{e.total:<3} {e.status:<16} {e.title}")
     pct = 100 * grade.passed / grade.total if grade.total else 0
-    lines.append(f"  {'total':<{width}}  {grade.passed:>3}/{grade.total:<3} ({pct:.0f}%)")
+    lines.append(
+        f"  {'total':<{width}}  {grade.passed:>3}/{grade.total:<3} ({pct:.0f}%)"
+        f"  in {grade.seconds:.0f} s"
+    )
     if grade.error_cells:
         lines.append(f"  cells that raised: {', '.join(map(str, grade.error_cells))}")
     return "\n".join(lines)
 
 
-def main(paths: list[str], as_json: bool, cell_timeout: int, kernel_name: str) -> int:
+def main(paths: list[str], as_json: bool, cell_timeout: int, kernel_name: str | None) -> int:
     notebooks = notebooks_in(paths)
     missing = [str(p) for p in notebooks if not p.exists()]
     if missing or not notebooks:

@@ -1,0 +1,189 @@
+"""The check harness's reporting rules, on made-up exercises: hints only for diagnosed mistakes,
+knock-on failures folded, class exercises judged method by method, Triton's import-order failure
+explained as such."""
+
+from kvlab.grading.core import (
+    FAIL_MARK,
+    NO_DIAGNOSIS,
+    PASS_MARK,
+    SAME_PROBLEM,
+    CheckFailed,
+    exercise,
+    plural,
+    run_checks,
+)
+from kvlab.runtime import TRITON_TOO_EARLY_MARK
+
+# --- a function exercise: twice its input ------------------------------------------------------
+
+double = exercise("zz.double", "double a number")
+
+
+def _expect_double(fn, x):
+    got = fn(x)
+    if got == 2 * x:
+        return
+    if got == x + 2:  # a diagnosed mistake: the same cause in every check it breaks
+        raise CheckFailed("wrong", input=f"x={x}", expected=2 * x, got=got, hint="× 2, not + 2")
+    raise CheckFailed("wrong", input=f"x={x}", expected=2 * x, got=got)
+
+
+@double.check("small numbers")
+def _small(fn):
+    _expect_double(fn, 3)
+
+
+@double.check("zero")
+def _zero(fn):
+    _expect_double(fn, 0)
+
+
+@double.check("a long input")
+def _long(fn):
+    if fn(10**6) != 2 * 10**6:
+        raise CheckFailed("wrong", input="a list of 10,000 numbers", replay="make_case(seed=7)")
+
+
+def details(result) -> list[list[str]]:
+    return [o.details for o in result.outcomes]
+
+
+def test_a_diagnosed_mistake_is_explained_once_then_folded():
+    result = run_checks("zz.double", lambda x: x + 2)
+    first, second, third = details(result)
+    assert "hint:     × 2, not + 2" in first
+    assert second == [f"{SAME_PROBLEM} (“small numbers”)", "input:    x=0"]
+    assert third[0] == "wrong"  # not recognised: never another mistake's hint
+    assert f"hint:     {NO_DIAGNOSIS}" in third
+    assert "replay:   make_case(seed=7)" in third
+
+
+def test_an_unknown_mistake_gets_the_neutral_line_not_a_guess():
+    result = run_checks("zz.double", lambda x: 7)
+    for d in details(result):
+        assert d[-1] == f"hint:     {NO_DIAGNOSIS}"
+
+
+def test_the_same_exception_at_the_same_line_is_folded():
+    def broken(x):
+        return x.bit_count_please()
+
+    result = run_checks("zz.double", broken)
+    first, second, _ = details(result)
+    assert first[0].startswith("AttributeError") and "bit_count_please" in first[1]
+    assert second[0].startswith(SAME_PROBLEM)
+
+
+def test_an_unwritten_function_says_so_once():
+    def stub(x):
+        raise NotImplementedError
+
+    result = run_checks("zz.double", stub)
+    assert result.status == "not implemented" and "not implemented yet" in result.report()
+
+
+def test_marks_are_text_glyphs():
+    report = run_checks("zz.double", lambda x: 2 * x if x else 1).report()
+    assert PASS_MARK in report and FAIL_MARK in report
+    assert not any(ord(ch) > 0x1F000 for ch in report), "no emoji: legible without an emoji font"
+
+
+def test_plural():
+    assert plural(1, "room") == "1 room" and plural(2, "room") == "2 rooms"
+    assert plural(1_000, "guest") == "1,000 guests" and plural(0, "party", "parties") == "0 parties"
+
+
+# --- a class exercise: a counter with three methods ----------------------------------------------
+
+counter = exercise("zz.counter", "a counter", expects="class")
+
+
+@counter.check("start at zero")
+def _start(cls):
+    if cls().value() != 0:
+        raise CheckFailed("a new counter holds 0")
+
+
+@counter.check("add")
+def _add(cls):
+    c = cls()
+    c.add(3)
+    if c.value() != 3:
+        raise CheckFailed("add(3) then value() is 3")
+
+
+@counter.check("reset")
+def _reset(cls):
+    c = cls()
+    c.add(3)
+    c.reset()
+    if c.value() != 0:
+        raise CheckFailed("reset() brings it back to 0")
+
+
+@counter.check("add after reset")
+def _again(cls):
+    c = cls()
+    c.reset()
+    c.add(1)
+    if c.value() != 1:
+        raise CheckFailed("counting starts again after reset()")
+
+
+class Partial:
+    def __init__(self):
+        self.n = 0
+
+    def value(self):
+        return self.n
+
+    def add(self, k):
+        self.n += k
+
+    def reset(self):
+        raise NotImplementedError
+
+
+def test_a_class_gets_credit_for_the_methods_written():
+    result = run_checks("zz.counter", Partial)
+    assert result.status == "failed" and result.passed == 2 and result.unwritten == ["reset"]
+    report = result.report()
+    assert report.splitlines()[0].endswith("2/4 checks passed (still to write: `reset`)")
+    assert "not implemented yet: `reset` still raises NotImplementedError" in report
+    assert "needs `reset`, which is not written yet" in report
+
+
+def test_a_class_with_nothing_written_is_not_implemented():
+    class Stub:
+        def __init__(self):
+            raise NotImplementedError
+
+    assert run_checks("zz.counter", Stub).status == "not implemented"
+
+
+# --- Triton imported too early -------------------------------------------------------------------
+
+kernel_like = exercise("zz.kernel_like", "a kernel launch")
+
+
+@kernel_like.check("one launch")
+def _launch_one(fn):
+    fn()
+
+
+@kernel_like.check("another launch")
+def _launch_two(fn):
+    fn()
+
+
+def test_triton_imported_too_early_is_not_blamed_on_the_learner():
+    def launch():
+        try:
+            raise RuntimeError(f"Cannot call @triton.jit'd {TRITON_TOO_EARLY_MARK}")
+        except RuntimeError as e:
+            raise ValueError("InterpreterError wrapping it") from e
+
+    first, second = details(run_checks("zz.kernel_like", launch))
+    assert first[0].startswith("Triton was imported before kvlab chose its interpreter")
+    assert "not a mistake in your code" in first[0] and "kvlab (Python 3)" in first[1]
+    assert second[0].startswith(SAME_PROBLEM)

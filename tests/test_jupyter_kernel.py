@@ -1,0 +1,82 @@
+"""The `kvlab` Jupyter kernel: what `make lab` registers and JupyterLab starts for every lab.
+
+Lab 05 once broke for every CPU learner because its first cell imported Triton before kvlab
+could choose the interpreter; these tests run that cell the way JupyterLab does.
+"""
+
+import sys
+
+import pytest
+from conftest import LEARNER_ENV
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import start_new_kernel
+
+from kvlab.jupyter_kernel import launches_kvlab
+
+pytestmark = pytest.mark.slow
+
+# Lab 05's old first cell, then a kernel launch: what failed for learners.
+TRITON_FIRST = """
+import os, torch, triton, triton.language as tl
+import kvlab
+
+@triton.jit
+def add_one(x_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs) + tl.zeros([BLOCK], tl.float32) + 1.0
+    tl.store(x_ptr + offs, x + tl.sum(x, axis=0) - BLOCK)  # tl.zeros, tl.sum: built at import
+
+x = torch.zeros(4)
+add_one[(1,)](x, BLOCK=4)
+print("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET"), "sum", x.sum().item())
+"""
+
+
+def run_in_kernel(kernel_name: str, code: str, env=None) -> str:
+    """Start a kernel as JupyterLab does, run one cell, return what it printed and raised."""
+    printed: list[str] = []
+
+    def collect(msg):
+        if msg["msg_type"] == "stream":
+            printed.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            printed.append(f"{msg['content']['ename']}: {msg['content']['evalue']}")
+
+    km, kc = start_new_kernel(
+        kernel_name=kernel_name,
+        env=dict(LEARNER_ENV if env is None else env),
+        extra_arguments=["--IPKernelApp.log_level=ERROR"],
+        startup_timeout=120,
+    )
+    try:
+        kc.execute_interactive(code, timeout=120, output_hook=collect)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    return "".join(printed)
+
+
+def no_gpu_env() -> dict:
+    env = {k: v for k, v in LEARNER_ENV.items() if k != "TRITON_INTERPRET"}
+    env["CUDA_VISIBLE_DEVICES"] = ""  # the CPU learner's case, even on a GPU machine
+    return env
+
+
+def test_the_registered_kernel_starts_through_kvlab():
+    spec = KernelSpecManager().get_kernel_spec("kvlab")
+    assert launches_kvlab(spec.argv), spec.argv
+    assert spec.display_name == "kvlab (Python 3)"
+    assert spec.resource_dir.startswith(sys.prefix), "registered for this environment"
+
+
+def test_triton_imported_first_still_runs_in_the_kvlab_kernel():
+    out = run_in_kernel("kvlab", TRITON_FIRST, env=no_gpu_env())
+    assert "TRITON_INTERPRET 1 sum 4.0" in out, out
+
+
+def test_a_plain_python_kernel_breaks_and_kvlab_says_why():
+    """Without kvlab's kernel the same cell fails: the bug is real, and kvlab explains it."""
+    code = "import warnings; warnings.simplefilter('always')\n" + TRITON_FIRST
+    out = run_in_kernel("python3", code, env=no_gpu_env())
+    assert "outside of the scope of a kernel" in out, out
+    assert "Triton was imported before kvlab" in out and "kvlab (Python 3)" in out, out
