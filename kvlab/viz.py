@@ -7,33 +7,10 @@ import matplotlib.pyplot as plt
 from kvlab.models import ModelSpec
 from kvlab.roofline import GPU, StepCost
 
-COLORS = {
-    "used": "#2e7d32",  # beds with guests: token states
-    "future": "#f9a825",  # booked beds a guest will use later
-    "internal": "#c62828",  # booked beds nobody will ever use
-    "free": "#b0bec5",
-    "accent": "#1565c0",
-}
+# The colours and legend words are the widget's (one palette); notebooks use them as viz.COLORS.
+from kvlab.widgets.palette import COLORS, GUEST_PALETTE, WASTE_LABELS, guest_colors  # noqa: F401
+
 GPU_COLORS = ("#6a1b9a", "#1565c0", "#00838f", "#ef6c00")
-# Guests' colours: cool tones only, so amber (future) and red (internal waste) stay unambiguous.
-GUEST_PALETTE = (
-    "#1f77b4",
-    "#9467bd",
-    "#17becf",
-    "#393b79",
-    "#e377c2",
-    "#8c564b",
-    "#6b6ecf",
-    "#637939",
-    "#aec7e8",
-    "#c5b0d5",
-    "#9edae5",
-    "#7f7f7f",
-    "#f7b6d2",
-    "#c49c94",
-    "#5254a3",
-    "#b5cf6b",
-)
 
 
 def _axes(ax, figsize=(7, 3.6)):
@@ -85,14 +62,6 @@ def plot_roofline(gpus: list[GPU], points: dict[str, StepCost], ax=None):
     ax.legend(loc="lower right", fontsize=8)
     ax.figure.tight_layout()
     return ax
-
-
-WASTE_LABELS = {
-    "used": "used: beds holding tokens",
-    "future": "reserved for future tokens",
-    "internal": "internal fragmentation: booked, never used",
-    "free": "free",
-}
 
 
 def plot_usage_over_time(result, ax=None, title: str = "Where the hotel's beds go"):
@@ -152,112 +121,209 @@ def plot_measured_vs_paper(measured: dict[str, float], paper: dict[str, float], 
     return ax
 
 
-def guest_color(guest) -> str:
-    """A guest's colour: stable across frames, runs and machines."""
-    import zlib
+def _floor_plan_style(trace, index: int, beds_per_floor: int | None):
+    """Checked arguments: frame index, beds per floor, and whether the plan is small enough to
+    label every room (a dozen rooms, as in Lab 03) or every booking (a few hundred beds)."""
+    from kvlab.validate import positive_int
 
-    return GUEST_PALETTE[zlib.crc32(str(guest).encode()) % len(GUEST_PALETTE)]
+    if not trace.frames:
+        raise ValueError("trace has no frames: record an allocator (record=True) before drawing it")
+    count = len(trace.frames)
+    if isinstance(index, bool) or not isinstance(index, int) or not -count <= index < count:
+        raise ValueError(f"index must be a frame in -{count}..{count - 1}, got {index!r}")
+    per_floor = positive_int("beds_per_floor", beds_per_floor or min(trace.capacity, 1024))
+    labelled = trace.num_rooms <= 64 if trace.room_size > 1 else trace.capacity <= 256
+    return index % count, per_floor, labelled
+
+
+class _Floors:
+    """Draws on an axes where floor f is the row y = f and beds run along x, ``per_floor`` a row."""
+
+    def __init__(self, ax, per_floor: int):
+        self.ax, self.per_floor = ax, per_floor
+
+    def span(self, start: int, length: int, **style) -> None:
+        """Beds [start, start+length), wrapping onto following floors."""
+        from matplotlib.patches import Rectangle
+
+        while length > 0:
+            floor, col = divmod(start, self.per_floor)
+            width = min(length, self.per_floor - col)
+            self.ax.add_patch(Rectangle((col, floor), width, 0.86, **style))
+            start, length = start + width, length - width
+
+    def beds(self, start: int, used: int, future: int, internal: int, color: str) -> None:
+        """A stretch of one guest's beds: tokens, then reserved for future, then never used."""
+        self.span(start, used, facecolor=color, edgecolor="none")
+        self.span(start + used, future, facecolor=COLORS["future"], edgecolor="none")
+        self.span(start + used + future, internal, facecolor=COLORS["internal"], edgecolor="none")
+
+    def label(self, start: int, length: int, text: str) -> None:
+        """``text`` in the middle of beds [start, start+length) on their first floor, legible on
+        any guest's colour."""
+        from matplotlib import patheffects
+
+        floor, col = divmod(start, self.per_floor)
+        width = min(length, self.per_floor - col)
+        outline = [patheffects.withStroke(linewidth=2.2, foreground="black")]
+        self.ax.text(
+            col + width / 2, floor + 0.5, text, ha="center", va="center", color="white",
+            fontsize=8, path_effects=outline,
+        )  # fmt: skip
+
+    def room(self, room: int, size: int, guests: list) -> None:
+        """One room of a small paged plan: its border, its number and who holds it."""
+        self.span(room * size, size, facecolor="none", edgecolor="#57606a", lw=0.8)
+        floor, col = divmod(room * size, self.per_floor)
+        self.ax.text(
+            col + 0.05 * size, floor + 0.06, f"room {room}", fontsize=6, va="top",
+            bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none"},
+        )  # fmt: skip
+        if guests:
+            self.label(room * size, size, " / ".join(map(str, guests)))
+
+
+def _floor_plan_legend(fig, drawn: dict, present: set, shared: bool, largest: bool) -> None:
+    """Swatches for what the picture holds, guests in the colours they were drawn in."""
+    from matplotlib.legend_handler import HandlerTuple
+    from matplotlib.patches import Patch
+
+    if len(drawn) <= 5:  # few guests: by name
+        handles = [Patch(facecolor=color, label=str(guest)) for guest, color in drawn.items()]
+    else:
+        colors = list(dict.fromkeys(drawn.values()))[:4]
+        handles = [tuple(Patch(facecolor=c) for c in colors)]
+    handles += [
+        Patch(facecolor=COLORS[k], label=WASTE_LABELS[k].split(": ")[-1])
+        for k in ("future", "internal")
+        if k in present
+    ]
+    handles.append(Patch(facecolor=COLORS["vacant"], edgecolor=COLORS["edge"], label="free"))
+    if shared:
+        handles.append(
+            Patch(facecolor="none", edgecolor=COLORS["shared"], lw=2, label="shared room")
+        )
+    if largest:
+        handles.append(Patch(facecolor="none", edgecolor="black", label="largest free run"))
+    labels = [
+        "tokens (one colour per guest)" if isinstance(h, tuple) else h.get_label() for h in handles
+    ]
+    fig.legend(
+        handles,
+        labels,
+        handler_map={tuple: HandlerTuple(ndivide=None, pad=0)},
+        loc="lower center",
+        ncol=min(len(handles), 6),
+        fontsize=7,
+        frameon=False,
+    )
 
 
 def plot_floor_plan(trace, index: int = -1, beds_per_floor: int | None = None, ax=None, title=None):
     """A static floor plan of one frame: each floor is a row of beds; guests in their colours.
 
-    Beds holding tokens take the guest's colour; booked beds still to be written are amber; booked
-    beds nobody will use are red; free beds are white. The largest run of free beds is outlined.
+    Beds holding tokens take the guest's colour (guests drawn next to each other never share
+    one); booked beds still to be written are amber; booked beds nobody will use are red; free
+    beds are white. Small plans (a dozen rooms) outline every room and write its number and its
+    guest. Contiguous bookings also outline the largest free run; under paging any free room
+    serves any guest, so a paged plan does not.
     """
-    from matplotlib.patches import Rectangle
-
     from kvlab.trace import split_waste
+    from kvlab.widgets.frames import default_room_size, is_paged
 
+    index, per_floor, labelled = _floor_plan_style(trace, index, beds_per_floor)
     frame = trace.frames[index]
-    beds = trace.capacity
-    per_floor = beds_per_floor or min(beds, 1024)
-    floors = -(-beds // per_floor)
-    height = max(1.6, 0.16 * floors + 0.9) + 0.35
-    ax = _axes(ax, figsize=(8, height))
-
-    def span(start: int, length: int, **style):
-        """Draw beds [start, start+length), wrapping onto following floors."""
-        while length > 0:
-            floor, col = divmod(start, per_floor)
-            width = min(length, per_floor - col)
-            ax.add_patch(Rectangle((col, floor), width, 0.86, **style))
-            start, length = start + width, length - width
-
-    span(0, beds, facecolor="white", edgecolor="none")
+    size, paged = trace.room_size, is_paged(trace)
+    colors = guest_colors(trace, default_room_size(trace))
+    floors = -(-trace.capacity // per_floor)
+    floor_height = 0.55 if labelled else 0.16
+    ax = _axes(ax, figsize=(8, max(1.6, floor_height * floors + 0.9) + 0.35))
+    plan = _Floors(ax, per_floor)
+    plan.span(0, trace.capacity, facecolor=COLORS["vacant"], edgecolor="none")
+    drawn, present, holders = {}, set(), {}
     for guest, table in frame.tables.items():
-        used, future, _ = split_waste(
+        used, future, internal = split_waste(
             frame.booked[guest], frame.tokens[guest], frame.final.get(guest)
         )
-        rooms = list(table) if not isinstance(table, range) else None
-        size = trace.room_size
-        if rooms is None:  # contiguous booking: one stretch of beds
-            start = table.start * size
-            span(start, used, facecolor=guest_color(guest), edgecolor="none")
-            span(start + used, future, facecolor=COLORS["future"], edgecolor="none")
-            rest = len(table) * size - used - future
-            span(start + used + future, rest, facecolor=COLORS["internal"], edgecolor="none")
-            span(start, len(table) * size, facecolor="none", edgecolor="white", lw=0.8)
-        else:  # rooms of a block table, filled in logical order
-            for i, room in enumerate(rooms):
-                filled = max(0, min(size, used - i * size))
-                span(room * size, filled, facecolor=guest_color(guest), edgecolor="none")
-                span(
-                    room * size + filled,
-                    size - filled,
-                    facecolor=COLORS["future"],
-                    edgecolor="none",
-                )
-    runs = trace.free_runs(index if index >= 0 else len(trace.frames) + index)
-    if runs:
-        start, length = max(runs, key=lambda r: (r[1], -r[0]))
-        span(
-            start * trace.room_size,
-            length * trace.room_size,
-            facecolor="none",
-            edgecolor="black",
-            lw=1.2,
-        )
-    from matplotlib.patches import Patch
+        drawn[guest] = colors[guest]
+        present |= {k for k, n in (("future", future), ("internal", internal)) if n}
+        if not paged:  # contiguous booking: one stretch of beds
+            start, length = min(table) * size, len(table) * size
+            plan.beds(start, used, future, internal, colors[guest])
+            plan.span(start, length, facecolor="none", edgecolor="white", lw=0.8)
+            if labelled:
+                plan.label(start, length, str(guest))
+            continue
+        for i, room in enumerate(table):  # rooms of a key card, filled in logical order
+            room_used = max(0, min(size, used - i * size))
+            room_will = max(0, min(size, used + future - i * size))
+            plan.beds(room * size, room_used, room_will - room_used, size - room_will, drawn[guest])
+            holders.setdefault(room, []).append(guest)
+    shared = [room for room, guests in holders.items() if len(guests) > 1]
+    for room in shared:
+        plan.span(room * size, size, facecolor="none", edgecolor=COLORS["shared"], lw=2)
+    if labelled and paged:
+        for room in range(trace.num_rooms):
+            plan.room(room, size, holders.get(room, []))
+    runs = [] if paged else trace.free_runs(index)
+    largest = max(runs, key=lambda r: (r[1], -r[0])) if runs else None
+    if largest:
+        plan.span(largest[0] * size, largest[1] * size, facecolor="none", edgecolor="black", lw=1.2)
 
-    legend = [
-        Patch(facecolor=GUEST_PALETTE[0], label="tokens (one colour per guest)"),
-        Patch(facecolor=COLORS["future"], label="reserved for future tokens"),
-        Patch(facecolor=COLORS["internal"], label="booked, never used"),
-        Patch(facecolor="white", edgecolor="black", label="largest free run"),
-    ]
-    ax.figure.legend(handles=legend, loc="lower center", ncol=4, fontsize=7, frameon=False)
+    _floor_plan_legend(ax.figure, drawn, present, bool(shared), bool(largest))
     ax.set_xlim(0, per_floor)
     ax.set_ylim(floors, 0)
     ax.set_yticks([f + 0.43 for f in range(floors)], [str(f) for f in range(floors)], fontsize=6)
     ax.set_ylabel("floor")
-    ax.set_xlabel(f"bed within the floor ({per_floor} beds per floor)")
+    rooms = f" = {per_floor / size:g} rooms" if paged else ""
+    ax.set_xlabel(f"bed within the floor ({per_floor} beds{rooms} per floor)")
     if title is None:
-        free = sum(length for _, length in runs) * trace.room_size
-        largest = max((length for _, length in runs), default=0) * trace.room_size
-        title = (
-            f"t = {frame.time:.1f} s, {frame.event}{' (' + frame.note + ')' if frame.note else ''}: "
-            f"{len(frame.tables)} guests, {free} beds free, largest free run {largest}"
-        )
+        free = trace.usage(index).free
+        if paged:
+            tail = f"{trace.num_rooms - len(holders)} rooms free ({free} beds)"
+        else:
+            tail = f"{free} beds free, largest free run {largest[1] * size if largest else 0}"
+        note = f" ({frame.note})" if frame.note else ""
+        title = f"t = {frame.time:.1f} s, {frame.event}{note}: {len(frame.tables)} guests, {tail}"
     ax.set_title(title, fontsize=9)
     ax.figure.tight_layout(rect=(0, 0.35 / ax.figure.get_figheight(), 1, 1))
     return ax
 
 
-def plot_fragmentation_over_time(runs: dict[str, tuple[list, list, list]], axes=None):
-    """Two panels per placement policy: external fragmentation, and impossible allocations so far.
+def plot_fragmentation_over_time(
+    runs: dict[str, tuple[list, list, list]], axes=None, step_seconds: float = 0.05
+):
+    """Per placement policy: external fragmentation over time (left), and the seconds the door
+    has been shut by it so far (right), a dot where a new guest is first turned away.
 
-    ``runs`` maps a label to ``(times, fragmentation, impossible_so_far)``.
+    ``runs`` maps a label to ``(times, fragmentation, blocked)``, one entry per decode step of
+    ``step_seconds``: ``blocked`` is the guest refused at that step although enough beds were free
+    in total (``ReplayResult.blocked``), or None.
     """
     if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(9, 3.2))
-    for (label, (times, frag, impossible)), color in zip(runs.items(), GPU_COLORS, strict=False):
+        _, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    for (label, (times, frag, blocked)), color in zip(runs.items(), GPU_COLORS, strict=False):
+        shut, so_far, first_seen, seen = 0.0, [], [], set()
+        for time, guest in zip(times, blocked, strict=True):
+            shut += step_seconds if guest is not None else 0.0
+            so_far.append(shut)
+            if guest is not None and guest not in seen:
+                seen.add(guest)
+                first_seen.append((time, shut))
+        guests = f"{len(seen)} guest{'' if len(seen) == 1 else 's'}"
         axes[0].plot(times, [f * 100 for f in frag], label=label, color=color, lw=0.9)
-        axes[1].plot(times, impossible, label=label, color=color)
+        axes[1].step(
+            times, so_far, where="post", color=color, label=f"{label}: {guests}, {shut:.1f} s"
+        )
+        if first_seen:
+            axes[1].scatter(*zip(*first_seen, strict=True), color=color, s=14, zorder=3)
     axes[0].set_ylabel("external fragmentation (%)")
     axes[0].set_title("1 - largest free run / total free", fontsize=9)
-    axes[1].set_ylabel("impossible allocations so far")
-    axes[1].set_title("refused although enough beds were free", fontsize=9)
+    axes[1].set_ylabel("seconds the door was shut")
+    axes[1].set_title(
+        "guests refused although enough beds were free\n(a dot: a new guest turned away)",
+        fontsize=9,
+    )
     for ax in axes:
         ax.set_xlabel("time (s)")
         ax.legend(fontsize=8)

@@ -1,15 +1,31 @@
-"""The hotel widget without a browser: frame encoding, the SVG fallback, the mimebundle, bad input."""
+"""The hotel widget without a browser: frame encoding, colours, sampling, steps, the SVG fallback,
+the mimebundle, bad input."""
 
+import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvlab.contiguous import ArenaAllocator, ContiguousKVCache
+from kvlab.errors import OutOfMemory
 from kvlab.paged import BlockManager, PagedHotel
 from kvlab.replay import replay
-from kvlab.trace import Trace
-from kvlab.widgets import HotelFloorPlan, animate, compare
-from kvlab.widgets.frames import default_room_size, encode, room_states
+from kvlab.trace import EVENTS, Trace
+from kvlab.widgets import HotelFloorPlan, HotelPlayer, animate, compare
+from kvlab.widgets.frames import (
+    KEY_EVENTS,
+    align,
+    block_table_text,
+    default_room_size,
+    encode,
+    frame_at,
+    key_step,
+    room_states,
+    sample_frames,
+)
+from kvlab.widgets.palette import COLORS, GUEST_PALETTE, extra_color, guest_colors
 from kvlab.workload import Request
 
 GOLDEN = Path(__file__).parent / "golden" / "hotel_frame.svg"
@@ -25,23 +41,40 @@ def small_paged_trace() -> Trace:
     return m.trace
 
 
+def last(data: dict) -> list:
+    return room_states(data, len(data["frames"]) - 1)
+
+
 def test_paged_frames_follow_the_key_cards():
     data = encode(small_paged_trace())
     assert (data["num_rooms"], data["beds_per_room"], data["capacity"]) == (12, 4, 48)
-    assert data["guests"] == ["alice", "bob", "carol"] and len(data["colors"]) == 3
+    assert data["guests"] == ["alice", "bob", "carol"] and len(set(data["colors"])) == 3
     events = [f["event"] for f in data["frames"]]
     assert events == ["start", "check-in", "check-in", "fork", "copy-on-write", "check-out"]
+    assert data["schedule"] == list(range(6)) and data["paged"] and data["has_shared"]
     fork = room_states(data, 3)
-    assert fork[0] == (0, 4, 2) and fork[1] == (0, 2, 2)  # two key cards share alice's rooms
+    assert fork[0] == (0, 4, 0, 0, 2) and fork[1] == (0, 2, 2, 0, 2)  # two key cards share them
     cow = room_states(data, 4)
-    assert cow[1] == (0, 2, 1) and cow[5] == (2, 3, 1)  # carol moved to room 5 and wrote a bed
-    last = data["frames"][-1]
-    assert last["metrics"] == {
+    assert cow[1] == (0, 2, 2, 0, 1) and cow[5] == (2, 3, 1, 0, 1)  # carol moved to room 5
+    assert data["frames"][-1]["metrics"] == {
+        "guests": 2,
         "rooms_used": 3,
-        "beds_used": 6 + 3,  # room 0 counted once, room 1 (alice: 2), room 5 (carol: 3)
-        "utilization": round(9 / 48, 4),
-        "largest_free_run": 24,
+        "rooms_shared": 1,  # room 0: alice's and carol's
+        "beds_used": 4 + 2 + 3,  # room 0 counted once, room 1 (alice: 2), room 5 (carol: 3)
+        "percent_used": round(100 * 9 / 48, 1),
+        "largest_free_run": None,  # means nothing under paging
     }
+
+
+def test_beds_split_into_used_future_and_never_used():
+    cache = ContiguousKVCache(2, 32, policy="max", record=True)
+    cache.admit("a", 5, 7)  # 32 beds booked: 5 used, 7 to come, 20 never used
+    data = encode(cache.trace, room_size=8)
+    states = last(data)[:4]
+    assert [s.used for s in states] == [5, 0, 0, 0]
+    assert [s.future for s in states] == [3, 4, 0, 0]
+    assert [s.internal for s in states] == [0, 4, 8, 8]
+    assert data["frames"][-1]["metrics"]["largest_free_run"] == 32
 
 
 def test_contiguous_traces_are_grouped_into_rooms():
@@ -50,13 +83,13 @@ def test_contiguous_traces_are_grouped_into_rooms():
     cache.admit("b", 30, 10)
     assert default_room_size(cache.trace) == 4  # 8,192 beds -> 2,048 rooms
     data = encode(cache.trace)
-    assert data["num_rooms"] == 2048 and data["beds_per_room"] == 4
-    states = room_states(data, -1 + len(data["frames"]))
-    a = [r for r, s in enumerate(states) if s[0] == 0]
-    b = [r for r, s in enumerate(states) if s[0] == 1]
-    assert a == list(range(40)) and b == list(range(40, 50))
-    assert sum(s[1] for s in states) == 130  # beds holding tokens, as the trace says
-    assert all(s[2] <= 1 for s in states)  # a boundary room is drawn for one booking only
+    states = last(data)
+    assert data["num_rooms"] == 2048 and data["beds_per_room"] == 4 and not data["paged"]
+    assert [r for r, s in enumerate(states) if s.guest == 0] == list(range(40))
+    assert [r for r, s in enumerate(states) if s.guest == 1] == list(range(40, 50))
+    assert sum(s.used for s in states) == 130  # beds holding tokens, as the trace says
+    assert sum(s.future for s in states) == 70 and not any(s.internal for s in states)
+    assert all(s.refs <= 1 for s in states)  # a boundary room is drawn for one booking only
 
 
 def test_arena_boundary_room_goes_to_the_larger_share():
@@ -64,30 +97,266 @@ def test_arena_boundary_room_goes_to_the_larger_share():
     arena.allocate("x", 6)
     arena.allocate("y", 10)  # beds 6..15: room 1 (beds 4..7) holds 2 of x and 2 of y
     data = encode(arena.trace, room_size=4)
-    states = room_states(data, len(data["frames"]) - 1)
-    assert [s[0] for s in states[:4]] == [0, 0, 1, 1]
+    assert [s.guest for s in last(data)[:4]] == [0, 0, 1, 1]
 
 
-def test_steps_only_and_every_align_two_replays():
-    guests = [Request(3, 5), Request(2, 8)]
-    a = ContiguousKVCache(2, 16, record=True)
-    b = PagedHotel(8, 4, record=True)
-    replay(a, guests)
-    replay(b, guests)
-    da, db = encode(a.trace, steps_only=True), encode(b.trace, steps_only=True)
-    assert {f["event"] for f in da["frames"]} == {"step"} and len(da["frames"]) == len(
-        db["frames"]
-    ) == 8
-    assert len(encode(a.trace, steps_only=True, every=3)["frames"]) == 3
-    player = compare({"suites": a.trace, "rooms": b.trace})
-    assert [h.num_frames for h in player.hotels] == [8, 8] and player.slider.max == 7
+def test_grouped_booking_whose_first_room_goes_to_the_neighbour():
+    arena = ArenaAllocator(64, record=True)
+    arena.allocate("A", 10)  # beds 0..9: room 0 (beds 0..15) is mostly A's
+    arena.allocate("B", 50)  # beds 10..59 hold B's tokens
+    states = last(encode(arena.trace, room_size=16))
+    # room 0 is drawn for A (10 beds); B's rooms 1..3 hold beds 16..59 of B
+    assert states[0][:2] == (0, 10) and [s.used for s in states[1:4]] == [16, 16, 12]
+    assert sum(s.used for s in states) == 10 + 50 - 6  # B's 6 beds in room 0 are drawn as A's
+
+
+# --- colours ---------------------------------------------------------------------------------
+
+
+def arena_trace(ops: list[tuple[bool, int]], capacity: int) -> Trace:
+    """Random check-ins (``(True, beds)``) and check-outs (``(False, which)``) in an arena."""
+    arena = ArenaAllocator(capacity, record=True)
+    alive, count = [], 0
+    for check_in, n in ops:
+        if check_in:
+            try:
+                arena.allocate(f"g{count}", n)
+                alive.append(f"g{count}")
+            except OutOfMemory:
+                pass
+            count += 1
+        elif alive:
+            arena.free(alive.pop(n % len(alive)))
+    return arena.trace
+
+
+def paged_trace(ops: list[tuple[int, int]]) -> Trace:
+    """Random paged traffic: allocate, append, free, fork, in 24 rooms of 2 beds."""
+    m = BlockManager(24, 2, record=True)
+    alive, count = [], 0
+    for op, n in ops:
+        try:
+            if op == 0 or not alive:
+                m.allocate(f"g{count}", 1 + n % 7)
+                alive.append(f"g{count}")
+            elif op == 1:
+                m.append_slot(alive[n % len(alive)])
+            elif op == 2:
+                m.free(alive.pop(n % len(alive)))
+            else:
+                m.fork(alive[n % len(alive)], f"g{count}")
+                alive.append(f"g{count}")
+        except OutOfMemory:
+            pass
+        count += 1
+    return m.trace
+
+
+def neighbours_differ(data: dict) -> bool:
+    """In every frame, two rooms next to each other held by different guests differ in colour."""
+    for index in range(len(data["frames"])):
+        owners = [s.guest for s in room_states(data, index)]
+        for a, b in zip(owners, owners[1:], strict=False):
+            if a >= 0 and b >= 0 and a != b and data["colors"][a] == data["colors"][b]:
+                return False
+    return True
+
+
+arena_ops = st.lists(st.tuples(st.booleans(), st.integers(1, 40)), min_size=1, max_size=60)
+
+
+@given(arena_ops, st.sampled_from([1, 2, 4, 16]))
+def test_neighbouring_bookings_never_share_a_colour(ops, room_size):
+    data = encode(arena_trace(ops, 256), room_size=room_size)
+    assert neighbours_differ(data)
+    assert all(c in GUEST_PALETTE or re.fullmatch("#[0-9a-f]{6}", c) for c in data["colors"])
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 50)), min_size=1, max_size=80))
+def test_neighbouring_rooms_never_share_a_colour(ops):
+    assert neighbours_differ(encode(paged_trace(ops)))
+
+
+@given(arena_ops, arena_ops)
+def test_compared_hotels_share_one_colouring(ops_a, ops_b):
+    # the same guest names (g0, g1, ...) check in to both hotels
+    a, b = arena_trace(ops_a, 256), arena_trace(ops_b, 128)
+    player = compare({"a": a, "b": b}, steps_only=False, room_size=4)
+    views = [h.data for h in player.hotels]
+    assert all(neighbours_differ(data) for data in views)
+    colors = [dict(zip(data["guests"], data["colors"], strict=True)) for data in views]
+    assert all(colors[0][g] == colors[1][g] for g in colors[0].keys() & colors[1].keys())
+
+
+def test_a_crowded_hotel_runs_past_the_palette_without_reusing_a_neighbours_colour():
+    # 30 guests in one-bed rooms, all checked in at once, then every other one leaves and the
+    # rest are joined by new neighbours: many neighbours per guest
+    arena = ArenaAllocator(30, record=True)
+    for i in range(30):
+        arena.allocate(i, 1)
+    for i in range(0, 30, 2):
+        arena.free(i)
+    for i in range(30, 45):
+        arena.allocate(i, 1)
+    assert neighbours_differ(encode(arena.trace))
+    colors = {extra_color(k) for k in range(40)}
+    assert len(colors) == 40 and not colors & {COLORS["future"], COLORS["internal"]}
+
+
+def test_colours_are_the_same_for_the_widget_and_the_plots():
+    trace = arena_trace([(True, 30)] * 8 + [(False, 1), (False, 3), (True, 20)], 256)
+    data = encode(trace)
+    colors = guest_colors(trace, default_room_size(trace))
+    assert data["colors"] == [colors[g] for g in data["guests"]]
+    assert data["palette"]["future"] == COLORS["future"] == "#f9a825"
+
+
+# --- key cards -------------------------------------------------------------------------------
+
+
+def test_key_cards_read_as_ranges():
+    assert block_table_text([642, 48, 700, 1, 702, 4]) == "642–689, 700, 702–705"
+    assert block_table_text([5, 1, 2, 2]) == "5, 2–3"  # key-card order kept
+    assert block_table_text([]) == ""
+
+
+@given(st.lists(st.integers(0, 300), unique=True, max_size=60))
+def test_key_card_ranges_list_every_room_in_order(rooms):
+    from kvlab.widgets.frames import _runs
+
+    text = block_table_text(_runs(rooms))
+    back = []
+    for part in text.split(", ") if text else []:
+        lo, _, hi = part.partition("–")
+        back += list(range(int(lo), int(hi or lo) + 1))
+    assert back == rooms and "…" not in text
+
+
+# --- sampling and steps ----------------------------------------------------------------------
+
+
+def synthetic_trace(events: list[tuple[str, int]]) -> Trace:
+    trace = Trace("arena", 4, 1)
+    for k, (event, guest) in enumerate(events):
+        trace.record(event, f"g{guest}", k * 0.05, {}, {}, {}, {})
+    return trace
+
+
+events = st.lists(st.tuples(st.sampled_from(EVENTS), st.integers(0, 3)), min_size=1, max_size=80)
+
+
+@given(events, st.integers(1, 30))
+def test_sampling_keeps_the_frames_the_lesson_is_about(events, every):
+    trace = synthetic_trace(events)
+    kept = sample_frames(trace, every)
+    assert kept == sorted(set(kept)) and set(range(0, len(events), every)) <= set(kept)
+    assert kept[-1] == len(events) - 1  # the end of the story
+    for event in KEY_EVENTS:
+        for guest in {g for e, g in events if e == event}:
+            first = next(i for i, (e, g) in enumerate(events) if (e, g) == (event, guest))
+            assert first in kept, (event, guest)
+
+
+def test_lab02_first_impossible_allocation_survives_every():
+    arena = ContiguousKVCache(1, 64, policy="exact", record=True)
+    for guest, beds in [("A", 20), ("B", 10), ("C", 20), ("D", 10)]:
+        arena.admit(guest, beds, 0)
+    arena.release("B")
+    arena.release("D")
+    with pytest.raises(OutOfMemory):
+        arena.admit("E", 16, 0)
+    arena.admit("F", 4, 0)
+    trace = arena.trace
+    (refused,) = trace.events("impossible allocation")
+    hotel = HotelFloorPlan(trace, every=4)
+    assert refused not in range(0, len(trace.frames), 4) and refused in sample_frames(trace, 4)
+    frames = [f["event"] for f in hotel.data["frames"]]
+    assert "impossible allocation" in frames
+    # the static picture shows that moment, not the empty hotel at step 1
+    assert frames[frame_at(hotel.data, hotel.picture_step)] == "impossible allocation"
+    assert "impossible allocation E" in hotel.to_svg()
+
+
+def step_traces(lengths: list[int], skips: list[int]) -> list[Trace]:
+    """Traces of per-step frames; trace k skips ahead ``skips[k]`` steps half-way through."""
+    traces = []
+    for length, skip in zip(lengths, skips, strict=True):
+        trace = Trace("paged", 4, 4)
+        trace.record("start", None, 0.0, {}, {}, {}, {})
+        for step in range(length):
+            at = step + (skip if step >= length // 2 else 0)
+            trace.record("step", None, round(at * 0.05, 9), {}, {}, {}, {})
+            trace.record("check-out", None, round(at * 0.05, 9), {}, {}, {}, {})
+        traces.append(trace)
+    return traces
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 40), st.integers(0, 5)), min_size=1, max_size=3),
+    st.integers(1, 7),
+)
+def test_hotels_played_together_stay_in_step(shapes, every):
+    traces = step_traces([n for n, _ in shapes], [s for _, s in shapes])
+    schedules = align(traces, every)
+    assert len({len(s) for s in schedules}) == 1
+    for trace, schedule in zip(traces, schedules, strict=True):
+        step_frames = [i for i, f in enumerate(trace.frames) if f.event == "step"]
+        assert schedule == sorted(schedule) and set(schedule) <= set(step_frames)
+        assert schedule[-1] == step_frames[-1]  # each hotel reaches its last frame
+        if every == 1:
+            assert set(schedule) == set(step_frames)  # the slider reaches every frame
+    if every > 1:
+        return
+    # one player step per moment any hotel took a step; each shows its latest step by then
+    steps_of = [[f.time for f in t.frames if f.event == "step"] for t in traces]
+    timeline = sorted({time for times in steps_of for time in times})
+    assert len(timeline) == len(schedules[0])
+    for trace, times, schedule in zip(traces, steps_of, schedules, strict=True):
+        for now, frame in zip(timeline, schedule, strict=True):
+            earlier = [time for time in times if time <= now]
+            assert trace.frames[frame].time == (max(earlier) if earlier else times[0])
+
+
+def test_compare_plays_until_the_longer_hotel_ends():
+    guests = [Request(3, 5), Request(2, 8), Request(4, 6)]
+    suites = ContiguousKVCache(1, 16, record=True)  # one guest at a time: 19 steps
+    rooms = PagedHotel(8, 4, record=True)  # all at once: 8 steps
+    replay(suites, guests)
+    replay(rooms, guests)
+    player = compare({"suites": suites.trace, "rooms": rooms.trace})
+    a, b = (h.data for h in player.hotels)
+    assert (player.slider.min, player.slider.max, player.play.min) == (1, 19, 1)
+    assert len(a["frames"]) == 19 and len(b["frames"]) == 8  # every frame of both
+    assert b["schedule"][7:] == [7] * 12  # the paged hotel holds its last frame
+    assert [h.num_steps for h in player.hotels] == [19, 19]
+    sampled = compare({"suites": suites.trace, "rooms": rooms.trace}, every=4)
+    assert sampled.slider.max == 7  # steps 1, 5, 9, 13, 17, the paged hotel's last (8), 19
+    for hotel in sampled.hotels:  # each hotel's last frame is still reachable
+        assert hotel.data["schedule"][-1] == len(hotel.data["frames"]) - 1
+
+
+def test_key_step_prefers_events_then_the_fullest_moment():
+    data = encode(small_paged_trace())
+    assert key_step([data]) == 5  # the copy-on-write frame (1-based step)
+    cache = PagedHotel(8, 4, record=True)
+    replay(cache, [Request(3, 5), Request(2, 8)])
+    plain = encode(cache.manager.trace, steps_only=True)
+    util = [f["metrics"]["percent_used"] for f in plain["frames"]]
+    assert key_step([plain]) == util.index(max(util)) + 1 != 1
+
+
+# --- SVG, mimebundle, ESM ----------------------------------------------------------------------
 
 
 def test_svg_fallback_is_deterministic_and_matches_the_golden_file():
     hotel = HotelFloorPlan(small_paged_trace(), title="golden", rooms_per_floor=6)
-    svg = hotel.to_svg(4)
-    assert svg == HotelFloorPlan(small_paged_trace(), title="golden", rooms_per_floor=6).to_svg(4)
-    assert svg.count("<rect") >= 12 and 'stroke="#000"' in svg  # shared rooms are outlined
+    svg = hotel.to_svg(5)
+    assert svg == HotelFloorPlan(small_paged_trace(), title="golden", rooms_per_floor=6).to_svg(5)
+    assert svg == hotel.to_svg()  # the picture picks the copy-on-write step by itself
+    assert "step 5/6" in svg and "copy-on-write carol" in svg
+    assert 'stroke="#000000" stroke-width="1.5"' in svg  # the shared room is outlined
+    for word in ("reserved for future tokens", "booked, never used", "free", "shared room"):
+        assert word in svg
     if not GOLDEN.exists():
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text(svg)
@@ -95,12 +364,25 @@ def test_svg_fallback_is_deterministic_and_matches_the_golden_file():
     assert svg == GOLDEN.read_text(), f"the SVG changed; if on purpose, delete {GOLDEN} and rerun"
 
 
+def test_compare_svg_shows_both_hotels_side_by_side_at_a_busy_step():
+    guests = [Request(3, 5), Request(2, 8), Request(4, 6)]
+    suites, rooms = ContiguousKVCache(1, 16, record=True), PagedHotel(8, 4, record=True)
+    replay(suites, guests)
+    replay(rooms, guests)
+    player = compare({"suites": suites.trace, "rooms": rooms.trace})
+    svg = player._repr_mimebundle_()["image/svg+xml"]
+    assert svg.count('<g transform="translate(') == 2 and ">suites<" in svg and ">rooms<" in svg
+    assert "step 1/" not in svg  # not the empty start
+    player.slider.value = 3
+    assert "step 3/19" in player.to_svg()  # once moved, the step shown
+
+
 def test_mimebundle_has_svg_and_a_stable_text():
     hotel = HotelFloorPlan(small_paged_trace())
     data, _ = hotel._repr_mimebundle_()
     assert (
         data["text/plain"]
-        == "HotelFloorPlan(kind='paged', rooms=12, beds_per_room=4, frames=6, step=0)"
+        == "HotelFloorPlan(kind='paged', rooms=12, beds_per_room=4, steps=6, step=1)"
     )
     assert (
         data["image/svg+xml"].startswith("<svg")
@@ -109,12 +391,24 @@ def test_mimebundle_has_svg_and_a_stable_text():
     player = animate(small_paged_trace())
     bundle = player._repr_mimebundle_()
     assert "0x" not in bundle["text/plain"] and bundle["image/svg+xml"].startswith("<svg")
+    assert (player.slider.min, player.slider.max, player.slider.value) == (1, 6, 1)
 
 
 def test_widget_ships_its_own_esm_and_css():
     hotel = HotelFloorPlan(small_paged_trace())
     assert "export default" in hotel._esm and "import " not in hotel._esm.split("export default")[0]
     assert "http" not in hotel._esm and ".kvh-room" in hotel._css
+    assert "@container" in hotel._css and ".kvh-legend" in hotel._css
+
+
+def test_widget_words_follow_the_course():
+    esm = HotelFloorPlan(small_paged_trace())._esm
+    # contiguous hotels say "bookings" and never "logical block" (Lab 03 teaches it)
+    assert 'data.paged ? "key cards" : "bookings"' in esm
+    assert (
+        esm.count("logical block") == 1
+        and "data.paged ? `${data.guests[owner]}, logical block" in esm
+    )
 
 
 def test_bad_input_is_refused_before_the_browser():
@@ -125,29 +419,29 @@ def test_bad_input_is_refused_before_the_browser():
     with pytest.raises(ValueError, match="guest 'g' holds room 9, but the hotel has rooms 0..3"):
         HotelFloorPlan(bad)
     hotel = HotelFloorPlan(small_paged_trace())
-    with pytest.raises(ValueError, match="step must be in 0..5, got 6"):
-        hotel.step = 6
-    with pytest.raises(ValueError, match="step must be in 0..5"):
-        hotel.to_svg(-1)
+    for step in (0, 7):
+        with pytest.raises(ValueError, match=f"step must be in 1..6, got {step}"):
+            hotel.step = step
+    with pytest.raises(ValueError, match="step must be an int in 1..6, got 0"):
+        HotelFloorPlan(small_paged_trace(), step=0)
+    with pytest.raises(ValueError, match="step must be in 1..6"):
+        hotel.to_svg(0)
     with pytest.raises(TypeError, match="trace must be a kvlab.trace.Trace"):
         HotelFloorPlan([1, 2])
     with pytest.raises(ValueError, match="every must be an int >= 1"):
         encode(small_paged_trace(), every=0)
     with pytest.raises(ValueError, match="no 'step' frames"):
         encode(small_paged_trace(), steps_only=True)
-    with pytest.raises(ValueError, match="traces must name at least one trace"):
+    with pytest.raises(ValueError, match="rooms_per_floor must be >= 1"):
+        HotelFloorPlan(small_paged_trace(), rooms_per_floor=0)
+    with pytest.raises(ValueError, match="every must be an int >= 1, got 0"):
+        compare({"a": small_paged_trace()}, every=0)
+    with pytest.raises(ValueError, match="traces must be a dict naming at least one trace"):
         compare({})
-
-
-def test_grouped_booking_whose_first_room_goes_to_the_neighbour():
-    arena = ArenaAllocator(64, record=True)
-    arena.allocate("A", 10)  # beds 0..9: room 0 (beds 0..15) is mostly A's
-    arena.allocate("B", 50)  # beds 10..59 hold B's tokens
-    data = encode(arena.trace, room_size=16)
-    states = room_states(data, len(data["frames"]) - 1)
-    # room 0 is drawn for A (10 beds); B's rooms 1..3 hold beds 16..59 of B
-    assert states[0] == (0, 10, 1) and [s[1] for s in states[1:4]] == [16, 16, 12]
-    assert sum(s[1] for s in states) == 10 + 50 - 6  # B's 6 beds in room 0 are drawn as A's room
+    with pytest.raises(TypeError, match=r"traces\['a'\] must be a kvlab.trace.Trace"):
+        compare({"a": [1]})
+    with pytest.raises(ValueError, match="hotels must play the same number of steps"):
+        HotelPlayer([hotel, HotelFloorPlan(small_paged_trace(), every=2)])
 
 
 def test_room_size_must_match_a_paged_trace():
@@ -156,3 +450,13 @@ def test_room_size_must_match_a_paged_trace():
         encode(small_paged_trace(), room_size=16)
     with pytest.raises(ValueError, match="room_size must be >= 1"):
         encode(ArenaAllocator(8, record=True).trace, room_size=0)
+
+
+def test_the_readme_picture_is_lab03s_own_cell():
+    from readme_picture import lab_cells
+
+    imports, shown, step = lab_cells()
+    assert "from kvlab" in imports and "import compare" in shown
+    assert "player = compare(" in shown and shown.endswith("\nplayer")
+    for cell in (imports, shown, step):
+        compile(cell, "cell", "exec")

@@ -1,21 +1,22 @@
-"""The hotel widget in a real browser: JupyterLab + headless Chromium, driven by Playwright."""
+"""The hotel widget in a real browser: JupyterLab + headless Chromium, driven by Playwright.
+
+One JupyterLab session checks a small hotel (steps, key cards, selection), two hotels compared
+(legend, layout at 1366 px with the file browser open and when narrow, linked selection, a slider
+that reaches the longer hotel's last frame, 1-based steps, no "logical block" in a contiguous
+hotel) and times a 2,000-room hotel playing. Screenshots and timings go to ``tests/artifacts/``.
+"""
 
 import json
 import os
 import re
-import shutil
-import signal
-import socket
-import subprocess
 import time
 from pathlib import Path
 
-import nbformat
 import pytest
-from conftest import ROOT, VENV_BIN
+from conftest import ROOT
+from jupyter_browser import jupyter_lab, launch, run_all, show_file_browser, why_not
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(os.environ.get("KVLAB_ARTIFACTS", ROOT / "tests" / "artifacts"))
 
 SMALL_HOTEL = """\
@@ -31,6 +32,21 @@ for _ in range(10):
 m.fork("g0", "g0-copy")
 m.append_slot("g0-copy")
 m.free("g3")
+"""
+
+# Max-length suites against paged rooms on the same guests, as in Lab 03 but small: the paged
+# hotel finishes first and must hold its last frame while the suites play on.
+TWO_HOTELS = """\
+from kvlab.contiguous import ContiguousKVCache
+from kvlab.paged import PagedHotel
+from kvlab.replay import replay
+from kvlab.workload import Request
+
+guests = [Request(20 + 9 * i, 12 + 5 * (i % 4)) for i in range(8)]
+suites = ContiguousKVCache(num_slots=2, max_seq_len=128, policy="max", record=True)
+rooms = PagedHotel(num_blocks=16, block_size=16, record=True)
+replay(suites, guests)
+replay(rooms, guests)
 """
 
 NOTEBOOK = [
@@ -54,184 +70,220 @@ while len(big_manager.trace.frames) < 500:
         alive.append(name)
 big = animate(big_manager.trace, title="2,000 rooms x 500 frames", interval_ms=50)
 big""",
+    TWO_HOTELS
+    + """\
+from kvlab.widgets import compare
+
+pair = compare({"max-length suites": suites.trace, "paged rooms": rooms.trace}, every=2,
+               room_size=16, interval_ms=20)
+pair""",
 ]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def write_settings(settings_dir: Path) -> None:
-    """JupyterLab settings for tests: every cell stays in the DOM, no news toast."""
-    files = {
-        "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
-        "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
-            "fetchNews": "false",
-            "checkForUpdates": False,
-        },
-    }
-    for name, content in files.items():
-        path = settings_dir / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(content))
+HOTEL = """(index) => {
+  const root = document.querySelectorAll('.kvh')[index];
+  const rooms = (sel) => [...root.querySelectorAll(sel)].map(c => Number(c.dataset.room));
+  return {step: Number(root.dataset.step), frame: Number(root.dataset.frame),
+          held: root.dataset.held === '1',
+          header: root.querySelector('[data-metric="step"]').textContent,
+          booked: rooms('.kvh-room.kvh-booked'), shared: rooms('.kvh-room.kvh-shared'),
+          picked: rooms('.kvh-room.kvh-picked'),
+          pickedCards: [...root.querySelectorAll('.kvh-card-picked')].map(c => c.dataset.guest),
+          legend: [...root.querySelectorAll('.kvh-legend-item')].filter(e => e.offsetWidth > 0)
+                    .map(e => e.dataset.kind),
+          box: root.getBoundingClientRect().toJSON()};
+}"""
 
 
 @pytest.fixture
-def lab_server(tmp_path):
-    if not Path(CHROMIUM).exists():
-        pytest.skip(
-            "Debian's chromium is not installed (make test installs it where apt-get and root allow)"
-        )
-    pytest.importorskip("playwright")
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in NOTEBOOK]
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    nbformat.write(nb, tmp_path / "hotel.ipynb")
-    write_settings(tmp_path / "settings")
-    port, token = free_port(), "kvlab-browser-test-" + os.urandom(8).hex()
-    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
-    cmd = [
-        str(VENV_BIN / "jupyter"),
-        "lab",
-        "--no-browser",
-        "--ip=127.0.0.1",
-        f"--port={port}",
-        f"--ServerApp.token={token}",
-        f"--ServerApp.root_dir={tmp_path}",
-        f"--LabApp.user_settings_dir={tmp_path / 'settings'}",
-        f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}",
-        "--allow-root",
-        "--LabApp.expose_app_in_browser=True",
-    ]
-    log = open(tmp_path / "lab.log", "w")
-    proc = subprocess.Popen(
-        cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+def notebook_url(tmp_path):
+    reason = why_not()
+    if reason:
+        pytest.skip(reason)
+    with jupyter_lab(tmp_path, NOTEBOOK) as url:
+        yield url
+
+
+def expected(source: str, name: str):
+    """Run a cell's code here too, to know what the browser must show."""
+    scope: dict = {}
+    exec(source, scope)
+    return scope[name]
+
+
+def booked_rooms(data: dict, step: int) -> list[int]:
+    from kvlab.widgets.frames import frame_at, room_states
+
+    return [r for r, s in enumerate(room_states(data, frame_at(data, step))) if s.guest >= 0]
+
+
+def check_small_hotel(page) -> None:
+    from kvlab.widgets.frames import encode, frame_at, room_states
+
+    data = encode(expected(SMALL_HOTEL, "m").trace)
+    small = page.locator(".kvh").nth(0)
+    assert small.locator(".kvh-room").count() == 64
+    assert small.locator(".kvh-title").inner_text() == "browser test hotel"
+    state = page.evaluate(HOTEL, 0)
+    steps = len(data["schedule"])
+    assert state["step"] == 1 and state["header"] == f"step 1 / {steps}"  # 1-based
+    assert state["booked"] == booked_rooms(data, 1) == []
+
+    # the linked Play button and slider run to the last step: rooms follow the trace
+    page.locator(".widget-play button").nth(0).click()
+    page.wait_for_function(
+        f"Number(document.querySelectorAll('.kvh')[0].dataset.step) === {steps}", timeout=30_000
     )
-    deadline = time.time() + 90
-    while time.time() < deadline and f":{port}/" not in (tmp_path / "lab.log").read_text():
-        assert proc.poll() is None, (tmp_path / "lab.log").read_text()
-        time.sleep(0.3)
-    yield f"http://127.0.0.1:{port}", token
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-    log.close()
+    state = page.evaluate(HOTEL, 0)
+    last = room_states(data, frame_at(data, steps))
+    assert state["booked"] == booked_rooms(data, steps)
+    assert state["shared"] == [r for r, s in enumerate(last) if s.refs > 1] != []
+    assert page.locator(".widget-readout").nth(0).inner_text() == str(steps)
+    assert small.locator(".kvh-card").count() == 6  # g3 left, g0-copy joined
+    assert "logical block" in hover(page, small, ".kvh-room.kvh-booked")  # taught in Lab 03
+
+    # clicking a guest's key card highlights their rooms
+    small.locator(".kvh-card[data-guest='g1']").click()
+    page.wait_for_function(
+        "document.querySelectorAll('.kvh')[0].querySelectorAll('.kvh-picked').length > 0"
+    )
+    g1 = data["guests"].index("g1")
+    assert len(page.evaluate(HOTEL, 0)["picked"]) == sum(1 for s in last if s.guest == g1)
+    small.screenshot(path=str(ARTIFACTS / "hotel_widget.png"))
 
 
-KERNEL_IDLE = """() => {
-  const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
-  const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
-  return !!k && k.status === 'idle';
-}"""
-
-BOOKED_AT_STEP = """(index) => {
-  const root = document.querySelectorAll('.kvh')[index];
-  return {step: Number(root.dataset.step),
-          booked: [...root.querySelectorAll('.kvh-room.kvh-booked')].map(c => Number(c.dataset.room)),
-          shared: root.querySelectorAll('.kvh-room.kvh-shared').length};
-}"""
+def hover(page, hotel, selector: str) -> str:
+    hotel.locator(selector).first.hover()
+    text = hotel.locator(".kvh-tip").inner_text()
+    page.mouse.move(0, 0)
+    return text
 
 
-def test_hotel_widget_in_jupyterlab(lab_server):
+def check_compare(page) -> None:
+    """Two hotels: legend, layout, linked selection, steps, and the contiguous hotel's words."""
+    from kvlab.widgets import compare
+    from kvlab.widgets.frames import block_table_text
+
+    scope: dict = {}
+    exec(TWO_HOTELS, scope)
+    pair = compare({"a": scope["suites"].trace, "b": scope["rooms"].trace}, every=2, room_size=16)
+    suites, rooms = (h.data for h in pair.hotels)
+    steps = len(suites["schedule"])
+    assert rooms["schedule"].index(len(rooms["frames"]) - 1) + 1 < steps  # paged ends first
+
+    for index in (2, 3):
+        state = page.evaluate(HOTEL, index)
+        assert state["legend"] == ["used", "future", "internal", "free"], state["legend"]
+        assert state["step"] == 1 and state["header"] == f"step 1 / {steps}"
+    future = page.locator(".kvh").nth(2).locator(".kvh-legend-item[data-kind=future] .kvh-chip")
+    assert future.evaluate("c => getComputedStyle(c).backgroundColor") == "rgb(249, 168, 37)"
+    assert "rgb(249, 168, 37)" in page.evaluate(
+        "() => [...document.querySelectorAll('.kvh')[2].querySelectorAll('.kvh-booked')]"
+        ".map(c => getComputedStyle(c).backgroundImage).join()"
+    )  # beds reserved for future tokens are amber in the floor plan, as in the legend and plots
+
+    # a 1366-px screen with the file browser open: side by side, inside the notebook
+    page.locator(".kvh").nth(2).scroll_into_view_if_needed()
+    show_file_browser(page, True)
+    a, b = page.evaluate(HOTEL, 2)["box"], page.evaluate(HOTEL, 3)["box"]
+    panel = page.evaluate(
+        "() => document.querySelector('.jp-NotebookPanel').getBoundingClientRect().toJSON()"
+    )
+    assert abs(a["top"] - b["top"]) < 2 and b["left"] >= a["right"], (a, b)
+    assert b["right"] <= panel["right"] and min(a["width"], b["width"]) >= 300, (a, b, panel)
+    page.screenshot(path=str(ARTIFACTS / "compare_1366_file_browser.png"))
+    # narrower: stacked, each using the width
+    page.set_viewport_size({"width": 900, "height": 900})
+    page.wait_for_timeout(500)
+    a, b = page.evaluate(HOTEL, 2)["box"], page.evaluate(HOTEL, 3)["box"]
+    assert b["top"] >= a["bottom"] - 1 and abs(a["left"] - b["left"]) < 2, (a, b)
+    page.locator(".kvh").nth(3).scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "compare_narrow.png"))
+    page.set_viewport_size({"width": 1366, "height": 900})
+    show_file_browser(page, False)
+
+    # contiguous bookings: ranges of rooms, no "logical block" (Lab 03 teaches it)
+    left, right = page.locator(".kvh").nth(2), page.locator(".kvh").nth(3)
+    first = suites["frames"][suites["schedule"][0]]["cards"][0]
+    guest = suites["guests"][first[0]]
+    card = left.locator(f".kvh-card[data-guest='{guest}']").inner_text()
+    assert card == f"{guest} → rooms {block_table_text(first[1])}" and "–" in card
+    assert left.locator(".kvh-cards-title").inner_text().startswith("bookings")
+    tip = hover(page, left, ".kvh-room.kvh-booked")
+    assert "booking" in tip and "logical block" not in tip, tip
+
+    # selection is linked: a guest picked in one hotel is lit in both
+    left.locator(f".kvh-card[data-guest='{guest}']").click()
+    page.wait_for_function(
+        "document.querySelectorAll('.kvh')[3].querySelectorAll('.kvh-picked').length > 0"
+    )
+    for index in (2, 3):
+        state = page.evaluate(HOTEL, index)
+        assert state["pickedCards"] == [guest] and state["picked"], state
+    chips = [
+        hotel.locator(f".kvh-card[data-guest='{guest}'] .kvh-chip").evaluate(
+            "c => getComputedStyle(c).backgroundColor"
+        )
+        for hotel in (left, right)
+    ]
+    assert chips[0] == chips[1]  # one colour per guest in both views
+    right.locator(f".kvh-card[data-guest='{guest}']").click()  # unpick from the other side
+    page.wait_for_function(
+        "[2, 3].every(i => !document.querySelectorAll('.kvh')[i].querySelector('.kvh-picked'))"
+    )
+
+    # play: the slider runs to the last frame of the longer hotel; the shorter one holds its last
+    page.locator(".widget-play").nth(2).locator("button").nth(0).click()
+    page.wait_for_function(
+        f"Number(document.querySelectorAll('.kvh')[2].dataset.step) === {steps}", timeout=60_000
+    )
+    page.wait_for_timeout(300)
+    end_a, end_b = page.evaluate(HOTEL, 2), page.evaluate(HOTEL, 3)
+    assert (end_a["frame"], end_a["held"]) == (len(suites["frames"]) - 1, False)
+    assert (end_b["step"], end_b["frame"], end_b["held"]) == (steps, len(rooms["frames"]) - 1, True)
+    assert end_a["header"] == f"step {steps} / {steps}"
+    assert end_b["header"].startswith(f"step {steps} / {steps} (finished at step ")
+    assert page.locator(".widget-readout").nth(2).inner_text() == str(steps)
+
+
+def measure_big_hotel(page) -> dict:
+    """Play the 2,000-room hotel for a few seconds and read how long each step took to draw."""
+    big = page.locator(".kvh").nth(1)
+    assert big.locator(".kvh-room").count() == 2000
+    page.locator(".widget-play").nth(1).locator("button").nth(0).click()
+    time.sleep(6)
+    state = page.evaluate(
+        "() => { const r = document.querySelectorAll('.kvh')[1]; return {draws: Number(r.dataset.draws), max: Number(r.dataset.maxStepMs), last: Number(r.dataset.lastRenderMs)}; }"
+    )
+    assert state["draws"] > 20, state
+    return {
+        "big_hotel_rooms": 2000,
+        "big_hotel_frames": 500,
+        "steps_drawn": state["draws"],
+        "max_step_render_ms": state["max"],
+        "last_step_render_ms": state["last"],
+    }
+
+
+def test_hotel_widget_in_jupyterlab(notebook_url):
     from playwright.sync_api import sync_playwright
 
-    from kvlab.widgets.frames import encode, room_states
-
-    # the same trace the notebook builds, to know what the browser must show
-    scope: dict = {}
-    exec(SMALL_HOTEL, scope)
-    m = scope["m"]
-    data = encode(m.trace)
-    booked = [
-        sorted(r for r, s in enumerate(room_states(data, step)) if s[0] >= 0)
-        for step in range(len(data["frames"]))
-    ]
-
-    base, token = lab_server
     errors: list[str] = []
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-            ],
-        )
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.goto(f"{base}/lab/tree/hotel.ipynb?token={token}")
+        browser = launch(p)
+        page = browser.new_page(viewport={"width": 1366, "height": 900})
+        run_all(page, notebook_url, 4, errors, ARTIFACTS / "failure.png")
         try:
-            page.wait_for_function(KERNEL_IDLE, timeout=90_000)
-            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
-            page.wait_for_function(
-                "document.querySelectorAll('.kvh').length === 2", timeout=120_000
-            )
-            page.wait_for_function(KERNEL_IDLE, timeout=120_000)
+            check_small_hotel(page)
+            check_compare(page)
+            figures = measure_big_hotel(page)
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "failure.png"))
-            raise AssertionError(
-                f"the widgets did not render; console errors: {errors[:10]}"
-            ) from None
-
-        small = page.locator(".kvh").nth(0)
-        assert small.locator(".kvh-room").count() == 64
-        assert small.locator(".kvh-title").inner_text() == "browser test hotel"
-        state = page.evaluate(BOOKED_AT_STEP, 0)
-        assert state["step"] == 0 and state["booked"] == booked[0] == []
-
-        # move the slider to the last step through the linked Play/slider: rooms follow the trace
-        last = len(data["frames"]) - 1
-        page.locator(".widget-play button").nth(0).click()
-        page.wait_for_function(
-            f"Number(document.querySelectorAll('.kvh')[0].dataset.step) === {last}", timeout=30_000
-        )
-        state = page.evaluate(BOOKED_AT_STEP, 0)
-        assert state["booked"] == booked[last]
-        assert state["shared"] == sum(1 for s in room_states(data, last) if s[2] > 1) > 0
-        guests_shown = small.locator(".kvh-card").count()
-        assert guests_shown == len(data["frames"][last]["cards"]) == 6  # g3 left, g0-copy joined
-
-        # clicking a guest's key card highlights their rooms
-        small.locator(".kvh-card[data-guest='g1']").click()
-        page.wait_for_function(
-            "document.querySelectorAll('.kvh')[0].querySelectorAll('.kvh-picked').length > 0"
-        )
-        g1_rooms = len([1 for s in room_states(data, last) if s[0] == data["guests"].index("g1")])
-        assert small.locator(".kvh-room.kvh-picked").count() == g1_rooms
-        small.screenshot(path=str(ARTIFACTS / "hotel_widget.png"))
-
-        # the big hotel: play it and measure how long each step takes to render
-        big = page.locator(".kvh").nth(1)
-        assert big.locator(".kvh-room").count() == 2000
-        page.locator(".widget-play").nth(1).locator("button").nth(0).click()
-        time.sleep(6)
-        big_state = page.evaluate(
-            "() => { const r = document.querySelectorAll('.kvh')[1]; return {draws: Number(r.dataset.draws), max: Number(r.dataset.maxStepMs), last: Number(r.dataset.lastRenderMs)}; }"
-        )
-        browser.close()
+            raise
+        finally:
+            browser.close()
 
     widget_errors = [e for e in errors if re.search(r"widget|kvh|anywidget|hotel", e, re.I)]
     assert widget_errors == [], widget_errors
-    assert big_state["draws"] > 20, big_state
-    figures = {
-        "big_hotel_rooms": 2000,
-        "big_hotel_frames": 500,
-        "steps_drawn": big_state["draws"],
-        "max_step_render_ms": big_state["max"],
-        "last_step_render_ms": big_state["last"],
-    }
     (ARTIFACTS / "widget_timing.json").write_text(json.dumps(figures, indent=2) + "\n")
     print(f"\nhotel widget, 2,000 rooms x 500 frames: {figures}")

@@ -1,5 +1,15 @@
-"""The hotel floor plan widget (anywidget) and its static SVG fallback."""
+"""The hotel floor plan widget (anywidget) and its static SVG fallback.
 
-from kvlab.widgets.floorplan import HotelFloorPlan, HotelPlayer, animate, compare
+The widget classes load on first use, so the plots can share :mod:`kvlab.widgets.palette`
+without importing anywidget and ipywidgets.
+"""
 
 __all__ = ["HotelFloorPlan", "HotelPlayer", "animate", "compare"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        from kvlab.widgets import floorplan
+
+        return getattr(floorplan, name)
+    raise AttributeError(f"module 'kvlab.widgets' has no attribute {name!r}")

@@ -4,15 +4,33 @@ and its SVG fallback draw.
 Everything is expressed in display rooms. A paged trace keeps its own rooms. A contiguous trace
 (one bed per trace room) is grouped into rooms of ``room_size`` beds; a room that two bookings
 share at their boundary is drawn for the booking holding more of its beds.
+
+A player shows steps 1..n; ``schedule[step - 1]`` is the frame a hotel shows at that step, so
+hotels played side by side stay in step, and one that finishes first holds its last frame.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from typing import NamedTuple
+
 from kvlab.trace import Trace, intervals, split_waste
 from kvlab.validate import positive_int
-from kvlab.viz import guest_color
+from kvlab.widgets.palette import COLORS, LEGEND, guest_colors
 
 MAX_DISPLAY_ROOMS = 4096
+# Frames a lesson is about, most telling first: sampling keeps them, the static picture shows one.
+KEY_EVENTS = ("impossible allocation", "out of memory", "preemption", "copy-on-write", "fork")
+
+
+class RoomState(NamedTuple):
+    """One drawn room: its guest (index, -1 when free), its beds by kind, and its key cards."""
+
+    guest: int
+    used: int
+    future: int
+    internal: int
+    refs: int
 
 
 def default_room_size(trace: Trace) -> int:
@@ -26,6 +44,25 @@ def default_room_size(trace: Trace) -> int:
     return size
 
 
+def display_group(trace: Trace, room_size: int | None = None) -> int:
+    """How many trace rooms make one drawn room: a paged trace keeps its own rooms; a contiguous
+    one is drawn in rooms of ``room_size`` beds (by default :func:`default_room_size`)."""
+    if room_size is not None:
+        positive_int("room_size", room_size)
+    if trace.room_size > 1:
+        if room_size not in (None, trace.room_size):
+            raise ValueError(
+                f"room_size must be {trace.room_size} (the trace's block size) for this trace, got {room_size}"
+            )
+        return 1
+    return default_room_size(trace) if room_size is None else room_size
+
+
+def is_paged(trace: Trace) -> bool:
+    """Paged traces have key cards of rooms; contiguous ones have one booking per guest."""
+    return trace.kind not in ("arena", "contiguous")
+
+
 def _runs(rooms: list[int]) -> list[int]:
     """Rooms as flat run-length pairs ``[start, length, start, length, ...]`` (order kept)."""
     flat: list[int] = []
@@ -37,12 +74,28 @@ def _runs(rooms: list[int]) -> list[int]:
     return flat
 
 
-def _validate(trace: Trace) -> None:
+def block_table_text(runs: list[int]) -> str:
+    """A key card as ranges of consecutive rooms, in key-card order: ``"642–689, 700, 702–705"``.
+    The widget's JavaScript writes the same text."""
+    parts = []
+    for start, length in zip(runs[::2], runs[1::2], strict=True):
+        parts.append(str(start) if length == 1 else f"{start}–{start + length - 1}")
+    return ", ".join(parts)
+
+
+def check_trace(trace: Trace, name: str = "trace") -> None:
+    """Refuse what the browser could not draw, naming the argument."""
     if not isinstance(trace, Trace):
-        raise TypeError(f"trace must be a kvlab.trace.Trace, got {type(trace).__name__}")
+        raise TypeError(f"{name} must be a kvlab.trace.Trace, got {type(trace).__name__}")
     if not trace.frames:
-        raise ValueError("trace has no frames: record an allocator (record=True) before drawing it")
+        raise ValueError(
+            f"{name} has no frames: record an allocator (record=True) before drawing it"
+        )
+    previous = None
     for index, frame in enumerate(trace.frames):
+        if frame.tables == previous:
+            continue
+        previous = frame.tables
         for guest, table in frame.tables.items():
             for start, length in intervals(table):
                 if start < 0 or start + length > trace.num_rooms:
@@ -52,79 +105,148 @@ def _validate(trace: Trace) -> None:
                     )
 
 
-def _cards(trace: Trace, frame, group: int) -> list[tuple]:
-    """Per guest: (guest, display rooms in logical order, first bed offset, tokens)."""
-    if group == 1:
-        return [(g, list(t), 0, frame.tokens[g]) for g, t in frame.tables.items()]
-    bookings = []
+def _cards(trace: Trace, frame, group: int) -> list[list]:
+    """Per guest: (guest, display rooms in key-card order, first bed offset, beds used, beds
+    reserved for future tokens, beds never used)."""
+    cards = []
     for guest, table in frame.tables.items():
-        ((start, length),) = intervals(table) or [(0, 0)]
-        bookings.append((guest, start, length))
+        used, future, internal = split_waste(
+            frame.booked[guest], frame.tokens[guest], frame.final.get(guest)
+        )
+        cards.append([guest, table, 0, used, future, internal])
+    if group == 1:
+        return [[g, list(t), *rest] for g, t, *rest in cards]
     owner: dict[int, tuple[int, object]] = {}
-    for guest, start, length in bookings:
+    spans = {}
+    for card in cards:
+        ((start, length),) = intervals(card[1]) or [(0, 0)]
+        spans[card[0]] = (start, length)
         for room in range(start // group, (start + length - 1) // group + 1):
             share = min(start + length, (room + 1) * group) - max(start, room * group)
             if room not in owner or share > owner[room][0]:
-                owner[room] = (share, guest)
-    cards = []
-    for guest, start, length in bookings:
+                owner[room] = (share, card[0])
+    for card in cards:
+        start, length = spans[card[0]]
         rooms = [
             r
             for r in range(start // group, (start + length - 1) // group + 1)
-            if owner[r][1] == guest
+            if owner[r][1] == card[0]
         ]
         # where the guest's first bed lies relative to its first drawn room (negative when the
         # booking's first room is drawn for the neighbour)
-        offset = start - rooms[0] * group if rooms else 0
-        cards.append((guest, rooms, offset, frame.tokens[guest]))
+        card[1], card[2] = rooms, start - rooms[0] * group if rooms else 0
     return cards
 
 
-def encode(
-    trace: Trace, room_size: int | None = None, steps_only: bool = False, every: int = 1
-) -> dict:
-    """The widget's data: rooms, guests with colours, and per-frame key cards and metrics.
-
-    ``steps_only`` keeps one frame per replay step (dropping check-in/check-out frames), so two
-    replays line up frame by frame; ``every`` keeps every n-th of the remaining frames.
-    """
-    _validate(trace)
+def _check_every(every) -> None:
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise ValueError(f"every must be an int >= 1, got {every!r}")
-    if room_size is not None:
-        positive_int("room_size", room_size)
+
+
+def sample_frames(trace: Trace, every: int = 1, steps_only: bool = False) -> list[int]:
+    """Indices of the frames to draw: every ``every``-th, the last one, and the first frame of each
+    key event per guest (Lab 02's first impossible allocation survives any ``every``)."""
+    _check_every(every)
     chosen = [i for i, f in enumerate(trace.frames) if not steps_only or f.event == "step"]
-    chosen = chosen[::every]
     if not chosen:
         raise ValueError("no frames left to draw: the trace has no 'step' frames")
-    if trace.room_size > 1:  # a paged trace is drawn in its own rooms
-        if room_size not in (None, trace.room_size):
-            raise ValueError(
-                f"room_size must be {trace.room_size} (the trace's block size) for this trace, got {room_size}"
-            )
-        group = 1
-    else:
-        group = default_room_size(trace) if room_size is None else room_size
+    keep = set(chosen[::every]) | {chosen[-1]}
+    seen = set()
+    for i in chosen:
+        frame = trace.frames[i]
+        if frame.event in KEY_EVENTS and (frame.event, frame.guest) not in seen:
+            seen.add((frame.event, frame.guest))
+            keep.add(i)
+    return sorted(keep)
+
+
+def align(traces: list[Trace], every: int = 1, steps_only: bool = True) -> list[list[int]]:
+    """One schedule per trace (the frame each shows at every player step), all the same length.
+
+    Per-step frames line up by time, so hotels that skip ahead at different moments stay in
+    step; other frames line up by position. A trace that ends first holds its last frame, and the
+    player runs until the last frame of the longest.
+    """
+    _check_every(every)
+    if not steps_only:
+        sampled = [sample_frames(t, every) for t in traces]
+        length = max(map(len, sampled))
+        return [[s[min(k, len(s) - 1)] for k in range(length)] for s in sampled]
+    frames = [sample_frames(t, 1, steps_only=True) for t in traces]
+    times = [[round(t.frames[i].time, 9) for i in f] for t, f in zip(traces, frames, strict=True)]
+    timeline = sorted({time for ts in times for time in ts})
+    kept = set(timeline[::every]) | {ts[-1] for ts in times}
+    timeline = [time for time in timeline if time in kept]
+    schedules = []
+    for f, ts in zip(frames, times, strict=True):
+        schedule, j = [], 0
+        for time in timeline:
+            while j + 1 < len(ts) and ts[j + 1] <= time:
+                j += 1
+            schedule.append(f[j])
+        schedules.append(schedule)
+    return schedules
+
+
+def _metrics(trace: Trace, index: int, cards: list) -> dict:
+    """What the header says about a frame; ``cards`` as :func:`_cards` returns them."""
+    usage = trace.usage(index)
+    runs = trace.free_runs(index)
+    largest = max((length for _, length in runs), default=0) * trace.room_size
+    held = [room for card in cards for room in card[1]]
+    distinct = set(held)
+    shared = 0 if len(held) == len(distinct) else sum(1 for n in Counter(held).values() if n > 1)
+    return {
+        "guests": len(cards),
+        "rooms_used": len(distinct),
+        "rooms_shared": shared,
+        "beds_used": usage.used,
+        "percent_used": round(100 * usage.used / usage.capacity, 1),  # shown as is everywhere
+        # under paging any free room serves any guest: the largest run of them means nothing
+        "largest_free_run": None if is_paged(trace) else largest,
+    }
+
+
+def encode(
+    trace: Trace,
+    room_size: int | None = None,
+    steps_only: bool = False,
+    every: int = 1,
+    schedule: list[int] | None = None,
+    colors: dict | None = None,
+) -> dict:
+    """The widget's data: rooms, guests with colours, per-frame key cards and metrics, and the
+    schedule of frames per player step.
+
+    ``steps_only`` keeps one frame per replay step (dropping check-in/check-out frames); ``every``
+    keeps every n-th of those, plus the frames of :data:`KEY_EVENTS`. A ``schedule`` (trace frame
+    indices, one per player step, from :func:`align`) replaces both. ``colors`` (guest ->
+    colour) shares one colouring between hotels shown together.
+    """
+    check_trace(trace)
+    if schedule is None:
+        schedule = sample_frames(trace, every, steps_only)
+    if not schedule or not all(0 <= i < len(trace.frames) for i in schedule):
+        raise ValueError(f"schedule must list frames in 0..{len(trace.frames) - 1}")
+    group = display_group(trace, room_size)
     rooms = -(-trace.num_rooms // group)
     if rooms > MAX_DISPLAY_ROOMS:
         raise ValueError(f"{rooms} display rooms is too many to draw; pass a larger room_size")
-    beds_per_room = trace.room_size * group
+    colors = guest_colors(trace, group) if colors is None else colors
+    chosen = sorted(set(schedule))
+    position = {i: k for k, i in enumerate(chosen)}
     guests: list = []
     index: dict = {}
     frames = []
     for i in chosen:
         frame = trace.frames[i]
+        raw = _cards(trace, frame, group)
         cards = []
-        held: set[int] = set()
-        for guest, card_rooms, offset, tokens in _cards(trace, frame, group):
+        for guest, card_rooms, offset, used, future, internal in raw:
             if guest not in index:
                 index[guest] = len(guests)
                 guests.append(guest)
-            cards.append([index[guest], _runs(card_rooms), offset, tokens])
-            held.update(card_rooms)
-        usage = trace.usage(i)
-        free_runs = trace.free_runs(i)
-        largest = max((length for _, length in free_runs), default=0)
+            cards.append([index[guest], _runs(card_rooms), offset, used, future, internal])
         frames.append(
             {
                 "event": frame.event,
@@ -132,46 +254,79 @@ def encode(
                 "time": round(frame.time, 3),
                 "note": frame.note,
                 "cards": cards,
-                "metrics": {
-                    "rooms_used": len(held),
-                    "beds_used": usage.used,
-                    "utilization": round(usage.used / usage.capacity, 4),
-                    "largest_free_run": largest * trace.room_size,
-                },
+                "metrics": _metrics(trace, i, raw),
             }
         )
     return {
         "kind": trace.kind,
+        "paged": is_paged(trace),
         "num_rooms": rooms,
-        "beds_per_room": beds_per_room,
+        "beds_per_room": trace.room_size * group,
         "capacity": trace.capacity,
         "guests": [str(g) for g in guests],
-        "colors": [guest_color(g) for g in guests],
+        "colors": [colors[g] for g in guests],
+        "palette": {k: COLORS[k] for k in ("future", "internal", "vacant", "edge", "shared")},
+        "legend": dict(LEGEND),
+        "has_shared": any(f["metrics"]["rooms_shared"] for f in frames),
         "frames": frames,
+        "schedule": [position[i] for i in schedule],
     }
 
 
-def room_states(data: dict, step: int) -> list[tuple[int, int, int]]:
-    """Per display room: (guest index or -1, beds holding tokens, key cards holding it).
+def frame_at(data: dict, step: int) -> int:
+    """The frame a hotel shows at player step ``step`` (1-based)."""
+    return data["schedule"][step - 1]
 
-    The same arithmetic as the widget's JavaScript, used for the SVG fallback and the tests.
+
+def room_states(data: dict, frame: int) -> list[RoomState]:
+    """Per display room of one frame: guest, beds used / reserved for future / never used, and the
+    number of key cards holding it. The same arithmetic as the widget's JavaScript.
+
+    A room on several key cards is drawn for its first holder and counts its beds once, filled up
+    to its fullest holder (as :meth:`Trace.usage` counts them).
     """
     size = data["beds_per_room"]
-    state = [[-1, 0, 0] for _ in range(data["num_rooms"])]
-    for guest, runs, offset, tokens in data["frames"][step]["cards"]:
+    state = [[-1, 0, 0, 0, 0] for _ in range(data["num_rooms"])]  # guest, used, will, booked, refs
+    for guest, runs, offset, used, future, internal in data["frames"][frame]["cards"]:
         logical = 0
         for start, length in zip(runs[::2], runs[1::2], strict=True):
             for room in range(start, start + length):
-                # beds [offset, offset + tokens) of the guest's drawn rooms hold tokens
-                lo, hi = logical * size, (logical + 1) * size
-                used = max(0, min(hi, offset + tokens) - max(lo, offset))
+                lo = logical * size
                 cell = state[room]
                 if cell[0] == -1:
                     cell[0] = guest
-                cell[1] = max(cell[1], used)
-                cell[2] += 1
+                for k, end in ((1, used), (2, used + future), (3, used + future + internal)):
+                    # beds [offset, offset + end) of the guest's drawn rooms
+                    cell[k] = max(cell[k], max(0, min(lo + size, offset + end) - max(lo, offset)))
+                cell[4] += 1
                 logical += 1
-    return [tuple(cell) for cell in state]
+    return [RoomState(g, u, w - u, b - w, refs) for g, u, w, b, refs in state]
 
 
-__all__ = ["default_room_size", "encode", "room_states", "split_waste"]
+def key_step(hotels: list[dict]) -> int:
+    """The player step worth a static picture (1-based): the first key event (an impossible
+    allocation first), else the step where the hotels together hold the most tokens."""
+    length = len(hotels[0]["schedule"])
+    shown = [[data["frames"][frame_at(data, s)] for data in hotels] for s in range(1, length + 1)]
+    for event in KEY_EVENTS:
+        for step, frames in enumerate(shown, 1):
+            if any(f["event"] == event for f in frames):
+                return step
+    totals = [sum(f["metrics"]["percent_used"] for f in frames) for frames in shown]
+    return totals.index(max(totals)) + 1
+
+
+__all__ = [
+    "KEY_EVENTS",
+    "RoomState",
+    "align",
+    "block_table_text",
+    "check_trace",
+    "default_room_size",
+    "display_group",
+    "encode",
+    "frame_at",
+    "key_step",
+    "room_states",
+    "sample_frames",
+]
