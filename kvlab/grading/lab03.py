@@ -1,152 +1,520 @@
-"""Checks for Lab 03: a learner's block manager (judged by the invariants kvlab's obeys) and the
-beds report."""
+"""Checks for Lab 03: a learner's block manager and the beds report.
+
+The block manager is judged method by method, against the invariants kvlab's keeps (never against
+kvlab's room numbers): the ``allocate`` checks need only ``allocate``, then come ``append_slot``
+and ``free``. When a check fails, the judge probes the learner's class on fresh managers (how many
+rooms ``allocate`` takes for 1 to 13 tokens, when ``append_slot`` takes a room) to name the usual
+slips, so one off-by-one gets one hint and its knock-on failures say "the same problem".
+"""
 
 from __future__ import annotations
 
 import numbers
 import random
 
-from kvlab.grading.core import CheckFailed, call_without_mutation, exercise, expect_equal, short
+from kvlab.grading.core import (
+    CheckFailed,
+    call_without_mutation,
+    exercise,
+    explain_exception,
+    failure_details,
+    plural,
+    short,
+)
 from kvlab.paged import BlockManager
 
 manager = exercise("03.block_manager", "allocate, append_slot and free", expects="class")
 
 
-class _Judge:
-    """Runs calls on the learner's manager and checks kvlab's invariants after each one."""
+def rooms_for(tokens: int, block_size: int) -> int:
+    """ceil(tokens / block_size): the rooms a guest holding ``tokens`` tokens needs."""
+    return -(-tokens // block_size)
 
-    def __init__(self, cls, num_blocks: int, block_size: int):
-        self.num_blocks, self.block_size = num_blocks, block_size
-        self.calls = [f"BlockManager({num_blocks}, {block_size})"]
+
+# --- the usual slips, recognised by probing the learner's class ------------------------------
+
+PROBE_SIZE = 4  # block_size of the probe managers
+PROBE_TOKENS = list(range(1, 3 * PROBE_SIZE + 2))  # 1 … 13: multiples of 4 and their neighbours
+
+# (rooms a slip takes for n tokens, hint): wrong ways to count the rooms of a prompt
+ALLOCATE_SLIPS = [
+    (
+        lambda n, size: n // size + 1,
+        "allocate takes one room too many when num_tokens is a multiple of block_size: "
+        "`num_tokens // block_size + 1` is not ceil. Round up with `-(-num_tokens // block_size)`",
+    ),
+    (
+        lambda n, size: n // size,
+        "allocate takes one room too few when num_tokens is not a multiple of block_size: "
+        "floor division drops the partly filled last room. Round up with "
+        "`-(-num_tokens // block_size)`",
+    ),
+    (
+        lambda n, size: rooms_for(n, size) + 1,
+        "allocate takes a spare room: ceil(num_tokens / block_size) rooms hold the prompt, and "
+        "append_slot takes the next room when it is needed",
+    ),
+    (
+        lambda n, size: n,
+        "allocate takes one room per token: a room holds block_size tokens, so num_tokens "
+        "tokens need ceil(num_tokens / block_size) rooms",
+    ),
+]
+# (rooms a slip holds after growing to t tokens from 1, hint): wrong moments to take a new room
+APPEND_SLIPS = [
+    (
+        lambda t, size: t // size + 1,
+        "append_slot takes a new room one token early, when the token fills the last bed: decide "
+        "before counting the new token (the last room is full when num_tokens % block_size == 0)",
+    ),
+    (
+        lambda t, size: 1,
+        "append_slot never takes a new room: when the last room is full "
+        "(num_tokens % block_size == 0), pop a fresh one from the free list",
+    ),
+    (
+        lambda t, size: t,
+        "append_slot takes a new room for every token: take one only when the last room is full",
+    ),
+]
+NOT_COUNTED = "append_slot does not count the new token: add one to the guest's num_tokens"
+
+
+def _quietly(probe):
+    """A probe's result, or None when the learner's code raises (a probe never fails a check)."""
+    try:
+        return probe()
+    except Exception:
+        return None
+
+
+def _rooms_after_allocate(cls) -> list[int]:
+    counts = []
+    for n in PROBE_TOKENS:
+        m = cls(64, PROBE_SIZE)
+        m.allocate("probe", n)
+        counts.append(len(m.block_table("probe")))
+    return counts
+
+
+def _growth(cls) -> tuple[list[int], list[int]]:
+    """Rooms and num_tokens after each append_slot, for a guest that checks in with 1 token."""
+    m = cls(64, PROBE_SIZE)
+    m.allocate("probe", 1)
+    rooms, tokens = [], []
+    for _ in PROBE_TOKENS:
+        m.append_slot("probe")
+        rooms.append(len(m.block_table("probe")))
+        tokens.append(m.num_tokens("probe"))
+    return rooms, tokens
+
+
+def _matching(counts, slips, xs) -> str | None:
+    for rule, hint in slips:
+        if counts == [rule(x, PROBE_SIZE) for x in xs]:
+            return hint
+    return None
+
+
+def allocate_slip(cls) -> str | None:
+    """The hint for the way the learner's ``allocate`` miscounts rooms, if it is a usual one."""
+    counts = _quietly(lambda: _rooms_after_allocate(cls))
+    return _matching(counts, ALLOCATE_SLIPS, PROBE_TOKENS) if counts else None
+
+
+def append_slip(cls) -> str | None:
+    """The hint for the way the learner's ``append_slot`` miscounts, if it is a usual one."""
+    growth = _quietly(lambda: _growth(cls))
+    if not growth:
+        return None
+    rooms, tokens = growth
+    if tokens == [1] * len(tokens):
+        return NOT_COUNTED
+    return _matching(rooms, APPEND_SLIPS, [n + 1 for n in PROBE_TOKENS])
+
+
+# --- the judge -------------------------------------------------------------------------------
+
+
+def _runs(calls: list[str]) -> list[str]:
+    """Repeated calls in a row shown once, with a count."""
+    out: list[str] = []
+    count = 0
+    for i, call in enumerate(calls):
+        count += 1
+        if i + 1 == len(calls) or calls[i + 1] != call:
+            out.append(call if count == 1 else f"{call} ×{count}")
+            count = 0
+    return out
+
+
+class _Judge:
+    """Makes calls on the learner's manager and checks kvlab's invariants after each one:
+    every key card holds ceil(tokens / block_size) rooms, no room is on two key cards, and free
+    rooms plus held rooms make num_blocks. Keeps the calls, to show how a failure came about."""
+
+    SHOWN = 8  # calls shown in a transcript before it is cut
+
+    def __init__(self, cls, num_blocks: int, block_size: int, echo=False, returns=False):
+        self.cls, self.num_blocks, self.block_size = cls, num_blocks, block_size
+        self.returns = returns  # judge allocate's return value (one check does)
+        self.calls: list[str] = []
+        self.echo = echo
+        self.replay: str | None = None  # how to see every call, when the transcript is cut
+        self.tokens: dict = {}  # what each guest should hold
+        self.appended = False
+        self._log(f"{cls.__name__}({num_blocks}, {block_size})")
         self.m = cls(num_blocks, block_size)
-        self.tokens: dict = {}
         self.check()
 
+    # transcripts
+    def _log(self, call: str) -> None:
+        self.calls.append(call)
+        if self.echo:
+            print(call)
+
+    def _raised(self, error: BaseException) -> None:
+        self.calls[-1] += f" raised {type(error).__name__}"
+        if self.echo:
+            print(f"  raised {type(error).__name__}")
+
     def where(self) -> str:
-        shown = self.calls if len(self.calls) <= 6 else [*self.calls[:2], "…", *self.calls[-3:]]
-        return "; ".join(shown)
+        """The calls so far, the one that failed marked with →, long runs cut."""
+        calls = [*_runs(self.calls[:-1]), f"→ {self.calls[-1]}"]
+        if len(calls) > self.SHOWN:
+            hidden = len(calls) - self.SHOWN + 1
+            calls = [*calls[:2], f"… {plural(hidden, 'call')} …", *calls[-(self.SHOWN - 3) :]]
+        return "; ".join(calls)
 
-    def _log(self, method, *args):
-        self.calls.append(f".{method}({', '.join(map(repr, args))})")
+    def fail(self, message: str, hint: str | None = None, **details):
+        cut = len(_runs(self.calls[:-1])) + 1 > self.SHOWN
+        raise CheckFailed(
+            message,
+            input=self.where(),
+            replay=self.replay if cut else None,
+            hint=hint,
+            **details,
+        )
 
+    # what the learner's manager holds
     def tables(self) -> dict:
         return {s: list(self.m.block_table(s)) for s in self.tokens}
 
-    def check(self, hint=None):
-        where = self.where()
+    def state(self) -> tuple:
+        counts = {s: self.m.num_tokens(s) for s in self.tokens}
+        return self.tables(), self.m.num_free_blocks, counts
+
+    def free_expected(self) -> int:
+        return self.num_blocks - sum(rooms_for(n, self.block_size) for n in self.tokens.values())
+
+    def rooms_slip(self) -> str | None:
+        """A known miscount of rooms: allocate's first (every guest checks in), then append's."""
+        return allocate_slip(self.cls) or (append_slip(self.cls) if self.appended else None)
+
+    def check(self, method: str | None = None, free_before: int | None = None, rooms: int = 0):
+        """kvlab's invariants; ``method`` took (or gave back, for free) ``rooms`` rooms."""
         used: dict[int, object] = {}
         for seq, tokens in self.tokens.items():
             table = list(self.m.block_table(seq))
-            need = -(-tokens // self.block_size)
+            need = rooms_for(tokens, self.block_size)
             if len(table) != need:
-                raise CheckFailed(
-                    f"{seq!r} holds {tokens} tokens, so its key card needs ceil({tokens}/{self.block_size}) rooms",
-                    input=where,
-                    expected=f"{need} rooms",
-                    got=f"{len(table)} rooms: {short(table)}",
-                    hint=hint
-                    or "a room holds block_size tokens; take a new room only when the last is full",
+                self.fail(
+                    f"{seq!r} holds {plural(tokens, 'token')}, so its key card needs "
+                    f"ceil({tokens} / {self.block_size}) = {plural(need, 'room')}",
+                    expected=plural(need, "room"),
+                    got=f"{plural(len(table), 'room')}: {short(table)}",
+                    hint=self.rooms_slip(),
                 )
             for block in table:
                 integral = isinstance(block, numbers.Integral) and not isinstance(block, bool)
                 if not integral or not 0 <= block < self.num_blocks:
-                    raise CheckFailed(
+                    self.fail(
                         "room numbers must be ints in range(num_blocks)",
-                        input=where,
+                        expected=f"ints in 0…{self.num_blocks - 1}",
                         got=short(table),
                     )
                 if block in used:
-                    raise CheckFailed(
-                        f"room {block} is on two key cards ({used[block]!r} and {seq!r})",
-                        input=where,
-                        hint="take each new room from the free list, so no room is handed out twice",
-                    )
+                    where = "twice on" if used[block] == seq else f"on {used[block]!r}'s and"
+                    self.fail(f"room {block} is {where} {seq!r}'s key card")
                 used[block] = seq
             got_tokens = self.m.num_tokens(seq)
-            expect_equal(got_tokens, tokens, f"num_tokens({seq!r})", input=where)
+            if got_tokens != tokens:
+                counted = method == "append_slot" and got_tokens == tokens - 1
+                self.fail(
+                    f"num_tokens({seq!r}) should be {tokens}",
+                    expected=str(tokens),
+                    got=short(got_tokens),
+                    hint=NOT_COUNTED if counted else None,
+                )
         free = self.m.num_free_blocks
-        if free + len(used) != self.num_blocks:
-            raise CheckFailed(
-                "free rooms + rooms on key cards must equal num_blocks",
-                input=where,
+        if free != self.num_blocks - len(used):
+            self.fail(
+                "free rooms + rooms on key cards must make num_blocks",
                 expected=str(self.num_blocks),
                 got=f"{free} free + {len(used)} held = {free + len(used)}",
-                hint="every room is either on the free list or on exactly one key card",
+                hint=self._count_slip(method, free_before, free, rooms),
             )
 
-    def allocate(self, seq, n):
-        self._log("allocate", seq, n)
-        table = self.m.allocate(seq, n)
+    @staticmethod
+    def _count_slip(method, before, after, rooms) -> str | None:
+        """What the free list's change says about the call that just ran."""
+        if method is None or before is None:
+            return None
+        if method == "free":
+            if after - before < rooms:
+                return (
+                    "free did not give every room back: put each room of the key card on the "
+                    "free list"
+                )
+            return "free gave back more rooms than the guest held: is a room returned twice?"
+        if before - after < rooms:
+            return (
+                f"{method} put rooms on the key card without taking them off the free list: "
+                "pop each one"
+            )
+        return f"{method} took more rooms off the free list than it put on the key card"
+
+    # calls
+    def call(self, method: str, *args):
+        """Call a learner method that should work; an error fails the check, with a diagnosis."""
+        self._log(f".{method}({', '.join(map(repr, args))})")
+        try:
+            return getattr(self.m, method)(*args)
+        except NotImplementedError:
+            raise
+        except Exception as error:
+            self._raised(error)
+            self._unexpected(error, method, args)
+
+    def _unexpected(self, error: Exception, method: str, args) -> None:
+        lines = explain_exception(error)
+        got = lines[0] + (f" ({lines[1]})" if len(lines) > 1 else "")
+        hint = None
+        free = self.free_expected()
+        if isinstance(error, MemoryError):
+            hint = self.rooms_slip()
+            if method == "allocate":
+                need = rooms_for(args[1], self.block_size)
+                message = f"this call should work: it needs {plural(need, 'room')}, {free} free"
+                if hint is None and need == free:
+                    hint = (
+                        "allocate refuses when exactly enough rooms are free: refuse only when "
+                        "the rooms needed > the free rooms"
+                    )
+            else:
+                message = "this call should work: the guest's last room has an empty bed"
+                if self.tokens[args[0]] % self.block_size == 0:
+                    message = f"this call should work: {plural(free, 'room')} free"
+        else:
+            message = "this call should work"
+        cause = hint or f"{type(error).__name__} {lines[-1]}"
+        self.fail(message, expected="no error", got=got, hint=hint, cause=cause)
+
+    def allocate(self, seq, n: int) -> None:
+        before = self.m.num_free_blocks
+        table = self.call("allocate", seq, n)
         self.tokens[seq] = n
-        if list(table) != list(self.m.block_table(seq)):
-            raise CheckFailed(
-                "allocate must return the new key card", input=self.where(), got=short(table)
+        self.check("allocate", before, rooms_for(n, self.block_size))
+        card = list(self.m.block_table(seq))
+        if self.returns and not (isinstance(table, (list, tuple)) and list(table) == card):
+            self.fail(
+                "allocate must return the new key card",
+                expected=short(card),
+                got=short(table),
+                hint="return the key card: a list of the guest's room numbers"
+                if table is None
+                else None,
             )
-        self.check()
 
-    def append(self, seq):
-        self._log("append_slot", seq)
+    def append(self, seq) -> None:
+        self.appended = True
         others = {s: t for s, t in self.tables().items() if s != seq}
-        moved = self.m.append_slot(seq)
+        before = self.m.num_free_blocks
+        grows = self.tokens[seq] % self.block_size == 0
+        moved = self.call("append_slot", seq)
         self.tokens[seq] += 1
+        self.check("append_slot", before, int(grows))
         if moved is not None:
-            raise CheckFailed(
-                "append_slot returns None when no room is shared",
-                input=self.where(),
+            self.fail(
+                "append_slot returns None (Lab 07's shared rooms give it something to return)",
+                expected="None",
                 got=short(moved),
+                hint="end append_slot without a return value",
             )
-        self.check()
         if {s: t for s, t in self.tables().items() if s != seq} != others:
-            raise CheckFailed("append_slot changed another guest's key card", input=self.where())
+            self.fail("append_slot changed another guest's key card")
 
-    def free(self, seq):
-        self._log("free", seq)
-        self.m.free(seq)
+    def free(self, seq) -> None:
+        before = self.m.num_free_blocks
+        rooms = len(self.tables()[seq])
+        self.call("free", seq)
         del self.tokens[seq]
-        self.check()
+        self.check("free", before, rooms)
 
-    def counts(self) -> dict:
-        return {s: self.m.num_tokens(s) for s in self.tokens}
+    def forgotten(self, seq) -> None:
+        """After free, the guest is unknown: its key card and token count are gone."""
+        for reader in ("block_table", "num_tokens"):
+            self._log(f".{reader}({seq!r})")
+            try:
+                value = getattr(self.m, reader)(seq)
+            except KeyError as error:
+                self._raised(error)
+                continue
+            except NotImplementedError:
+                raise
+            except Exception as error:
+                self._raised(error)
+                lines = explain_exception(error)
+                self.fail(
+                    f"a guest who checked out is unknown: {reader} raises KeyError",
+                    expected="KeyError",
+                    got=lines[0],
+                )
+            self.fail(
+                f"{seq!r} checked out, yet {reader}({seq!r}) still answers",
+                expected="KeyError",
+                got=short(value),
+                hint="free must forget the guest: remove it from key_cards and tokens, so the "
+                "id is unknown again (and may check in later)",
+            )
 
-    def refused(self, errors, method, *args, hint):
-        before = (self.tables(), self.m.num_free_blocks, self.counts())
-        self._log(method, *args)
+    def refused(self, error_type: type, method: str, *args, why: str, missing: str | None = None):
+        """A call that must raise ``error_type`` (``why``) and change nothing. ``missing`` is the
+        hint when it raises nothing (a check the learner's code does not make)."""
+        name = "OutOfBlocks (a MemoryError)" if error_type is MemoryError else error_type.__name__
+        before = self.state()
+        self._log(f".{method}({', '.join(map(repr, args))})")
         try:
             getattr(self.m, method)(*args)
-        except errors:
-            pass
+        except NotImplementedError:
+            raise
+        except error_type as error:
+            self._raised(error)
+        except Exception as error:
+            self._raised(error)
+            hint = f"raise {name.split()[0]} here"
+            if isinstance(error, IndexError) and error_type is MemoryError:
+                hint = (
+                    "the free list ran out while taking rooms (IndexError from pop): count the "
+                    "free rooms first and raise OutOfBlocks before taking any"
+                )
+            self.fail(why, expected=name, got=explain_exception(error)[0], hint=hint)
         else:
-            names = " or ".join(e.__name__ for e in errors)
-            raise CheckFailed(f"expected {names}", input=self.where(), got="no error", hint=hint)
-        if (self.tables(), self.m.num_free_blocks, self.counts()) != before:
-            raise CheckFailed(
-                "a refused call must change nothing (no half-allocated guest, no lost room)",
-                input=self.where(),
-                hint="check that enough rooms are free before taking any",
+            if error_type is MemoryError:
+                missing = self.rooms_slip() or missing
+            self.fail(why, expected=name, got="no error", hint=missing)
+        after = self.state()
+        if after != before:
+            changed = []
+            if after[1] != before[1]:
+                changed.append(f"free rooms {before[1]} → {after[1]}")
+            changed += [f"{s!r}'s key card" for s in before[0] if after[0].get(s) != before[0][s]]
+            changed += [f"num_tokens({s!r})" for s in before[2] if after[2].get(s) != before[2][s]]
+            took = error_type is MemoryError and after[1] < before[1]
+            self.fail(
+                "a refused call must change nothing (no half-checked-in guest, no lost room)",
+                got="changed " + (", ".join(changed) or "the hotel"),
+                hint="count the free rooms first, then take them: raise OutOfBlocks before taking any"
+                if took
+                else "validate the arguments before changing anything",
             )
+
+
+# --- checks, method by method ----------------------------------------------------------------
 
 
 @manager.check(
-    "allocate: n tokens get ceil(n / block_size) rooms (n = 1, k·block_size, k·block_size ± 1)",
-    hint="rooms = ceil(num_tokens / block_size), popped from the free list",
+    "allocate: n tokens get a key card of ceil(n / block_size) rooms (n = 1, 8, 7, 9 with 4 beds a room)"
 )
 def _allocate(cls):
-    judge = _Judge(cls, 32, 4)
+    judge = _Judge(cls, 32, 4, returns=True)
     for seq, n in [("one", 1), ("exact", 8), ("minus", 7), ("plus", 9)]:
         judge.allocate(seq, n)
 
 
 @manager.check(
-    "append_slot takes a new room exactly when the last room is full",
-    hint="if num_tokens % block_size == 0 the last room is full: take a fresh one; else just count the token",
+    "allocate refuses without changing anything: too few free rooms, a duplicate id, num_tokens < 1"
 )
+def _allocate_refused(cls):
+    judge = _Judge(cls, 4, 4)
+    judge.allocate("a", 9)  # 3 rooms, 1 left
+    judge.refused(MemoryError, "allocate", "b", 5, why="'b' needs 2 rooms and 1 is free")
+    judge.refused(
+        ValueError,
+        "allocate",
+        "a",
+        2,
+        why="'a' is already checked in",
+        missing="an id checks in only once: raise ValueError when seq_id already has a key card",
+    )
+    judge.refused(
+        ValueError,
+        "allocate",
+        "z",
+        0,
+        why="a guest with 0 tokens",
+        missing="a guest brings at least one token: raise ValueError when num_tokens < 1",
+    )
+    judge.allocate("b", 4)  # exactly the one free room
+
+
+@manager.check("append_slot takes a new room exactly when the last room is full")
 def _append(cls):
     judge = _Judge(cls, 16, 4)
     judge.allocate("a", 3)
     judge.allocate("b", 4)
-    for _ in range(6):
-        judge.append("a")
-        judge.append("b")
+    for seq in ("a", "b"):
+        for _ in range(6):
+            judge.append(seq)
+
+
+@manager.check(
+    "append_slot refuses without changing anything: last room full and none free, an unknown id"
+)
+def _append_refused(cls):
+    judge = _Judge(cls, 2, 4)
+    judge.allocate("a", 4)  # a full room
+    judge.allocate("b", 3)  # the last room, one bed empty
+    judge.append("b")  # fills it: no new room needed
+    why = "{}'s last room is full and no room is free"
+    judge.refused(MemoryError, "append_slot", "a", why=why.format("a"))
+    judge.refused(MemoryError, "append_slot", "b", why=why.format("b"))
+    judge.refused(
+        KeyError,
+        "append_slot",
+        "nobody",
+        why="'nobody' never checked in",
+        missing="an unknown id raises KeyError (reading key_cards[seq_id] does)",
+    )
+
+
+@manager.check("free gives every room back, and the rooms are reused")
+def _free(cls):
+    judge = _Judge(cls, 6, 2)
+    judge.allocate("a", 5)
+    judge.allocate("b", 6)
+    judge.free("a")
+    judge.allocate("c", 6)
+    judge.free("b")
+    judge.free("c")
+
+
+@manager.check(
+    "free forgets the guest: afterwards their id is unknown (KeyError) and may check in again"
+)
+def _forget(cls):
+    judge = _Judge(cls, 4, 2)
+    judge.allocate("a", 3)
+    judge.free("a")
+    judge.forgotten("a")
+    judge.allocate("a", 4)  # back again, as a preempted guest is
+    judge.refused(
+        KeyError,
+        "free",
+        "nobody",
+        why="'nobody' never checked in",
+        missing="an unknown id raises KeyError (reading key_cards[seq_id] does)",
+    )
 
 
 @manager.check("block_size 1 and a hotel of one room")
@@ -161,84 +529,99 @@ def _tiny(cls):
     single.allocate("again", 1)
 
 
-@manager.check(
-    "free returns every room, and the rooms are reused",
-    hint="on free, give each room of the key card back to the free list",
-)
-def _free(cls):
-    judge = _Judge(cls, 6, 2)
-    judge.allocate("a", 5)
-    judge.allocate("b", 6)
-    judge.free("a")
-    judge.allocate("c", 6)
-    judge.free("b")
-    judge.free("c")
-    judge.allocate("a", 3)  # an id may check in again after checking out (preemption does)
-    judge.free("a")
-    if judge.m.num_free_blocks != 6:
-        raise CheckFailed("after everyone checks out every room is free", input=judge.where())
+EVENING_SEED, EVENING_STEPS = 11, 300
 
 
-@manager.check(
-    "out of rooms: OutOfBlocks (a MemoryError), and nothing changes",
-    hint="raise kvlab.paged.OutOfBlocks before taking any room",
-)
-def _out(cls):
-    judge = _Judge(cls, 4, 4)
-    judge.allocate("a", 9)
-    judge.refused((MemoryError,), "allocate", "b", 5, hint="b needs 2 rooms but only 1 is free")
-    judge.allocate("b", 4)
-    judge.refused((MemoryError,), "append_slot", "b", hint="b's room is full and none is free")
-
-
-@manager.check(
-    "bad input: duplicate id or num_tokens < 1 (ValueError), unknown id (KeyError)",
-    hint="validate before changing anything",
-)
-def _bad(cls):
-    judge = _Judge(cls, 8, 4)
-    judge.allocate("a", 3)
-    judge.refused((ValueError,), "allocate", "a", 2, hint="an id can check in only once")
-    judge.refused((ValueError,), "allocate", "z", 0, hint="num_tokens must be at least 1")
-    judge.refused((KeyError,), "append_slot", "nobody", hint="unknown ids raise KeyError")
-    judge.refused((KeyError,), "free", "nobody", hint="unknown ids raise KeyError")
+def random_evening(cls, steps: int = EVENING_STEPS, seed: int = EVENING_SEED, echo: bool = True):
+    """The check's random evening on ``cls``: 24 rooms of 3 beds, check-ins, tokens and
+    check-outs drawn from ``random.Random(seed)``. With ``echo`` it prints every call and, if the
+    manager breaks an invariant, the check's report: run it in a cell to see how a failure came
+    about. Returns the judge (its ``m`` is the manager)."""
+    rng = random.Random(seed)
+    judge = _Judge(cls, 24, 3, echo=echo)
+    try:
+        for step in range(steps):
+            judge.replay = (
+                f"random.Random({seed}), step {step + 1}: `from kvlab.grading.lab03 import "
+                f"random_evening; random_evening({cls.__name__}, steps={step + 1})` prints every call"
+            )
+            roll = rng.random()
+            free_beds = judge.m.num_free_blocks * 3
+            if roll < 0.3 and free_beds:
+                judge.allocate(f"g{step}", rng.randint(1, min(free_beds, 10)))
+            elif roll < 0.85 and judge.tokens:
+                seq = rng.choice(sorted(judge.tokens))
+                if judge.tokens[seq] % 3 or judge.m.num_free_blocks:
+                    judge.append(seq)
+            elif judge.tokens:
+                judge.free(rng.choice(sorted(judge.tokens)))
+    except CheckFailed as failure:
+        if not echo:
+            raise
+        shown = [d for d in failure_details(failure) if not d.startswith(("input:", "replay:"))]
+        print("\n".join(shown))
+    return judge
 
 
 @manager.check("a random evening: 300 check-ins, tokens and check-outs")
 def _random(cls):
-    rng = random.Random(11)
-    judge = _Judge(cls, 24, 3)
-    for step in range(300):
-        roll = rng.random()
-        free_beds = judge.m.num_free_blocks * 3
-        if roll < 0.3 and free_beds:
-            judge.allocate(f"g{step}", rng.randint(1, min(free_beds, 10)))
-        elif roll < 0.85 and judge.tokens:
-            seq = rng.choice(sorted(judge.tokens))
-            if judge.tokens[seq] % 3 or judge.m.num_free_blocks:
-                judge.append(seq)
-        elif judge.tokens:
-            judge.free(rng.choice(sorted(judge.tokens)))
+    random_evening(cls, echo=False)
 
+
+# --- the beds report -------------------------------------------------------------------------
 
 beds = exercise("03.beds_report", "measure the paged hotel")
+BEDS_KEYS = ("used", "future", "free")
 
 
 def _reference_beds(m: BlockManager) -> dict:
     used = sum(m.num_tokens(s) for s in m.seq_ids)
     held = sum(len(m.block_table(s)) for s in m.seq_ids) * m.block_size
-    return {"used": used, "empty": held - used, "free": m.num_free_blocks * m.block_size}
+    return {"used": used, "future": held - used, "free": m.num_free_blocks * m.block_size}
+
+
+def _beds_slip(got, m: BlockManager) -> str | None:
+    """The hint for a report that matches a usual slip."""
+    if not isinstance(got, dict):
+        return "return a dict with the keys used, future and free"
+    if set(got) != set(BEDS_KEYS):
+        return f"the keys are used, future and free (got {', '.join(map(repr, got))})"
+    right = _reference_beds(m)
+    held_rooms = sum(len(m.block_table(s)) for s in m.seq_ids)
+    slips = [
+        ("free", m.num_free_blocks, "free counts rooms: multiply by block_size to count beds"),
+        (
+            "future",
+            held_rooms * m.block_size,
+            "future counts every bed of the held rooms: subtract the beds holding tokens",
+        ),
+        (
+            "future",
+            held_rooms - right["used"],
+            "future mixes rooms and tokens: held rooms × block_size − tokens",
+        ),
+        ("used", held_rooms, "used counts rooms: count the guests' tokens (num_tokens)"),
+    ]
+    for key, value, hint in slips:
+        if got[key] == value != right[key] and all(got[k] == right[k] for k in right if k != key):
+            return hint
+    return None
 
 
 def _expect_beds(fn, m: BlockManager, what: str):
     got = call_without_mutation(fn, m, list(m.seq_ids), names=("manager", "seq_ids"))
-    expect_equal(got, _reference_beds(m), "wrong beds report", input=what)
+    expected = _reference_beds(m)
+    if got != expected:
+        raise CheckFailed(
+            "wrong beds report",
+            input=what,
+            expected=short(expected),
+            got=short(got),
+            hint=_beds_slip(got, m),
+        )
 
 
-@beds.check(
-    "two guests with partly filled last rooms",
-    hint="used = tokens; empty = beds in held rooms without a token; free = free rooms × block_size",
-)
+@beds.check("two guests with partly filled last rooms")
 def _two(fn):
     m = BlockManager(10, 4)
     m.allocate("a", 5)
@@ -254,7 +637,7 @@ def _edges(fn):
     _expect_beds(fn, m, "BlockManager(2, 16) with a: 32 tokens")
 
 
-@beds.check("block_size 1 never leaves an empty bed in a held room")
+@beds.check("block_size 1 never holds a bed ahead")
 def _one(fn):
     m = BlockManager(50, 1)
     for i, n in enumerate([1, 7, 20]):
@@ -265,11 +648,15 @@ def _one(fn):
 @beds.check("50 random hotels")
 def _random_beds(fn):
     rng = random.Random(4)
-    for _ in range(50):
+    for i in range(50):
         size = rng.choice([1, 2, 16, 64])
         m = BlockManager(rng.randint(5, 40), size)
-        for i in range(rng.randint(0, 6)):
+        for g in range(rng.randint(0, 6)):
             n = rng.randint(1, 3 * size)
             if m.can_allocate(n):
-                m.allocate(i, n)
-        _expect_beds(fn, m, f"BlockManager({m.num_blocks}, {size}) with {len(m.seq_ids)} guests")
+                m.allocate(g, n)
+        lens = [m.num_tokens(s) for s in m.seq_ids]
+        guests = f"{plural(len(lens), 'guest')}" + (f" of {lens} tokens" if lens else "")
+        _expect_beds(
+            fn, m, f"hotel {i + 1} of 50: BlockManager({m.num_blocks}, {size}) with {guests}"
+        )
