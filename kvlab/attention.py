@@ -182,24 +182,36 @@ def write_kv(k_cache, v_cache, slot_mapping, k, v) -> None:
 
 
 class TinyAttention:
-    """One seeded attention layer (no MLP, no norm): enough to show what the cache stores."""
+    """One seeded attention layer (no MLP, no norm): enough to show what the cache stores.
+
+    Weights act on the right, ``x @ W`` (``wq: [d_model, heads x head_dim]``, ``wo: [heads x
+    head_dim, d_model]``). ``head_dim`` defaults to ``d_model // num_heads``; another value makes
+    ``wo`` non-square, as in models whose heads do not tile the model width.
+    """
 
     def __init__(
-        self, d_model: int, num_heads: int, num_kv_heads: int | None = None, seed: int = 0
+        self,
+        d_model: int,
+        num_heads: int,
+        num_kv_heads: int | None = None,
+        seed: int = 0,
+        head_dim: int | None = None,
     ):
         positive_int("d_model", d_model)
         positive_int("num_heads", num_heads)
         num_kv_heads = (
             num_heads if num_kv_heads is None else positive_int("num_kv_heads", num_kv_heads)
         )
-        if d_model % num_heads:
+        if head_dim is None and d_model % num_heads:
             raise ValueError(f"d_model ({d_model}) must be a multiple of num_heads ({num_heads})")
         if num_heads % num_kv_heads:
             raise ValueError(
                 f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
             )
         self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
-        self.head_dim = d_model // num_heads
+        self.head_dim = (
+            d_model // num_heads if head_dim is None else positive_int("head_dim", head_dim)
+        )
         g = torch.Generator().manual_seed(seed)
         scale = 1.0 / math.sqrt(d_model)
 

@@ -32,12 +32,34 @@ class ReplayResult:
     waiting: list[int] = field(default_factory=list)
     busy: list[bool] = field(default_factory=list)
     probes: list = field(default_factory=list)  # what ``probe(cache)`` returned after each step
+    # per step: the guest at the head of the queue refused although enough beds were free in
+    # total (their beds were scattered: an impossible allocation), else None
+    blocked: list = field(default_factory=list)
     refusals: int = 0  # admissions tried and refused (a blocked guest is retried every step)
-    preemptions: int = 0  # guests asked to leave and come back later (their tokens recomputed)  # admissions tried and refused (a blocked guest is retried every step)
+    preemptions: int = 0  # guests asked to leave and come back later (their tokens recomputed)
+    step_seconds: float = 0.05
 
     @property
     def steps(self) -> int:
         return len(self.times)
+
+    @property
+    def blocked_guests(self) -> list:
+        """The distinct guests that external fragmentation kept at the door, in order."""
+        return list(dict.fromkeys(g for g in self.blocked if g is not None))
+
+    @property
+    def blocked_seconds(self) -> float:
+        """How long the door stayed shut although enough beds were free in total."""
+        return sum(g is not None for g in self.blocked) * self.step_seconds
+
+    def blocked_seconds_so_far(self) -> list[float]:
+        """:attr:`blocked_seconds` up to each step, for plots."""
+        total, out = 0.0, []
+        for guest in self.blocked:
+            total += (guest is not None) * self.step_seconds
+            out.append(total)
+        return out
 
     def _busy_steps(self) -> list[int]:
         steps = [i for i, b in enumerate(self.busy) if b]
@@ -79,7 +101,7 @@ def replay(
         (f"r{i}", r) for i, r in sorted(enumerate(requests), key=lambda pair: pair[1].arrival)
     )
     left: dict[str, int] = {}  # tokens still to generate, in order of check-in
-    result = ReplayResult()
+    result = ReplayResult(step_seconds=step_seconds)
     requests_by_id = dict(queue)
     step = 0
     while queue or left:
@@ -92,12 +114,15 @@ def replay(
         if until is not None and now > until:
             break
         cache.clock = now
+        blocked = None
         while queue and queue[0][1].arrival <= now:
             guest, request = queue[0]
             try:
                 cache.admit(guest, request.prompt_len, request.output_len)
-            except OutOfMemory:
+            except OutOfMemory as refusal:
                 result.refusals += 1
+                if getattr(refusal, "impossible", False):
+                    blocked = guest
                 if not left:
                     raise ValueError(
                         f"{guest} needs {request.total_len} beds and cannot be admitted even into "
@@ -142,6 +167,7 @@ def replay(
         result.usage.append(report)
         result.waiting.append(waiting)
         result.busy.append(waiting > 0)
+        result.blocked.append(blocked)
         step += 1
     return result
 

@@ -83,8 +83,11 @@ def measure_matmul_rate(
     """Time ``W @ X`` for a ``dim x dim`` weight and ``X`` of ``batch`` columns.
 
     Returns ``(batch, achieved FLOP/s, intensity)`` per batch: the measured version of the
-    roofline's left slope. A batch of 1 is a decode step's matrix-vector product.
+    roofline's left slope. A batch of 1 is a decode step's matrix-vector product. Each figure is
+    the median of ``repeats`` timed runs after a warm-up, so one interruption on a busy machine
+    does not decide it; pick ``dim`` so that W (4 x dim² bytes) is larger than the CPU's caches.
     """
+    import statistics
     import time
 
     import torch
@@ -100,14 +103,14 @@ def measure_matmul_rate(
         w @ x  # warm-up
         if device != "cpu":
             torch.cuda.synchronize()
-        best = float("inf")
+        seconds = []
         for _ in range(repeats):
             start = time.perf_counter()
             w @ x
             if device != "cpu":
                 torch.cuda.synchronize()
-            best = min(best, time.perf_counter() - start)
+            seconds.append(time.perf_counter() - start)
         flops = 2 * dim * dim * batch
         moved = 4 * (dim * dim + 2 * dim * batch)  # fp32: read W and X, write W @ X
-        rows.append((batch, flops / best, flops / moved))
+        rows.append((batch, flops / statistics.median(seconds), flops / moved))
     return rows

@@ -1,8 +1,15 @@
-"""Labs 01–02 checks: the reference passes; plausible mistakes fail the check that targets them."""
+"""Labs 01–02 checks: a learner's right answer passes; each usual mistake fails the check that
+targets it with its own diagnosis (an unknown one with the neutral line), knock-on failures are
+folded, a half-written class gets the marks of its written methods, and kvlab's own code, however
+it is reached, is never the learner's."""
 
+import kvlab.trace
 from kvlab.contiguous import external_fragmentation, first_fit
 from kvlab.errors import OutOfMemory
 from kvlab.grading import run_checks
+from kvlab.grading.core import NO_DIAGNOSIS, SAME_PROBLEM
+from kvlab.grading.lab01 import random_day
+from kvlab.grading.lab02 import random_floors
 from kvlab.trace import split_waste
 
 
@@ -10,9 +17,24 @@ def failed(result) -> list[str]:
     return [o.name for o in result.outcomes if not o.passed]
 
 
-def mine(reference):
-    """kvlab's reference behind a learner's own function (kvlab's objects are refused as such)."""
-    return lambda *args: reference(*args)
+def first_failure(result) -> str:
+    return "\n".join(next(o for o in result.outcomes if not o.passed).details)
+
+
+def folded(result) -> bool:
+    """Every failure after the first says it is probably the same problem."""
+    later = [o for o in result.outcomes if not o.passed][1:]
+    return all(o.details[0].startswith(SAME_PROBLEM) for o in later)
+
+
+# --- 01.waste_split --------------------------------------------------------------------------
+
+
+def own_split(booked, tokens, final):
+    """A learner's own split, written independently of kvlab's."""
+    will_hold = booked if final is None else min(final, booked)
+    future = max(0, will_hold - tokens)
+    return tokens, future, booked - tokens - future
 
 
 def test_handing_in_kvlab_itself_is_refused():
@@ -20,24 +42,84 @@ def test_handing_in_kvlab_itself_is_refused():
     assert result.status == "wrong kind" and "is kvlab's reference" in result.outcomes[0].details[0]
 
 
+def test_a_wrapper_around_kvlabs_split_is_not_the_learners():
+    for wrapper in (
+        lambda b, t, f: split_waste(b, t, f),  # the name imported at the top of this module
+        lambda b, t, f: kvlab.trace.split_waste(b, t, f),  # reached through the module
+    ):
+        result = run_checks("01.waste_split", wrapper)
+        assert result.passed == 0
+        assert "hands the work to kvlab's `split_waste`" in result.outcomes[0].details[0]
+        assert folded(result)
+    assert split_waste(10, 2, 5) == (2, 3, 5)  # and the guard is gone again
+
+
 def test_waste_split_checks():
-    assert run_checks("01.waste_split", mine(split_waste)).ok
+    assert run_checks("01.waste_split", own_split).ok
 
     def no_cap(booked, tokens, final):  # forgets that future cannot exceed the booking
         future = (booked if final is None else final) - tokens
         return tokens, future, booked - tokens - future
 
-    assert failed(run_checks("01.waste_split", no_cap)) == [
+    result = run_checks("01.waste_split", no_cap)
+    assert failed(result) == [
         "a guest who would outgrow the booking only counts booked beds",
         "200 random bookings: the parts always add up to the booking",
     ]
+    assert "hint:     future can never exceed the booking" in first_failure(result)
+    assert folded(result)
 
     def no_unknown(booked, tokens, final):
-        return split_waste(booked, tokens, final or tokens)
+        return own_split(booked, tokens, final or tokens)
 
-    assert "unknown final length (None): every unused booked bed may still be used" in failed(
-        run_checks("01.waste_split", no_unknown)
+    result = run_checks("01.waste_split", no_unknown)
+    assert (
+        failed(result)[0]
+        == "unknown final length (None): every unused booked bed may still be used"
     )
+    assert "count every unused booked bed as future" in first_failure(result)
+
+
+def test_waste_split_type_problems_are_named_as_such():
+    as_list = run_checks("01.waste_split", lambda b, t, f: list(own_split(b, t, f)))
+    assert "return a tuple, not a list" in first_failure(as_list)
+    floats = run_checks("01.waste_split", lambda b, t, f: tuple(map(float, own_split(b, t, f))))
+    assert "used should be an int" in first_failure(floats)
+    assert "use `//` or int(), not `/`" in first_failure(floats)
+    pair = run_checks("01.waste_split", lambda b, t, f: own_split(b, t, f)[:2])
+    assert "return exactly three numbers, not 2" in first_failure(pair)
+    for result in (as_list, floats, pair):
+        assert "final - tokens" not in first_failure(result)
+        assert result.passed == 0 and folded(result)
+
+
+def test_waste_split_slips_that_coincide_are_told_apart_by_a_probe():
+    def swapped(booked, tokens, final):  # (used, internal, future)
+        used, future, internal = own_split(booked, tokens, final)
+        return used, internal, future
+
+    result = run_checks("01.waste_split", swapped)
+    assert "return the parts in the order (used, future, internal)" in first_failure(result)
+    assert folded(result)  # "done" and "unknown" match other slips too: the probe settles it
+
+
+def test_none_final_that_crashes_gets_a_hint():
+    def crashes(booked, tokens, final):
+        future = min(final, booked) - tokens
+        return tokens, future, booked - tokens - future
+
+    result = run_checks("01.waste_split", crashes)
+    first = first_failure(result)
+    assert "TypeError" in first and "future = min(final, booked) - tokens" in first
+    assert "test `final is None` first" in first
+
+
+def test_unknown_split_mistake_gets_the_neutral_line():
+    result = run_checks("01.waste_split", lambda b, t, f: (t, 1, b - t - 1))
+    assert NO_DIAGNOSIS in first_failure(result)
+
+
+# --- 01.max_length_cache ---------------------------------------------------------------------
 
 
 class GoodCache:
@@ -82,9 +164,13 @@ def test_max_length_cache_checks():
             super().admit(request_id, prompt_len, output_len)
             self.free -= 1 if self.free > 0 else 0
 
-    assert "a full hotel refuses with a MemoryError and changes nothing" in failed(
-        run_checks("01.max_length_cache", NoLimit)
+    result = run_checks("01.max_length_cache", NoLimit)
+    assert (
+        failed(result)[0]
+        == "check-in: num_slots guests fit, the next is refused with a MemoryError"
     )
+    assert "hint:     raise kvlab.errors.OutOfMemory (a MemoryError)" in first_failure(result)
+    assert folded(result)
 
     class HalfAdmit(GoodCache):
         def admit(self, request_id, prompt_len, output_len):
@@ -94,59 +180,210 @@ def test_max_length_cache_checks():
             self.free += 1
             super().admit(request_id, prompt_len, output_len)
 
-    assert "bad input is refused with a clear error and changes nothing" in failed(
-        run_checks("01.max_length_cache", HalfAdmit)
-    )
+    result = run_checks("01.max_length_cache", HalfAdmit)
+    assert failed(result) == [
+        "a refused check-in takes no suite",
+        "refused calls leave the accounts unchanged",
+    ]
+    assert "check every reason to refuse before taking a suite" in first_failure(result)
+    assert folded(result)
 
     class Tuple(GoodCache):
         def memory_report(self):
             return tuple(super().memory_report().values())
 
     result = run_checks("01.max_length_cache", Tuple)
-    assert result.passed == 0 and "must return a dict" in result.outcomes[0].details[0]
+    assert result.passed == 5  # every check that needs no report
+    assert "must return a dict" in first_failure(result) and "not a sequence" in first_failure(
+        result
+    )
+    assert folded(result)
+
+
+def test_a_half_written_class_gets_credit_for_its_written_methods():
+    class InitAndAdmit(GoodCache):
+        def append(self, request_id):
+            raise NotImplementedError
+
+        def release(self, request_id):
+            raise NotImplementedError
+
+        def memory_report(self):
+            raise NotImplementedError
+
+    result = run_checks("01.max_length_cache", InitAndAdmit)
+    assert result.status == "failed" and result.passed == 3
+    assert result.unwritten == ["release", "append", "memory_report"]
+    report = result.report()
+    assert "(still to write: `release`, `append`, `memory_report`)" in report
+    assert "needs `memory_report`, which is not written yet" in report
+
+
+def test_max_length_cache_diagnoses():
+    class FreeInSuites(GoodCache):
+        def memory_report(self):
+            report = super().memory_report()
+            return {**report, "free": self.free}
+
+    class Swapped(GoodCache):
+        def memory_report(self):
+            report = super().memory_report()
+            return {**report, "future": report["internal"], "internal": report["future"]}
+
+    class NoAppend(GoodCache):
+        def append(self, request_id):
+            self.guests[request_id]  # a KeyError for strangers, and nothing else
+
+    class WrongError(GoodCache):
+        def admit(self, request_id, prompt_len, output_len):
+            if self.free == 0:
+                raise IndexError("pop from empty list")
+            super().admit(request_id, prompt_len, output_len)
+
+    for cls, hint in (
+        (FreeInSuites, "free is counted in beds: free suites × max_seq_len"),
+        (Swapped, "future and internal are swapped"),
+        (NoAppend, "append must add one token to the guest"),
+        (WrongError, "when no suite is free, not IndexError"),
+    ):
+        result = run_checks("01.max_length_cache", cls)
+        assert hint in first_failure(result), (cls.__name__, first_failure(result))
+        assert folded(result), cls.__name__
+
+
+def test_random_day_is_cut_and_says_how_to_replay_it():
+    class Off(GoodCache):
+        def memory_report(self):
+            report = super().memory_report()
+            return {**report, "used": report["used"] + (len(self.guests) > 2)}
+
+    result = run_checks("01.max_length_cache", Off)
+    assert failed(result) == ["a random day at the hotel: 126 calls in random order"]
+    first = first_failure(result)
+    assert "; …; " in first and NO_DIAGNOSIS in first
+    assert "replay:   kvlab.grading.lab01.random_day(seed=5)[:7] lists all 7 calls" in first
+    assert random_day(seed=5)[0] == ("admit", ("g6", 15, 24))
+
+
+def test_a_cache_built_on_kvlabs_is_not_the_learners():
+    from kvlab.contiguous import ContiguousKVCache
+
+    class OnKvlab(ContiguousKVCache):
+        def memory_report(self):
+            usage = super().memory_report()
+            return {p: getattr(usage, p) for p in ("used", "future", "internal", "free")}
+
+    result = run_checks("01.max_length_cache", OnKvlab)
+    assert result.passed == 0
+    assert "hands the work to kvlab's `ContiguousKVCache" in first_failure(result)
+    assert folded(result)
+
+
+# --- 02.first_fit ----------------------------------------------------------------------------
+
+
+def own_first_fit(extents, n):
+    return next((offset for offset, length in extents if length >= n), None)
 
 
 def test_first_fit_checks():
-    assert run_checks("02.first_fit", mine(first_fit)).ok
+    assert run_checks("02.first_fit", own_first_fit).ok
 
     def largest(extents, n):
         fits = [(length, o) for o, length in extents if length >= n]
         return max(fits)[1] if fits else None
 
-    assert failed(run_checks("02.first_fit", largest))[0] == (
-        "takes the FIRST extent that fits, not the biggest or the tightest"
-    )
+    result = run_checks("02.first_fit", largest)
+    assert failed(result)[0] == "takes the FIRST extent that fits, not the biggest or the tightest"
+    assert "that is the largest extent" in first_failure(result)
 
     def strict(extents, n):
         return next((o for o, length in extents if length > n), None)
 
-    assert "an extent of exactly n beds fits" in failed(run_checks("02.first_fit", strict))
+    result = run_checks("02.first_fit", strict)
+    assert failed(result)[0] == "an extent of exactly n beds fits"
+    assert "compare with length >= n, not length > n" in first_failure(result)
 
     def pops(extents, n):
-        offset = first_fit(extents, n)
+        offset = own_first_fit(extents, n)
         extents.clear()
         return offset
 
     result = run_checks("02.first_fit", pops)
-    assert (
-        result.passed == 0 and "changed its input `free_extents`" in result.outcomes[0].details[0]
-    )
+    assert "changed its input `free_extents`" in result.outcomes[0].details[0]
+
+
+def test_first_fit_diagnoses():
+    def tightest(extents, n):
+        fits = [(length, o) for o, length in extents if length >= n]
+        return min(fits)[1] if fits else None
+
+    for mistake, hint in (
+        (tightest, "that is best fit"),
+        (lambda e, n: next((i for i, (_, ln) in enumerate(e) if ln >= n), None), "not its index"),
+        (
+            lambda e, n: next(((o, ln) for o, ln in e if ln >= n), None),
+            "not the whole (offset, length)",
+        ),
+        (lambda e, n: next((o for o, ln in e if ln >= n), -1), "return None (not -1)"),
+        (lambda e, n: next((o for o, ln in e if ln >= n), False), "return None (not False)"),
+    ):
+        result = run_checks("02.first_fit", mistake)
+        assert hint in first_failure(result), first_failure(result)
+        assert folded(result)
+
+
+def test_first_fit_random_floor_is_cut_and_replayable():
+    def wrong_on_long_lists(extents, n):
+        return own_first_fit(extents, n) if len(extents) < 7 else own_first_fit(extents[1:], n)
+
+    result = run_checks("02.first_fit", wrong_on_long_lists)
+    first = first_failure(result)
+    assert "extents in all)]" in first
+    index = int(first.split("random_floors(seed=2)[")[1].split("]")[0])
+    assert len(random_floors(seed=2)[index][0]) >= 7
+
+
+def test_kvlab_first_fit_behind_a_wrapper_is_not_the_learners():
+    result = run_checks("02.first_fit", lambda extents, n: first_fit(extents, n))
+    assert result.passed == 0 and "hands the work to kvlab's `first_fit`" in first_failure(result)
+
+
+# --- 02.external_fragmentation ---------------------------------------------------------------
+
+
+def own_fragmentation(extents):
+    total = sum(length for _, length in extents)
+    return 1 - max(length for _, length in extents) / total if total else 0.0
 
 
 def test_external_fragmentation_checks():
-    assert run_checks("02.external_fragmentation", mine(external_fragmentation)).ok
+    assert run_checks("02.external_fragmentation", own_fragmentation).ok
 
     def divides_by_zero(extents):
         return 1 - max(n for _, n in extents) / sum(n for _, n in extents)
 
-    assert failed(run_checks("02.external_fragmentation", divides_by_zero)) == [
-        "no free space at all: 0 (nothing is scattered)"
-    ]
+    result = run_checks("02.external_fragmentation", divides_by_zero)
+    assert failed(result) == ["no free space at all: 0 (nothing is scattered)"]
+    assert "return 0.0 before dividing" in first_failure(result)
 
     def smallest_over_total(extents):
         total = sum(n for _, n in extents)
         return 1 - min(n for _, n in extents) / total if total else 0.0
 
-    assert "300 random floors" in failed(
-        run_checks("02.external_fragmentation", smallest_over_total)
-    )
+    result = run_checks("02.external_fragmentation", smallest_over_total)
+    assert "300 random floors" in failed(result)
+    assert "use the largest free extent, not the smallest" in first_failure(result)
+
+
+def test_external_fragmentation_diagnoses():
+    for mistake, hint in (
+        (lambda e: 1 - own_fragmentation(e) if e else 0.0, "that is largest / total"),
+        (lambda e: 100 * own_fragmentation(e), "not a percentage"),
+        (lambda e: None, "returned None"),
+        (lambda e: own_fragmentation(e) * 0.9, NO_DIAGNOSIS),
+    ):
+        result = run_checks("02.external_fragmentation", mistake)
+        assert hint in first_failure(result), first_failure(result)
+    result = run_checks("02.external_fragmentation", lambda e: external_fragmentation(e))
+    assert result.passed == 0 and "kvlab's `external_fragmentation`" in first_failure(result)

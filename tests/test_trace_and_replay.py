@@ -4,7 +4,7 @@ from kvlab.contiguous import ContiguousKVCache
 from kvlab.errors import OutOfMemory
 from kvlab.replay import replay
 from kvlab.trace import Trace, intervals, split_waste
-from kvlab.workload import Request, load_trace
+from kvlab.workload import Request, load_trace, sharegpt_like
 
 
 def test_split_waste():
@@ -82,3 +82,41 @@ def test_replay_refuses_impossible_and_idle_inputs():
     quiet = replay(ContiguousKVCache(4, 8), [Request(1, 1)])
     with pytest.raises(ValueError, match="never filled up"):
         quiet.utilization()
+
+
+def test_blocked_guests_and_seconds_count_each_guest_once():
+    """r2 needs 5 beds; after r0 leaves, 5 are free but in pieces of 4 and 1: refused once for
+    fragmentation (the first refusal, with 1 bed free, is plain lack of space)."""
+    guests = [Request(3, 1), Request(3, 2), Request(4, 1)]
+    result = replay(ContiguousKVCache(1, 10, policy="exact"), guests, step_seconds=0.1)
+    assert result.refusals == 2
+    assert result.blocked == [None, "r2", None]
+    assert result.blocked_guests == ["r2"] and result.blocked_seconds == pytest.approx(0.1)
+    assert result.blocked_seconds_so_far() == pytest.approx([0.0, 0.1, 0.1])
+
+
+def test_lab02_evening_counts_guests_and_seconds_not_retries():
+    evening = sharegpt_like(400, seed=3, rate=2.0)
+    cache = ContiguousKVCache(16, 2048, policy="exact", placement="first_fit")
+    result = replay(cache, evening)
+    retries = cache.arena.impossible_allocations  # every retry of a blocked guest counts there
+    assert retries == sum(g is not None for g in result.blocked) > len(result.blocked_guests)
+    assert result.blocked_seconds == pytest.approx(retries * result.step_seconds)
+    assert 0 < len(result.blocked_guests) < 20
+
+
+def test_fragmentation_plot_shows_guests_and_seconds():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kvlab import viz
+
+    times = [0.0, 0.05, 0.1, 0.15]
+    runs = {"first fit": (times, [0.0, 0.5, 0.5, 0.0], [None, "r1", "r1", None])}
+    axes = viz.plot_fragmentation_over_time(runs, step_seconds=0.05)
+    labels = [t.get_text() for t in axes[1].get_legend().get_texts()]
+    assert labels == ["first fit: 1 guest, 0.1 s"]
+    assert axes[1].get_ylabel() == "seconds the door was shut"
+    plt.close("all")

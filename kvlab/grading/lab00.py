@@ -1,69 +1,164 @@
-"""Checks for Lab 00: KV bytes per token, and one cached decode step."""
+"""Checks for Lab 00: KV bytes per token, and one cached decode step.
+
+Each wrong answer is compared with what the usual slips would have produced (KiB instead of
+bytes, query heads instead of KV heads, a softmax over the heads, nn.Linear's ``x @ W.T``, …);
+a hint is given only when one slip, and only one, explains it.
+"""
 
 from __future__ import annotations
 
+import math
+import numbers
 import random
 
 import torch
 
-from kvlab.attention import TinyAttention
+from kvlab.attention import TinyAttention, causal_attention, decode_attention
 from kvlab.grading.core import (
     CheckFailed,
     call_without_mutation,
     exercise,
-    expect_equal,
     expect_type,
+    plural,
     short,
 )
+from kvlab.grading.own_code import refuse_reference
 from kvlab.models import LLAMA_3_8B, LLAMA_3_70B, OPT_13B, ModelSpec
+
+RETURNED_NONE = "your function returned None: end it with `return ...`"
+
+# --- KV bytes per token ----------------------------------------------------------------------
 
 kv_bytes = exercise("00.kv_bytes", "KV bytes per token")
 
 
 def _describe(spec: ModelSpec) -> str:
     return (
-        f"{spec.name}: {spec.num_layers} layers, {spec.num_q_heads} query heads, "
-        f"{spec.num_kv_heads} KV heads, head_dim {spec.head_dim}, {spec.dtype_bytes} bytes/element"
+        f"{spec.name}: {plural(spec.num_layers, 'layer')}, "
+        f"{plural(spec.num_q_heads, 'query head')}, {plural(spec.num_kv_heads, 'KV head')}, "
+        f"head_dim {spec.head_dim}, {plural(spec.dtype_bytes, 'byte')}/element"
     )
 
 
-def _expect_bytes(fn, spec: ModelSpec, hint: str | None = None):
-    got = call_without_mutation(fn, spec, names=("spec",))
-    expect_type(
-        got, int, "the byte count", input=_describe(spec), hint="return a whole number (int)"
+# (hint, what the slip returns given the right answer and the spec)
+KV_SLIPS = (
+    ("that is KiB (bytes / 1024): return bytes", lambda right, s: right / 1024),
+    ("that is kB (bytes / 1000): return bytes", lambda right, s: right / 1000),
+    ("that is MiB (bytes / 2**20): return bytes", lambda right, s: right / 2**20),
+    ("that is bits (bytes × 8): return bytes", lambda right, s: right * 8),
+    (
+        "each token stores a key AND a value vector: multiply by 2 (K and V)",
+        lambda right, s: right / 2,
+    ),
+    (
+        "query heads are not cached: use spec.num_kv_heads (grouped-query attention)",
+        lambda right, s: right / s.num_kv_heads * s.num_q_heads,
+    ),
+    (
+        "each element takes spec.dtype_bytes bytes: multiply by it",
+        lambda right, s: right / s.dtype_bytes,
+    ),
+    (
+        "every layer keeps its own keys and values: multiply by spec.num_layers",
+        lambda right, s: right / s.num_layers,
+    ),
+)
+# a shape on which every slip gives a different number, to tell apart slips that coincide
+PROBE = ModelSpec(
+    "probe", num_layers=3, num_q_heads=10, num_kv_heads=5, head_dim=700, dtype_bytes=4
+)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _same_number(got, value) -> bool:
+    """``got`` is ``value``, or ``value`` cut to an int (``//`` or ``int()`` or ``round()``)."""
+    return math.isclose(got, value, rel_tol=1e-9) or got in (math.floor(value), round(value))
+
+
+def _slips_matching(got, spec: ModelSpec) -> list[str]:
+    right = spec.kv_bytes_per_token
+    return [
+        hint
+        for hint, slip in KV_SLIPS
+        if slip(right, spec) != right and _same_number(got, slip(right, spec))
+    ]
+
+
+def diagnose_kv_bytes(fn, spec: ModelSpec, got) -> str | None:
+    """The one slip that explains ``got`` for ``spec`` (confirmed on :data:`PROBE`), else None."""
+    hints = _slips_matching(got, spec)
+    if not hints:
+        return None
+    try:
+        on_probe = fn(PROBE)
+    except Exception:
+        on_probe = None
+    if _is_number(on_probe):
+        hints = [h for h in hints if h in _slips_matching(on_probe, PROBE)]
+    return hints[0] if len(hints) == 1 else None
+
+
+def _expect_bytes(fn, spec: ModelSpec):
+    with refuse_reference(
+        ModelSpec.kv_bytes_per_token, ModelSpec.kv_bytes, learner=fn, task="computing the bytes"
+    ):
+        got = call_without_mutation(fn, spec, names=("spec",))
+    right = spec.kv_bytes_per_token
+    where = _describe(spec)
+    if got is None:
+        raise CheckFailed("no byte count came back", input=where, got="None", hint=RETURNED_NONE)
+    if _is_number(got) and got == right:
+        expect_type(
+            got,
+            int,
+            "the byte count",
+            input=where,
+            hint="the count is right but not an int: build it with `*` only, or wrap it in int()",
+        )
+        return
+    if not _is_number(got):
+        looks_right = isinstance(got, str) and got.strip().replace(",", "") == str(right)
+        expect_type(
+            got,
+            int,
+            "the byte count",
+            input=where,
+            hint="return the number itself, not its text (no str() or f-string)"
+            if looks_right
+            else None,
+        )
+    raise CheckFailed(
+        "wrong byte count",
+        input=where,
+        expected=short(right),
+        got=short(got),
+        hint=diagnose_kv_bytes(fn, spec, got),
     )
-    expect_equal(got, spec.kv_bytes_per_token, "wrong byte count", input=_describe(spec), hint=hint)
 
 
 @kv_bytes.check(
-    "OPT-13B needs 819,200 bytes (800 KB) per token, as in the PagedAttention paper",
-    hint="every layer stores a key AND a value vector per KV head: 2 × layers × KV heads × head_dim × bytes",
+    "OPT-13B needs 819,200 bytes (800 KiB) per token: the PagedAttention paper's 800 KB"
 )
 def _opt(fn):
     _expect_bytes(fn, OPT_13B)
 
 
-@kv_bytes.check(
-    "grouped-query attention: Llama-3-8B caches only its 8 KV heads",
-    hint="query heads are not cached; use spec.num_kv_heads",
-)
+@kv_bytes.check("grouped-query attention: Llama-3-8B caches only its 8 KV heads")
 def _gqa(fn):
     _expect_bytes(fn, LLAMA_3_8B)
     _expect_bytes(fn, LLAMA_3_70B)
 
 
-@kv_bytes.check(
-    "the element size counts (fp32 = 4 bytes, fp8 = 1 byte)",
-    hint="multiply by spec.dtype_bytes",
-)
+@kv_bytes.check("the element size counts (fp32 = 4 bytes, fp8 = 1 byte)")
 def _dtype(fn):
     for dtype_bytes in (4, 1):
         _expect_bytes(fn, ModelSpec("OPT-13B", 40, 40, 40, 128, dtype_bytes=dtype_bytes))
 
 
-@kv_bytes.check(
-    "the smallest model: 1 layer, 1 head, head_dim 1", hint="K and V: 2 × 1 × 1 × 1 × 2"
-)
+@kv_bytes.check("the smallest model: 1 layer, 1 head, head_dim 1")
 def _tiny(fn):
     _expect_bytes(fn, ModelSpec("tiny", 1, 1, 1, 1))
 
@@ -84,80 +179,274 @@ def _random(fn):
         _expect_bytes(fn, spec)
 
 
+# --- one cached decode step ------------------------------------------------------------------
+
 decode = exercise("00.decode_step", "one cached decode step")
+ATOL, RTOL = 1e-5, 1e-4
 
 
-def _run_decode(fn, layer: TinyAttention, steps: int, seed: int):
-    """Feed ``steps`` tokens one at a time through the learner's step; compare to recompute."""
+def _close(a, b) -> bool:
+    return (
+        isinstance(a, torch.Tensor)
+        and a.shape == b.shape
+        and torch.allclose(a.to(b.dtype), b, atol=ATOL, rtol=RTOL)
+    )
+
+
+def step_with(
+    layer, x_t, k_cache, v_cache, *, append=True, scale=None, softmax_dim=-1, heads="h // group"
+):
+    """The output of one decode step computed as written, or with one of the usual slips:
+    ``append=False`` attends without the new token, ``softmax_dim=0`` normalises over the heads,
+    ``heads="h % kv_heads"`` maps query heads to KV heads like ``repeat`` instead of
+    ``repeat_interleave``. Returns the heads' concatenated output, before ``wo``."""
+    q, k, v = layer.qkv(x_t.unsqueeze(0))
+    keys = torch.cat([k_cache, k]) if append else k_cache
+    values = torch.cat([v_cache, v]) if append else v_cache
+    group = layer.num_heads // layer.num_kv_heads
+    kv_of = [
+        h // group if heads == "h // group" else h % layer.num_kv_heads
+        for h in range(layer.num_heads)
+    ]
+    keys, values = keys[:, kv_of], values[:, kv_of]
+    scale = 1 / math.sqrt(layer.head_dim) if scale is None else scale
+    scores = torch.einsum("hd,thd->ht", q[0], keys) * scale
+    return torch.einsum("ht,thd->hd", scores.softmax(dim=softmax_dim), values).reshape(-1)
+
+
+def step_slips(layer) -> list[tuple[str, dict, str]]:
+    """(hint, how the slip computes the heads' output, how it projects) for this layer's shape."""
+    d = layer.head_dim
+    slips = [
+        (
+            "the new token attends to itself too: append its k and v to the caches first, "
+            "then attend over all of them",
+            {"append": False},
+            "x @ W",
+        ),
+        (
+            "softmax over the wrong axis: normalise each head's scores across the cached "
+            "tokens (the token axis), not across the heads",
+            {"softmax_dim": 0},
+            "x @ W",
+        ),
+        ("scale the scores by 1/sqrt(head_dim)", {"scale": 1.0}, "x @ W"),
+        (
+            "multiply the scores by 1/sqrt(head_dim), not by sqrt(head_dim)",
+            {"scale": math.sqrt(d)},
+            "x @ W",
+        ),
+    ]
+    if layer.d_model != d:
+        slips.append(
+            (
+                "scale by 1/sqrt(head_dim), the size of one head, not 1/sqrt(d_model)",
+                {"scale": 1 / math.sqrt(layer.d_model)},
+                "x @ W",
+            )
+        )
+    if 1 < layer.num_kv_heads < layer.num_heads:
+        group = layer.num_heads // layer.num_kv_heads
+        slips.append(
+            (
+                f"query head h reads KV head h // {group} (the group size), not h % "
+                f"{layer.num_kv_heads}: use repeat_interleave, not repeat",
+                {"heads": "h % kv_heads"},
+                "x @ W",
+            )
+        )
+    if tuple(layer.wo.shape) == (layer.d_model, layer.d_model):
+        slips.append(
+            (
+                "weights act on the right in this lab (x @ W): the output is `o @ layer.wo`; "
+                "`o @ layer.wo.T` is nn.Linear's convention",
+                {},
+                "x @ W.T",
+            )
+        )
+        slips.append(("project the heads' output back to d_model with `@ layer.wo`", {}, "none"))
+    return slips
+
+
+def diagnose_step(layer, x_t, k_cache, v_cache, y) -> str | None:
+    """The one slip whose output matches ``y`` (and differs from the right one), else None."""
+    right = step_with(layer, x_t, k_cache, v_cache) @ layer.wo
+    found = []
+    for hint, options, projection in step_slips(layer):
+        heads = step_with(layer, x_t, k_cache, v_cache, **options)
+        wrong = {"x @ W": lambda o: o @ layer.wo, "x @ W.T": lambda o: o @ layer.wo.T}.get(
+            projection, lambda o: o
+        )(heads)
+        if not _close(wrong, right) and _close(y, wrong):
+            found.append(hint)
+    return found[0] if len(found) == 1 else None
+
+
+def _cache_shape_hint(layer, got: tuple, rows: int) -> str | None:
+    """Name the usual cache-shape slips: no new row, query heads stored, heads flattened."""
+    if got == (rows - 1, layer.num_kv_heads, layer.head_dim):
+        return "return the caches with the new token's row appended: one more row than came in"
+    if got == (rows, layer.num_heads, layer.head_dim) and layer.num_heads != layer.num_kv_heads:
+        return (
+            "cache the num_kv_heads heads that layer.qkv returns, before repeating them for "
+            "the query heads (grouped-query attention)"
+        )
+    if got == (rows, layer.num_kv_heads * layer.head_dim):
+        return "keep the cache's shape [tokens, num_kv_heads, head_dim]: do not flatten the heads"
+    if len(got) == 4 and got[0] == 1 and got[1:] == (rows, layer.num_kv_heads, layer.head_dim):
+        return "no batch axis: the cache is [tokens, num_kv_heads, head_dim]"
+    return None
+
+
+def _output_shape_hint(layer, got: tuple) -> str | None:
+    if got == (1, layer.d_model):
+        return "return y_t as [d_model]: drop the token axis (y[0] or y.reshape(-1))"
+    if got == (layer.num_heads * layer.head_dim,):
+        return "project the heads' output back to d_model with `@ layer.wo`"
+    if got == (layer.num_heads, layer.head_dim):
+        return "join the heads (reshape to num_heads × head_dim), then project with `@ layer.wo`"
+    return None
+
+
+def _token_order(cache, reference) -> str:
+    """Which token each row of ``cache`` holds ("?" for none), found by comparing rows."""
+    order = []
+    for row in cache:
+        match = [t for t, ref in enumerate(reference) if _close(row, ref)]
+        order.append(str(match[0]) if match else "?")
+    note = " (?: a row that is no token's)" if "?" in order else ""
+    return f"[{', '.join(order)}]{note}"
+
+
+def preview(vector, n: int = 4) -> str:
+    """The first values of a vector: enough to compare by eye."""
+    values = ", ".join(f"{x:.4g}" for x in vector.reshape(-1)[:n].tolist())
+    return f"[{values}{', …' if vector.numel() > n else ''}] ({plural(vector.numel(), 'value')})"
+
+
+def _expect_caches(k_got, v_got, k_in, k_all, v_all, where, replay):
+    """Row t of each cache must hold token t's key (value). Knows a new row put in front and
+    the two caches returned the other way round."""
+    rows = len(k_in) + 1
+    for name, got, reference, other in (
+        ("k_cache", k_got, k_all[:rows], v_all[:rows]),
+        ("v_cache", v_got, v_all[:rows], k_all[:rows]),
+    ):
+        if _close(got, reference):
+            continue
+        hint = None
+        if _close(got, other):
+            hint = "k_cache and v_cache are swapped: return (y_t, k_cache, v_cache) in that order"
+        elif rows > 1 and _close(got, torch.cat([reference[-1:], reference[:-1]])):
+            hint = "row t must hold token t: add the new token's row at the end, not in front"
+        raise CheckFailed(
+            f"{name} does not hold every token's {'key' if name == 'k_cache' else 'value'} in order",
+            input=where,
+            replay=replay,
+            expected=f"rows hold tokens {list(range(rows))}",
+            got=f"rows hold tokens {_token_order(got, reference)}",
+            hint=hint,
+        )
+
+
+def _run_decode(fn, layer: TinyAttention, steps: int, seed: int, build: str):
+    """Feed ``steps`` tokens one at a time through the learner's step; compare each output with
+    full recompute and each cache with every token's k and v so far."""
     x = torch.randn(steps, layer.d_model, generator=torch.Generator().manual_seed(seed))
     expected = layer.forward(x)
+    _, k_all, v_all = layer.qkv(x)
+    replay = (
+        f"layer = {build}; x = torch.randn({steps}, {layer.d_model}, generator="
+        f"torch.Generator().manual_seed({seed})); feed x[0], x[1], … from layer.empty_cache()"
+    )
     k_cache, v_cache = layer.empty_cache()
-    setup = f"{layer!r}, {steps} tokens fed one at a time from an empty cache"
     for t in range(steps):
-        result = call_without_mutation(
-            fn, layer, x[t], k_cache, v_cache, names=("layer", "x_t", "k_cache", "v_cache")
-        )
+        where = f"step {t} of {steps}: {plural(t, 'token')} cached, token {t} comes in"
+        with refuse_reference(
+            TinyAttention.decode_step,
+            TinyAttention.forward,
+            decode_attention,
+            causal_attention,
+            learner=fn,
+            task="writing the decode step",
+        ):
+            result = call_without_mutation(
+                fn, layer, x[t], k_cache, v_cache, names=("layer", "x_t", "k_cache", "v_cache")
+            )
         if not isinstance(result, tuple) or len(result) != 3:
+            hint = RETURNED_NONE if result is None else None
+            if isinstance(result, list) and len(result) == 3:
+                hint = "return the three values as a tuple: `return y_t, k_cache, v_cache`"
             raise CheckFailed(
                 "decode_step must return a tuple (y_t, k_cache, v_cache)",
-                input=setup,
+                input=where,
                 got=short(result),
+                hint=hint,
             )
-        y, k_cache, v_cache = result
-        for name, value, shape in (
-            ("y_t", y, (layer.d_model,)),
-            ("k_cache", k_cache, (t + 1, layer.num_kv_heads, layer.head_dim)),
-            ("v_cache", v_cache, (t + 1, layer.num_kv_heads, layer.head_dim)),
+        y, k_new, v_new = result
+        rows = t + 1
+        for name, value, shape, hint_for in (
+            ("y_t", y, (layer.d_model,), lambda got: _output_shape_hint(layer, got)),
+            ("k_cache", k_new, (rows, layer.num_kv_heads, layer.head_dim), None),
+            ("v_cache", v_new, (rows, layer.num_kv_heads, layer.head_dim), None),
         ):
-            expect_type(value, torch.Tensor, name, input=f"{setup}; step {t}")
+            expect_type(value, torch.Tensor, name, input=where)
             if tuple(value.shape) != shape:
+                got = tuple(value.shape)
                 raise CheckFailed(
                     f"{name} has the wrong shape after step {t}",
-                    input=setup,
+                    input=where,
+                    replay=replay,
                     expected=str(shape),
-                    got=str(tuple(value.shape)),
-                    hint="the cache gains exactly one row (one token) per step"
-                    if name != "y_t"
-                    else "project the attention output back with layer.wo",
+                    got=str(got),
+                    hint=hint_for(got) if hint_for else _cache_shape_hint(layer, got, rows),
                 )
-        if not torch.allclose(y.to(expected.dtype), expected[t], atol=1e-5, rtol=1e-4):
+        if not _close(y, expected[t]):
             err = (y.to(expected.dtype) - expected[t]).abs().max().item()
             raise CheckFailed(
-                f"output of step {t} differs from recomputing all {t + 1} tokens",
-                input=setup,
-                expected=short(expected[t]),
-                got=f"{short(y)} (max abs error {err:.3g})",
+                f"output of step {t} differs from full recompute over {plural(rows, 'token')}",
+                input=where,
+                replay=replay,
+                expected=preview(expected[t]),
+                got=f"{preview(y)}, max abs error {err:.3g}",
+                hint=diagnose_step(layer, x[t], k_cache, v_cache, y.to(expected.dtype)),
             )
+        _expect_caches(k_new, v_new, k_cache, k_all, v_all, where, replay)
+        k_cache, v_cache = k_new, v_new
 
 
-@decode.check(
-    "the very first token (empty cache)",
-    hint="append this token's k and v to the cache first, then attend over the whole cache",
-)
+def _decode_case(fn, steps: int, x_seed: int, *args, **kwargs):
+    """``steps`` tokens (drawn with seed ``x_seed``) through TinyAttention(*args, **kwargs)."""
+    shown = [*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())]
+    build = f"TinyAttention({', '.join(shown)})"
+    _run_decode(fn, TinyAttention(*args, **kwargs), steps, x_seed, build)
+
+
+@decode.check("the very first token (empty cache)")
 def _first(fn):
-    _run_decode(fn, TinyAttention(16, 2, seed=1), steps=1, seed=1)
+    _decode_case(fn, 1, 1, 16, 2, seed=1)
 
 
-@decode.check(
-    "17 tokens match full recompute at every step", hint="scale scores by 1/sqrt(head_dim)"
-)
+@decode.check("17 tokens: every output matches full recompute, the cache holds them in order")
 def _many(fn):
-    _run_decode(fn, TinyAttention(32, 4, seed=2), steps=17, seed=2)
+    _decode_case(fn, 17, 2, 32, 4, seed=2)
 
 
 @decode.check("a head_dim that is not a power of two (d_model 36, 3 heads of 12)")
 def _odd(fn):
-    _run_decode(fn, TinyAttention(36, 3, seed=3), steps=9, seed=3)
+    _decode_case(fn, 9, 3, 36, 3, seed=3)
 
 
-@decode.check(
-    "grouped-query attention (4 query heads share 2 KV heads)",
-    hint="the cache holds num_kv_heads heads; query head h reads KV head h // group_size",
-)
+@decode.check("grouped-query attention (4 query heads share 2 KV heads)")
 def _gqa_decode(fn):
-    _run_decode(fn, TinyAttention(32, 4, num_kv_heads=2, seed=4), steps=6, seed=4)
+    _decode_case(fn, 6, 4, 32, 4, num_kv_heads=2, seed=4)
 
 
 @decode.check("a single head")
 def _single_head(fn):
-    _run_decode(fn, TinyAttention(8, 1, seed=5), steps=5, seed=5)
+    _decode_case(fn, 5, 5, 8, 1, seed=5)
+
+
+@decode.check("heads that do not tile d_model: 4 heads of 8 into d_model 24 (wo is 32 × 24)")
+def _wide_heads(fn):
+    _decode_case(fn, 5, 6, 24, 4, num_kv_heads=2, seed=6, head_dim=8)

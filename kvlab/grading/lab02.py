@@ -1,4 +1,9 @@
-"""Checks for Lab 02: first-fit placement and the external fragmentation metric."""
+"""Checks for Lab 02: first-fit placement and the external fragmentation metric.
+
+A wrong answer is compared with what the usual slips give (best fit, the largest extent, an index
+instead of an offset, ``>`` instead of ``>=``, the smallest extent, a percentage, …); a hint is given
+only when exactly one of them explains it.
+"""
 
 from __future__ import annotations
 
@@ -6,25 +11,118 @@ import math
 import numbers
 import random
 
-from kvlab.contiguous import external_fragmentation, first_fit
-from kvlab.grading.core import CheckFailed, call_without_mutation, exercise, expect_equal, short
+from kvlab.contiguous import ArenaAllocator, best_fit, external_fragmentation, first_fit
+from kvlab.grading.core import (
+    CheckFailed,
+    call_without_mutation,
+    exercise,
+    explain_exception,
+    plural,
+    short,
+)
+from kvlab.grading.own_code import refuse_reference
 
 fit = exercise("02.first_fit", "first-fit placement")
 
 
-def _expect_fit(fn, extents, n, hint=None):
-    args = f"free_extents={extents}, n={n}"
-    got = call_without_mutation(fn, extents, n, names=("free_extents", "n"))
+def _largest(extents, n):
+    fits = [(length, -offset) for offset, length in extents if length >= n]
+    return -max(fits)[1] if fits else None
+
+
+# (hint, what the slip returns for (free_extents, n))
+FIT_SLIPS = (
+    (
+        "that is best fit (the tightest extent): first fit takes the first extent, in offset "
+        "order, that is long enough",
+        best_fit,
+    ),
+    (
+        "that is the largest extent: first fit takes the first extent, in offset order, that is "
+        "long enough",
+        _largest,
+    ),
+    (
+        "an extent of exactly n beds fits: compare with length >= n, not length > n",
+        lambda extents, n: next((o for o, length in extents if length > n), None),
+    ),
+    (
+        "return the extent's offset (the first number of the pair), not its index in the list",
+        lambda extents, n: next((i for i, (_, length) in enumerate(extents) if length >= n), None),
+    ),
+    (
+        "return the extent's offset (the first number of the pair), not its length",
+        lambda extents, n: next((length for _, length in extents if length >= n), None),
+    ),
+    (
+        "when nothing fits, return None (not -1)",
+        lambda extents, n: -1 if first_fit(extents, n) is None else first_fit(extents, n),
+    ),
+)
+
+
+def _diagnose(slips, got, args, same) -> str | None:
+    """The one slip whose answer is ``got`` and differs from the right one ``slips[0]``."""
+    right = slips[0][1](*args)
+    found = []
+    for hint, slip in slips[1:]:
+        wrong = slip(*args)
+        if not same(wrong, right) and same(got, wrong):
+            found.append(hint)
+    return found[0] if len(found) == 1 else None
+
+
+def diagnose_fit(got, extents, n) -> str | None:
+    return _diagnose((("", first_fit), *FIT_SLIPS), got, (extents, n), _same_offset_exact)
+
+
+def _same_offset_exact(a, b) -> bool:
+    if a is None or b is None:
+        return a is b
+    return not isinstance(a, bool) and a == b
+
+
+def _describe_extents(extents, limit: int = 6) -> str:
+    """The free extents, cut after ``limit`` with the count."""
+    if len(extents) <= limit:
+        return str(extents)
+    shown = ", ".join(map(str, extents[:limit]))
+    return f"[{shown}, … ({plural(len(extents), 'extent')} in all)]"
+
+
+def _expect_fit(fn, extents, n, replay=None):
+    args = f"free_extents={_describe_extents(extents)}, n={n}"
+    with refuse_reference(
+        first_fit, best_fit, ArenaAllocator.allocate, learner=fn, task="placing the booking"
+    ):
+        got = call_without_mutation(fn, extents, n, names=("free_extents", "n"))
     expected = first_fit(extents, n)
     if got is not None and (isinstance(got, bool) or not isinstance(got, numbers.Integral)):
-        raise CheckFailed("return an int offset, or None", input=args, got=short(got))
-    expect_equal(got, expected, "wrong offset", input=args, hint=hint)
+        hint = None
+        if isinstance(got, tuple) and len(got) == 2 and got[0] == expected:
+            hint = "return only the offset (an int), not the whole (offset, length) pair"
+        elif got is False and expected is None:
+            hint = "when nothing fits, return None (not False)"
+        raise CheckFailed(
+            "return an int offset, or None",
+            input=args,
+            replay=replay,
+            expected=short(expected),
+            got=short(got),
+            hint=hint,
+        )
+    if not _same_offset_exact(got, expected):
+        raise CheckFailed(
+            "wrong offset",
+            input=args,
+            replay=replay,
+            expected=short(expected),
+            got=short(got),
+            hint=diagnose_fit(got, extents, n),
+        )
 
 
-@fit.check(
-    "takes the FIRST extent that fits, not the biggest or the tightest",
-    hint="walk the extents in offset order; return the offset of the first with length >= n",
-)
+@fit.check("takes the FIRST extent that fits, not the biggest or the tightest")
 def _first(fn):
     _expect_fit(fn, [(0, 5), (10, 30), (50, 100), (200, 20)], 20)
 
@@ -34,10 +132,7 @@ def _exact(fn):
     _expect_fit(fn, [(0, 3), (8, 7)], 7)
 
 
-@fit.check(
-    "None when no single extent fits, even if the total free space would",
-    hint="30 free beds in three pieces of 10 cannot hold 12 adjacent beds",
-)
+@fit.check("None when no single extent fits, even if the total free space would")
 def _none(fn):
     _expect_fit(fn, [(0, 10), (20, 10), (40, 10)], 12)
 
@@ -49,63 +144,131 @@ def _edges(fn):
     _expect_fit(fn, [], 1)
 
 
-@fit.check("300 random floors")
-def _random_fit(fn):
-    rng = random.Random(2)
-    for _ in range(300):
+def random_floors(seed: int = 2, count: int = 300):
+    """``(free_extents, n)`` for ``count`` random floors: up to 8 extents, gaps between them."""
+    rng = random.Random(seed)
+    floors = []
+    for _ in range(count):
         extents, cursor = [], 0
         for _ in range(rng.randint(0, 8)):
             cursor += rng.randint(1, 50)
             length = rng.randint(1, 60)
             extents.append((cursor, length))
             cursor += length
-        _expect_fit(fn, extents, rng.randint(1, 70))
+        floors.append((extents, rng.randint(1, 70)))
+    return floors
+
+
+@fit.check("300 random floors")
+def _random_fit(fn):
+    for i, (extents, n) in enumerate(random_floors(seed=2)):
+        _expect_fit(fn, extents, n, replay=f"kvlab.grading.lab02.random_floors(seed=2)[{i}]")
 
 
 frag = exercise("02.external_fragmentation", "the external fragmentation metric")
 
 
-def _expect_frag(fn, extents, hint=None):
-    args = f"free_extents={extents}"
-    got = call_without_mutation(fn, extents, names=("free_extents",))
+def _total(extents):
+    return sum(length for _, length in extents)
+
+
+# (hint, what the slip returns for free_extents); only for extents with something free
+FRAG_SLIPS = (
+    ("", external_fragmentation),
+    (
+        "use the largest free extent, not the smallest: 1 - largest / total",
+        lambda e: 1 - min(length for _, length in e) / _total(e),
+    ),
+    (
+        "that is largest / total, the share in one piece: fragmentation is 1 - largest / total",
+        lambda e: max(length for _, length in e) / _total(e),
+    ),
+    (
+        "return a fraction between 0 and 1, not a percentage",
+        lambda e: 100 * external_fragmentation(e),
+    ),
+    (
+        "`//` rounds down to a whole number: divide with `/`",
+        lambda e: 1 - max(length for _, length in e) // _total(e),
+    ),
+    (
+        "divide by the total free beds (the sum of the lengths), not by the number of extents",
+        lambda e: 1 - max(length for _, length in e) / len(e),
+    ),
+)
+
+
+def _same_fraction(a, b) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def _expect_frag(fn, extents, replay=None):
+    args = f"free_extents={_describe_extents(extents)}"
     expected = external_fragmentation(extents)
-    if isinstance(got, bool) or not isinstance(got, (int, float)):
-        raise CheckFailed("return a number between 0 and 1", input=args, got=short(got))
-    if not math.isclose(got, expected, abs_tol=1e-9):
+    try:
+        with refuse_reference(
+            external_fragmentation,
+            ArenaAllocator.external_fragmentation,
+            learner=fn,
+            task="measuring the scatter",
+        ):
+            got = call_without_mutation(fn, extents, names=("free_extents",))
+    except (ZeroDivisionError, ValueError) as e:
+        if extents:
+            raise
         raise CheckFailed(
-            "wrong value", input=args, expected=f"{expected:.6g}", got=short(got), hint=hint
+            "\n   ".join(explain_exception(e)),
+            input=args,
+            expected=f"{expected:.6g}",
+            hint="nothing is free here: return 0.0 before dividing by the total (or taking max)",
+        ) from None
+    if got is None or isinstance(got, bool) or not isinstance(got, numbers.Real):
+        raise CheckFailed(
+            "return a number between 0 and 1",
+            input=args,
+            replay=replay,
+            got=short(got),
+            hint="your function returned None: end it with `return ...`" if got is None else None,
+        )
+    if not _same_fraction(got, expected):
+        hint = _diagnose(FRAG_SLIPS, got, (extents,), _same_fraction) if extents else None
+        raise CheckFailed(
+            "wrong value",
+            input=args,
+            replay=replay,
+            expected=f"{expected:.6g}",
+            got=short(got),
+            hint=hint,
         )
 
 
-@frag.check("all free space in one piece: 0", hint="1 - largest / total = 1 - 1 = 0")
+@frag.check("all free space in one piece: 0")
 def _one(fn):
     _expect_frag(fn, [(100, 50)])
 
 
-@frag.check(
-    "two equal pieces: 0.5",
-    hint="external fragmentation = 1 - largest free extent / total free",
-)
+@frag.check("two equal pieces: 0.5")
 def _two(fn):
     _expect_frag(fn, [(0, 10), (30, 10)])
 
 
-@frag.check(
-    "no free space at all: 0 (nothing is scattered)",
-    hint="guard against dividing by zero: return 0.0 when nothing is free",
-)
+@frag.check("no free space at all: 0 (nothing is scattered)")
 def _none_free(fn):
     _expect_frag(fn, [])
 
 
 @frag.check("many single beds: close to 1")
 def _dust(fn):
-    _expect_frag(fn, [(2 * i, 1) for i in range(100)])
+    _expect_frag(fn, [(2 * i, 1) for i in range(100)], replay="[(2 * i, 1) for i in range(100)]")
+
+
+def random_free_lists(seed: int = 3, count: int = 300):
+    """``count`` random lists of 1 to 9 free extents, one per 100 beds."""
+    rng = random.Random(seed)
+    return [[(i * 100, rng.randint(1, 90)) for i in range(rng.randint(1, 9))] for _ in range(count)]
 
 
 @frag.check("300 random floors")
 def _random_frag(fn):
-    rng = random.Random(3)
-    for _ in range(300):
-        extents = [(i * 100, rng.randint(1, 90)) for i in range(rng.randint(1, 9))]
-        _expect_frag(fn, extents)
+    for i, extents in enumerate(random_free_lists(seed=3)):
+        _expect_frag(fn, extents, replay=f"kvlab.grading.lab02.random_free_lists(seed=3)[{i}]")

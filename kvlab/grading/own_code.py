@@ -1,0 +1,103 @@
+"""Tell the learner's own code from a hand-over to kvlab's reference of the same exercise.
+
+A wrapper such as ``lambda spec: spec.kv_bytes_per_token`` or ``lambda b, t, f: split_waste(b, t,
+f)`` computes the right answer with kvlab's code, so no comparison of answers can catch it. While a
+check calls the learner's code, :class:`refuse_reference` puts a guard in place of each reference
+function (on its class or module, and wherever the learner's globals name it); the guard notes the
+call, then does the reference's work as usual. Inside the ``with`` block only the learner's code
+runs, so every call noted is a hand-over (a method inherited from kvlab's class included); on the
+way out the check fails with a message that says what was handed over. The checks' own calls to
+the reference, outside the block, are not affected.
+
+(A profile hook would see every path, but it cannot be used here: after the time limit stops code
+in a worker thread, CPython 3.11 spins on the next profiled call.)
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+from kvlab.grading.core import CheckFailed
+
+HANDOVER = "kvlab reference"  # the cause of every hand-over failure: later ones are folded
+
+
+def _home(reference):
+    """Where ``reference`` (a function, a method or a property) lives: (owner, attribute name)."""
+    function = getattr(reference, "fget", reference)
+    owner = sys.modules[function.__module__]
+    *path, name = function.__qualname__.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    return owner, name
+
+
+def _globals_of(learner) -> list[dict]:
+    """The global namespaces the learner's function, class or instance runs in."""
+    if not isinstance(learner, type) and not callable(learner):
+        learner = type(learner)
+    functions = vars(learner).values() if isinstance(learner, type) else [learner]
+    spaces = {}
+    for f in functions:
+        f = getattr(f, "__func__", getattr(f, "fget", f))
+        space = getattr(f, "__globals__", None)
+        if isinstance(space, dict):
+            spaces[id(space)] = space
+    return list(spaces.values())
+
+
+class refuse_reference:  # noqa: N801 (a context manager, named like contextlib's)
+    """``with refuse_reference(split_waste, learner=fn, task="splitting the booking"): fn(...)``
+    fails the check when ``fn`` called one of the given kvlab functions, methods or properties."""
+
+    def __init__(self, *references, learner, task: str):
+        self.references = references
+        self.learner = learner
+        self.task = task
+        self.seen: list[str] = []
+        self._undo: list = []
+
+    def _guard(self, reference):
+        function = getattr(reference, "fget", reference)
+        name = function.__qualname__
+
+        @functools.wraps(function)
+        def guard(*args, **kwargs):
+            self.seen.append(name)
+            return function(*args, **kwargs)
+
+        return property(guard) if isinstance(reference, property) else guard
+
+    def _swap(self, space, key, original, guard, setter) -> None:
+        setter(space, key, guard)
+        self._undo.append((space, key, original, guard, setter))
+
+    def __enter__(self):
+        originals = {}
+        for reference in self.references:
+            owner, name = _home(reference)
+            guard = self._guard(reference)
+            self._swap(owner, name, reference, guard, setattr)
+            originals[id(reference)] = guard
+        for space in _globals_of(self.learner):
+            for key, value in list(space.items()):
+                if id(value) in originals:
+                    self._swap(space, key, value, originals[id(value)], dict.__setitem__)
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        for space, key, original, guard, setter in reversed(self._undo):
+            current = space.get(key) if isinstance(space, dict) else vars(space).get(key)
+            if current is guard:
+                setter(space, key, original)
+        self._undo.clear()
+        if self.seen and (kind is None or issubclass(kind, Exception)):
+            name = self.seen[0]
+            raise CheckFailed(
+                f"your code hands the work to kvlab's `{name}`",
+                hint=f"{self.task} yourself is the exercise: `{name}` is the reference your "
+                "code is checked against, so calling it proves nothing",
+                cause=HANDOVER,
+            ) from None
+        return False

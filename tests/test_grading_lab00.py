@@ -1,0 +1,208 @@
+"""Lab 00 checks: each usual mistake gets its own diagnosis, an unknown one the neutral line, a
+knock-on failure "probably the same problem as above", and kvlab's own code is never the learner's."""
+
+import math
+
+import pytest
+import torch
+
+from kvlab.attention import TinyAttention
+from kvlab.grading import run_checks
+from kvlab.grading.core import NO_DIAGNOSIS, SAME_PROBLEM
+
+
+def failed(result) -> list[str]:
+    return [o.name for o in result.outcomes if not o.passed]
+
+
+def hints(result) -> list[str]:
+    return [d for o in result.outcomes for d in o.details if d.startswith("hint:")]
+
+
+def neutral(result) -> list[bool]:
+    """Per failed check: whether it says neutrally that the mistake is not recognised."""
+    return [any(NO_DIAGNOSIS in d for d in o.details) for o in result.outcomes if not o.passed]
+
+
+def first_failure(result) -> str:
+    return "\n".join(next(o for o in result.outcomes if not o.passed).details)
+
+
+# --- KV bytes per token ----------------------------------------------------------------------
+
+
+def good_kv_bytes(spec):
+    return 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * spec.dtype_bytes
+
+
+@pytest.mark.parametrize(
+    "mistake, hint",
+    [
+        (lambda s: good_kv_bytes(s) / 1024, "that is KiB"),
+        (lambda s: good_kv_bytes(s) // 1024, "that is KiB"),
+        (lambda s: good_kv_bytes(s) / 1000, "that is kB"),
+        (lambda s: good_kv_bytes(s) * 8, "that is bits"),
+        (lambda s: good_kv_bytes(s) // 2, "a key AND a value vector: multiply by 2"),
+        (
+            lambda s: 2 * s.num_layers * s.num_q_heads * s.head_dim * s.dtype_bytes,
+            "query heads are not cached",
+        ),
+        (lambda s: good_kv_bytes(s) // s.dtype_bytes, "multiply by it"),
+        (lambda s: good_kv_bytes(s) // s.num_layers, "multiply by spec.num_layers"),
+        (lambda s: float(good_kv_bytes(s)), "the count is right but not an int"),
+        (lambda s: str(good_kv_bytes(s)), "not its text"),
+        (lambda s: None, "returned None"),
+    ],
+)
+def test_kv_bytes_names_each_mistake(mistake, hint):
+    result = run_checks("00.kv_bytes", mistake)
+    first = first_failure(result)
+    assert hint in first, first
+    # every later failure of the same mistake is folded, never given another mistake's hint
+    assert len(set(hints(result))) == 1
+
+
+def test_forgetting_k_and_v_and_the_element_size_are_told_apart():
+    """Both halve OPT-13B's bytes (fp16 is 2 bytes): the probe shape separates them."""
+    no_kv = run_checks("00.kv_bytes", lambda s: good_kv_bytes(s) // 2)
+    no_dtype = run_checks("00.kv_bytes", lambda s: good_kv_bytes(s) // s.dtype_bytes)
+    assert "multiply by 2 (K and V)" in first_failure(no_kv)
+    assert "spec.dtype_bytes" in first_failure(no_dtype)
+    assert "multiply by 2" not in first_failure(no_dtype)
+
+
+def test_unknown_kv_mistake_gets_the_neutral_line_and_plurals_are_right():
+    result = run_checks("00.kv_bytes", lambda s: good_kv_bytes(s) + 1)
+    assert neutral(result) == [True] * result.total and not hints(result)
+    tiny = next(o for o in result.outcomes if o.name.startswith("the smallest model"))
+    assert "tiny: 1 layer, 1 query head, 1 KV head, head_dim 1, 2 bytes/element" in tiny.details[1]
+
+
+def test_kv_bytes_knock_on_failures_are_folded():
+    result = run_checks("00.kv_bytes", lambda s: good_kv_bytes(s) // 1024)
+    assert not any(o.passed for o in result.outcomes)
+    assert all(o.details[0].startswith(SAME_PROBLEM) for o in result.outcomes[1:])
+
+
+def test_kvlab_answer_reached_through_the_spec_is_not_the_learners():
+    for handover in (lambda s: s.kv_bytes_per_token, lambda s: s.kv_bytes(1)):
+        result = run_checks("00.kv_bytes", handover)
+        assert result.passed == 0
+        assert "hands the work to kvlab's `ModelSpec.kv_bytes" in result.outcomes[0].details[0]
+    assert run_checks("00.kv_bytes", good_kv_bytes).ok  # the guard leaves ModelSpec as it was
+    assert TinyAttention.decode_step.__module__ == "kvlab.attention"
+
+
+# --- one cached decode step ------------------------------------------------------------------
+
+
+def make_decode(slip=None):
+    """A learner's decode step, right or with one of the usual slips."""
+
+    def decode_step(layer, x_t, k_cache, v_cache):
+        q, k, v = layer.qkv(x_t.unsqueeze(0))
+        if slip == "prepend":
+            k_cache, v_cache = torch.cat([k, k_cache]), torch.cat([v, v_cache])
+        else:
+            k_cache, v_cache = torch.cat([k_cache, k]), torch.cat([v_cache, v])
+        group = layer.num_heads // layer.num_kv_heads
+        spread = (lambda c: c.repeat(1, group, 1)) if slip == "repeat" else None
+        spread = spread or (lambda c: c.repeat_interleave(group, dim=1))
+        keys, values = spread(k_cache), spread(v_cache)
+        if slip == "no append":
+            keys, values = spread(k_cache[:-1]), spread(v_cache[:-1])
+        scale = 1.0 if slip == "no scale" else 1 / math.sqrt(layer.head_dim)
+        scores = torch.einsum("hd,thd->ht", q[0], keys) * scale
+        probs = scores.softmax(dim=0 if slip == "softmax over heads" else -1)
+        mixed = torch.einsum("ht,thd->hd", probs, values).reshape(-1)
+        y = mixed @ layer.wo.T if slip == "nn.Linear" else mixed @ layer.wo
+        if slip == "unknown":
+            y = y * 1.5
+        if slip == "swapped caches":
+            return y, v_cache, k_cache
+        return y, k_cache, v_cache
+
+    return decode_step
+
+
+def test_decode_step_passes_when_right():
+    assert run_checks("00.decode_step", make_decode()).ok
+
+
+@pytest.mark.parametrize(
+    "slip, first_failing, hint",
+    [
+        ("softmax over heads", "the very first token", "softmax over the wrong axis"),
+        ("nn.Linear", "the very first token", "`o @ layer.wo.T` is nn.Linear's convention"),
+        ("no append", "the very first token", "append its k and v to the caches first"),
+        ("no scale", "17 tokens", "scale the scores by 1/sqrt(head_dim)"),
+        ("repeat", "grouped-query attention", "use repeat_interleave, not repeat"),
+        ("prepend", "17 tokens", "add the new token's row at the end, not in front"),
+        ("swapped caches", "the very first token", "k_cache and v_cache are swapped"),
+    ],
+)
+def test_decode_step_names_each_mistake(slip, first_failing, hint):
+    result = run_checks("00.decode_step", make_decode(slip))
+    names = failed(result)
+    assert names and names[0].startswith(first_failing), names
+    first = first_failure(result)
+    assert hint in first, first
+    others = [h for h in hints(result) if hint not in h]
+    assert not others, others  # no other mistake's hint,
+    assert not any(neutral(result)), first  # and no neutral line: it was diagnosed
+
+
+def test_a_prepending_cache_is_caught_although_every_output_is_right():
+    result = run_checks("00.decode_step", make_decode("prepend"))
+    first = first_failure(result)
+    assert (
+        "expected: rows hold tokens [0, 1]" in first
+        and "got:      rows hold tokens [1, 0]" in first
+    )
+    later = [o for o in result.outcomes[2:] if not o.passed]
+    assert later and all(o.details[0].startswith(SAME_PROBLEM) for o in later)
+    assert all(any(d.startswith("replay:") for d in o.details) for o in later)
+
+
+def test_nn_linear_convention_fails_at_the_learners_line_on_the_non_square_layer():
+    result = run_checks("00.decode_step", make_decode("nn.Linear"))
+    wide = result.outcomes[-1]
+    assert wide.name.startswith("heads that do not tile d_model") and not wide.passed
+    assert "RuntimeError" in wide.details[0] and "layer.wo.T" in wide.details[1]
+
+
+def test_unknown_decode_mistake_gets_the_neutral_line_and_a_replay():
+    result = run_checks("00.decode_step", make_decode("unknown"))
+    assert result.passed == 0
+    assert neutral(result) == [True] * result.total and not hints(result)
+    first = first_failure(result)
+    assert "replay:   layer = TinyAttention(16, 2, seed=1); x = torch.randn(1, 16" in first
+    assert "input:    step 0 of 1: 0 tokens cached, token 0 comes in" in first
+
+
+def test_kvlab_decode_step_reached_through_the_layer_is_not_the_learners():
+    for handover in (
+        lambda layer, x, k, v: layer.decode_step(x, k, v),
+        lambda layer, x, k, v: TinyAttention.decode_step(layer, x, k, v),
+    ):
+        result = run_checks("00.decode_step", handover)
+        assert result.passed == 0
+        assert "hands the work to kvlab's `TinyAttention.decode_step`" in first_failure(result)
+        assert all(o.details[0].startswith(SAME_PROBLEM) for o in result.outcomes[1:])
+    layer = TinyAttention(16, 2, seed=1)  # the guard is gone again: kvlab's own method works
+    y, k, _ = layer.decode_step(torch.ones(16), *layer.empty_cache())
+    assert y.shape == (16,) and k.shape == (1, 2, 8)
+
+
+def test_tiny_attention_head_dim_option_keeps_the_default_layer():
+    default, explicit = TinyAttention(32, 4, seed=3), TinyAttention(32, 4, seed=3, head_dim=8)
+    assert torch.equal(default.wo, explicit.wo) and torch.equal(default.wq, explicit.wq)
+    wide = TinyAttention(24, 4, num_kv_heads=2, seed=6, head_dim=8)
+    assert tuple(wide.wq.shape) == (24, 32) and tuple(wide.wo.shape) == (32, 24)
+    x = torch.randn(5, 24, generator=torch.Generator().manual_seed(0))
+    k_cache, v_cache = wide.empty_cache()
+    for t in range(5):
+        y, k_cache, v_cache = wide.decode_step(x[t], k_cache, v_cache)
+        assert torch.allclose(y, wide.forward(x[: t + 1])[t], atol=1e-5)
+    with pytest.raises(ValueError, match="multiple of num_heads"):
+        TinyAttention(24, 5)
