@@ -15,11 +15,12 @@ TRITON_GPU_DIR := $(VENV)/triton-$(TRITON_GPU_VERSION)
 FIRST_LAB := $(firstword $(sort $(wildcard labs/00_*.ipynb)))
 STAMP := $(VENV)/.kvlab-installed
 TEST_STAMP := $(VENV)/.kvlab-test-installed
+KERNEL_SPEC := $(VENV)/share/jupyter/kernels/kvlab/kernel.json
 PIP := $(PY) -m pip install --disable-pip-version-check --progress-bar on
 
 .PHONY: install install-test lab test test-notebooks labs lint format clean browser triton-gpu
 
-install: $(STAMP)
+install: $(STAMP) $(KERNEL_SPEC)
 
 # What a learner needs, step by step with sizes, so a first install is never a silent wait.
 $(STAMP): pyproject.toml
@@ -28,20 +29,23 @@ $(STAMP): pyproject.toml
 	@if $(PY) -c "import torch" 2>/dev/null; then \
 		echo "kvlab: [1/3] keeping the installed torch $$($(PY) -c 'import torch; print(torch.__version__)')"; \
 	else \
-		echo "kvlab: [1/3] installing $(TORCH_SPEC) (CPU build: ~200 MB to fetch, ~750 MB installed)"; \
+		echo "kvlab: [1/3] installing $(TORCH_SPEC), the largest piece (~200 MB to fetch for a CPU build, a few GB for a CUDA one)"; \
 		$(PIP) "$(TORCH_SPEC)"; \
 	fi
 	@echo "kvlab: [2/3] installing kvlab with Triton (~1 GB installed), JupyterLab, widgets, matplotlib"
 	$(PIP) -e .
-	@echo "kvlab: [3/3] registering the 'kvlab (Python 3)' Jupyter kernel"
-	$(VENV)/bin/kvlab kernel
 	@touch $@
 	@echo "kvlab: installed into $(VENV) ($$(du -sh $(VENV) 2>/dev/null | cut -f1))"
+
+# Re-registered whenever the launcher changes, so an existing checkout never keeps an old kernelspec.
+$(KERNEL_SPEC): kvlab/jupyter_kernel.py | $(STAMP)
+	@echo "kvlab: [3/3] registering the 'kvlab (Python 3)' Jupyter kernel"
+	$(VENV)/bin/kvlab kernel
 
 # The test tools (pytest, hypothesis, nbval, ruff, Playwright) come with `make test` only.
 install-test: $(TEST_STAMP)
 
-$(TEST_STAMP): $(STAMP)
+$(TEST_STAMP): $(STAMP) | $(KERNEL_SPEC)
 	@echo "kvlab: installing the test tools: pytest, hypothesis, nbval, ruff, Playwright (~200 MB)"
 	$(PIP) -q -e ".[test]"
 	@touch $@
@@ -80,7 +84,7 @@ test: install-test browser triton-gpu
 	KVLAB_TRITON_GPU_DIR=$(TRITON_GPU_DIR) $(PY) -m pytest tests -p no:cacheprovider $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-notebooks
 
-test-notebooks: install-test
+test-notebooks: install-test $(KERNEL_SPEC)
 	$(PY) -m pytest solutions --nbval-lax --nbval-kernel-name kvlab --nbval-cell-timeout=90 \
 		-p no:cacheprovider $(NBVAL_ARGS)
 

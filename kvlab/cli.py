@@ -30,7 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="kvlab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("doctor", help="check that this environment can run the course")
+    doctor = sub.add_parser("doctor", help="check that this environment can run the course")
+    doctor.add_argument(
+        "--quick",
+        action="store_true",
+        help="skip starting the kvlab Jupyter kernel (a few seconds)",
+    )
 
     grade = sub.add_parser("grade", help="run notebooks headlessly and score their exercises")
     grade.add_argument("paths", nargs="+", help="notebooks, or folders of submissions")
@@ -65,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "doctor":
         from kvlab.doctor import main as doctor
 
-        return doctor()
+        return doctor(start_kernel=not args.quick)
     if args.command == "grade":
         from kvlab.grading.notebook import main as grade
 

@@ -108,7 +108,9 @@ def check_test_kernel(has_cuda: bool) -> Finding:
     def add_one(x_ptr, n, BLOCK: tl.constexpr):
         offs = tl.arange(0, BLOCK)
         mask = offs < n
-        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1.0, mask=mask)
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0) + tl.zeros([BLOCK], tl.float32)
+        # tl.zeros and tl.sum are what an early `import triton` breaks in the interpreter
+        tl.store(x_ptr + offs, x + 1.0 + tl.sum(x, axis=0) * 0.0, mask=mask)
 
     device = "cpu" if kernel_mode() == "interpreter" else "cuda"
     try:
@@ -117,10 +119,13 @@ def check_test_kernel(has_cuda: bool) -> Finding:
         ok = x.cpu().tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
     except Exception as e:
         message = " ".join(str(e).split())[:160]
+        too_early = runtime.TRITON_TOO_EARLY_MARK in str(e)
         return Finding(
             False,
             f"test kernel failed: {type(e).__name__}: {message}",
-            "reinstall triton to match torch (pip install --force-reinstall 'triton>=3.6')",
+            runtime.TRITON_TOO_EARLY_FIX
+            if too_early
+            else "reinstall triton to match torch (pip install --force-reinstall 'triton>=3.6')",
         )
     if not ok:
         return Finding(
@@ -176,9 +181,10 @@ def check_jupyter() -> list[Finding]:
 
 KERNEL_FIX = "kvlab kernel  (registers it for this environment; or: make install)"
 
-# Run in a fresh `kvlab` kernel: Triton imported first, as Lab 05 once did, then a kernel launch.
+# Run in a fresh `kvlab` kernel: Triton imported before kvlab, as Lab 05 once did, then a launch.
 KERNEL_PROBE = """
 import os, triton, triton.language as tl, torch
+import kvlab
 @triton.jit
 def _add_one(x_ptr, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
@@ -191,25 +197,30 @@ print("kvlab-probe", "interpreter" if interpret else "compiled", x.sum().item())
 """
 
 
-def check_kernel_spec() -> Finding:
+def check_kernel_spec(has_cuda: bool) -> tuple[Finding, bool]:
+    """The registered `kvlab` kernel, and whether there is one to start."""
     try:
         from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 
         spec = KernelSpecManager().get_kernel_spec("kvlab")
     except ImportError:
-        return Finding(False, "Jupyter is not installed", "make install")
+        return Finding(
+            False, "Jupyter kernel 'kvlab': Jupyter is not installed", "make install"
+        ), False
     except NoSuchKernel:
-        return Finding(False, "Jupyter kernel 'kvlab' is not registered", KERNEL_FIX)
+        return Finding(False, "Jupyter kernel 'kvlab' is not registered", KERNEL_FIX), False
     from kvlab.jupyter_kernel import launches_kvlab
 
     if not launches_kvlab(spec.argv):
+        plain = f"Jupyter kernel 'kvlab' ({spec.resource_dir}) starts plain ipykernel"
+        if has_cuda:  # kernels compile whatever the import order: harmless here
+            return Finding(True, f"{plain} (fine with a GPU; `kvlab kernel` updates it)"), True
         return Finding(
             False,
-            f"Jupyter kernel 'kvlab' ({spec.resource_dir}) starts plain ipykernel: "
-            "a notebook that imports triton first breaks Lab 05",
+            f"{plain}, so a notebook that imports Triton before kvlab cannot use the interpreter",
             KERNEL_FIX,
-        )
-    return Finding(True, f"Jupyter kernel 'kvlab' ({spec.resource_dir})")
+        ), True
+    return Finding(True, f"Jupyter kernel 'kvlab' ({spec.resource_dir})"), True
 
 
 def check_kernel_start(timeout: float = 120) -> Finding:
@@ -220,12 +231,13 @@ def check_kernel_start(timeout: float = 120) -> Finding:
     except ImportError:
         return Finding(True, "kernel start: skipped (Jupyter is not installed)")
     printed: list[str] = []
+    errors: list[str] = []
 
     def collect(msg):
         if msg["msg_type"] == "stream":
             printed.append(msg["content"]["text"])
         elif msg["msg_type"] == "error":
-            printed.append(f"{msg['content']['ename']}: {msg['content']['evalue']}")
+            errors.append(f"{msg['content']['ename']}: {msg['content']['evalue']}")
 
     try:
         km, kc = start_new_kernel(
@@ -241,35 +253,32 @@ def check_kernel_start(timeout: float = 120) -> Finding:
     try:
         kc.execute_interactive(KERNEL_PROBE, timeout=timeout, output_hook=collect)
     except Exception as e:
-        printed.append(f"{type(e).__name__}: {e}")
+        errors.append(f"{type(e).__name__}: {e}")
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
-    text = " ".join("".join(printed).split())
-    words = text.split()
+    words = " ".join(printed).split()
     if len(words) >= 3 and words[0] == "kvlab-probe" and words[2] == "4.0":
         return Finding(
             True, f"kvlab kernel: starts, runs Triton ({words[1]}) even when imported first"
         )
+    text = " ".join(" ".join(errors or printed).split())
     fix = runtime.TRITON_TOO_EARLY_FIX if runtime.TRITON_TOO_EARLY_MARK in text else KERNEL_FIX
-    return Finding(False, f"kvlab kernel: a Triton test failed: {text[:200]}", fix)
+    return Finding(False, f"kvlab kernel: a Triton test failed: {text[:240]}", fix)
 
 
 def diagnose(start_kernel: bool = True) -> list[Finding]:
+    """Every finding; ``start_kernel=False`` skips starting the `kvlab` kernel (a few seconds)."""
     has_cuda = cuda_available()
-    findings = [
-        check_python(),
-        check_torch(),
-        check_triton(),
-        check_kernel_mode(has_cuda),
-        check_import_order(),
-        check_test_kernel(has_cuda),
-        *check_jupyter(),
-        spec := check_kernel_spec(),
-    ]
-    registered = spec.ok or "starts plain ipykernel" in spec.what
-    mode_ok = findings[3].ok  # with kernels that cannot run here, the probe would only repeat it
-    if start_kernel and registered and mode_ok:  # a plain kernelspec shows what goes wrong in it
+    mode = check_kernel_mode(has_cuda)
+    findings = [check_python(), check_torch(), check_triton(), mode]
+    if runtime.TRITON_TOO_EARLY:  # only ever in a notebook or script that imported Triton first
+        findings.append(check_import_order())
+    findings += [check_test_kernel(has_cuda), *check_jupyter()]
+    spec, registered = check_kernel_spec(has_cuda)
+    findings.append(spec)
+    # the probe needs Triton, and would only repeat a kernel-mode problem already reported
+    if start_kernel and registered and mode.ok and _version("triton") is not None:
         findings.append(check_kernel_start())
     return findings
 

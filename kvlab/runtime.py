@@ -15,6 +15,9 @@ import sys
 import warnings
 
 INTERPRET_VAR = "TRITON_INTERPRET"
+# Exported beside the variable when kvlab set it, so that every descendant process (a notebook
+# kernel's `!kvlab grade`, a test's subprocess) can still tell kvlab's choice from the user's.
+SET_BY_KVLAB_VAR = "KVLAB_SET_TRITON_INTERPRET"
 
 # Triton's message when a kernel built for the GPU meets its interpreter (imported too early)
 TRITON_TOO_EARLY_MARK = "outside of the scope of a kernel"
@@ -24,8 +27,9 @@ TRITON_TOO_EARLY_FIX = (
     "or start Python with TRITON_INTERPRET=1 set"
 )
 TRITON_TOO_EARLY_DETAILS = (
-    "Triton was imported before kvlab chose its interpreter, so no Triton kernel can run in this "
-    "Python process. This is not a mistake in your code.",
+    "Triton was imported before kvlab chose its interpreter, so kernels that use tl.zeros, tl.sum, "
+    "… fail in this Python process (Triton says “Cannot call @triton.jit'd outside of the scope "
+    "of a kernel”). This is not a mistake in your code.",
     f"fix:      {TRITON_TOO_EARLY_FIX}",
 )
 
@@ -70,18 +74,25 @@ def configure_triton(environ: dict | None = None, has_cuda: bool | None = None) 
     """
     global SET_BY_KVLAB, TRITON_TOO_EARLY
     env = os.environ if environ is None else environ
-    if INTERPRET_VAR not in env:
+    if INTERPRET_VAR in env:
+        inherited = env.get(SET_BY_KVLAB_VAR) == "1" and env[INTERPRET_VAR] == "1"
+        if environ is None and inherited:
+            SET_BY_KVLAB = True  # an ancestor's kvlab chose it, not the user
+    else:
         if has_cuda is None:
             has_cuda = cuda_available()
         if not has_cuda:
             env[INTERPRET_VAR] = "1"
+            env[SET_BY_KVLAB_VAR] = "1"
             if environ is None:
                 SET_BY_KVLAB = True
                 if "triton" in sys.modules and not TRITON_TOO_EARLY:
                     TRITON_TOO_EARLY = True
                     warnings.warn(
-                        "kvlab: Triton was imported before kvlab, so its kernels cannot run in "
-                        f"Triton's interpreter on this machine (no CUDA GPU). Fix: {TRITON_TOO_EARLY_FIX}.",
+                        "kvlab: Triton was imported before kvlab, so on this machine (no CUDA GPU) "
+                        "kernels that use tl.zeros, tl.sum, … will fail in Triton's interpreter "
+                        "with “Cannot call @triton.jit'd outside of the scope of a kernel”. "
+                        f"Fix: {TRITON_TOO_EARLY_FIX}.",
                         TritonImportedTooEarly,
                         stacklevel=3,
                     )
@@ -99,4 +110,5 @@ def child_environ() -> dict[str, str]:
     env = dict(os.environ)
     if SET_BY_KVLAB:
         env.pop(INTERPRET_VAR, None)
+        env.pop(SET_BY_KVLAB_VAR, None)
     return env

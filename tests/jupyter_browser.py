@@ -71,16 +71,22 @@ def write_settings(settings_dir: Path) -> None:
 
 @contextmanager
 def jupyter_lab(
-    workdir: Path, cells: list[str], kernel: str = "python3", env: dict | None = None
+    workdir: Path, cells: list[str], kernel: str = "kvlab", env: dict | None = None
 ) -> Iterator[str]:
-    """A JupyterLab server on a notebook of ``cells``; yields the notebook's URL (with token)."""
+    """A JupyterLab server on a notebook of ``cells``; yields the notebook's URL (with token).
+
+    By default the notebook runs in the learner's `kvlab` kernel, with the environment the user's
+    shell gave (never the TRITON_INTERPRET that kvlab set in the calling process)."""
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
     nb.metadata["kernelspec"] = {"name": kernel, "display_name": kernel, "language": "python"}
     nbformat.write(nb, workdir / "hotel.ipynb")
     write_settings(workdir / "settings")
     port, token = free_port(), "kvlab-browser-" + os.urandom(8).hex()
-    env = {**(os.environ if env is None else env), "JUPYTER_RUNTIME_DIR": str(workdir / "runtime")}
+    from kvlab.runtime import child_environ
+
+    base = child_environ() if env is None else env
+    env = {**base, "JUPYTER_RUNTIME_DIR": str(workdir / "runtime")}
     cmd = [
         str(VENV_BIN / "jupyter"),
         "lab",

@@ -54,14 +54,16 @@ def test_a_diagnosed_mistake_is_explained_once_then_folded():
     assert "hint:     × 2, not + 2" in first
     assert second == [f"{SAME_PROBLEM} (“small numbers”)", "input:    x=0"]
     assert third[0] == "wrong"  # not recognised: never another mistake's hint
-    assert f"hint:     {NO_DIAGNOSIS}" in third
+    assert f"note:     {NO_DIAGNOSIS}" in third and not any(d.startswith("hint:") for d in third)
     assert "replay:   make_case(seed=7)" in third
 
 
 def test_an_unknown_mistake_gets_the_neutral_line_not_a_guess():
     result = run_checks("zz.double", lambda x: 7)
-    for d in details(result):
-        assert d[-1] == f"hint:     {NO_DIAGNOSIS}"
+    small, zero, long = details(result)
+    for d in (small, zero):
+        assert d[-1] == f"note:     {NO_DIAGNOSIS}: compare expected with got"
+    assert long[-1] == f"note:     {NO_DIAGNOSIS}"  # nothing shown to compare
 
 
 def test_the_same_exception_at_the_same_line_is_folded():
@@ -80,6 +82,40 @@ def test_an_unwritten_function_says_so_once():
 
     result = run_checks("zz.double", stub)
     assert result.status == "not implemented" and "not implemented yet" in result.report()
+
+
+def test_not_implemented_from_a_library_is_an_ordinary_error():
+    """torch and Triton raise NotImplementedError for their own reasons: not "write your code"."""
+
+    def uses_a_module_without_forward(x):
+        import torch
+
+        return torch.nn.Module()(x)
+
+    result = run_checks("zz.double", uses_a_module_without_forward)
+    assert result.status == "failed"
+    assert result.outcomes[0].details[0].startswith("NotImplementedError")
+    assert "at line" in result.outcomes[0].details[1]
+
+
+def test_an_unwritten_helper_is_named():
+    def helper(x):
+        raise NotImplementedError
+
+    def double_it(x):
+        return helper(x) * 2
+
+    result = run_checks("zz.double", double_it)
+    assert result.status == "not implemented"
+    assert "(`helper` still raises NotImplementedError)" in result.report()
+
+
+def test_a_lambda_inside_an_unwritten_function_names_the_function():
+    def double_it(x):
+        return [(lambda: (_ for _ in ()).throw(NotImplementedError()))() for _ in [x]][0]
+
+    result = run_checks("zz.double", double_it)
+    assert result.status == "not implemented"
 
 
 def test_marks_are_text_glyphs():
@@ -149,6 +185,8 @@ def test_a_class_gets_credit_for_the_methods_written():
     assert result.status == "failed" and result.passed == 2 and result.unwritten == ["reset"]
     report = result.report()
     assert report.splitlines()[0].endswith("2/4 checks passed (still to write: `reset`)")
+    single = run_checks("zz.double", lambda x: 2 * x).report()
+    assert "3/3 checks passed" in single
     assert "not implemented yet: `reset` still raises NotImplementedError" in report
     assert "needs `reset`, which is not written yet" in report
 
@@ -158,7 +196,38 @@ def test_a_class_with_nothing_written_is_not_implemented():
         def __init__(self):
             raise NotImplementedError
 
-    assert run_checks("zz.counter", Stub).status == "not implemented"
+    result = run_checks("zz.counter", Stub)
+    assert result.status == "not implemented"
+    assert "(`__init__` still raises NotImplementedError)" in result.report()
+
+
+def test_a_lab_module_that_fails_to_import_can_be_retried(monkeypatch, tmp_path):
+    import sys
+
+    import pytest
+
+    from kvlab.grading import core
+
+    broken = tmp_path / "kvlab_broken_lab.py"
+    broken.write_text(
+        "from kvlab.grading.core import exercise\n"
+        "exercise('yy.first', 'first')\n"
+        "raise RuntimeError('a bug in the lab module')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    real_import = core.importlib.import_module
+    monkeypatch.setattr(
+        core.importlib,
+        "import_module",
+        lambda name: (
+            real_import("kvlab_broken_lab") if name == "kvlab.grading.labyy" else real_import(name)
+        ),
+    )
+    for _ in range(2):  # the same error each time, never "defined twice"
+        with pytest.raises(RuntimeError, match="a bug in the lab module"):
+            core.load_lab("yy")
+        sys.modules.pop("kvlab_broken_lab", None)
+    assert "yy.first" not in core.EXERCISES
 
 
 # --- Triton imported too early -------------------------------------------------------------------

@@ -11,7 +11,7 @@ import time
 import urllib.request
 
 import pytest
-from conftest import ROOT, VENV_BIN
+from conftest import LEARNER_ENV, ROOT, VENV_BIN
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,7 @@ def get(url: str) -> tuple[int, bytes]:
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_lab_serves_lab_00(tmp_path):
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    env = {k: v for k, v in LEARNER_ENV.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
     env["JUPYTER_RUNTIME_DIR"] = str(tmp_path)
     log = tmp_path / "lab.log"
     venv = VENV_BIN.parent

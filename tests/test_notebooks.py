@@ -85,7 +85,7 @@ def test_grader_survives_a_hostile_submission(tmp_path):
     g = grade(path, env={"KVLAB_CHECK_TIMEOUT": "1"})[str(path)]
     assert g["error"] is None
     scores = {e["id"]: (e["passed"], e["total"], e["status"]) for e in g["exercises"]}
-    assert scores == {"00.kv_bytes": (0, 5, "failed"), "00.decode_step": (0, 5, "failed")}
+    assert scores == {"00.kv_bytes": (0, 5, "failed"), "00.decode_step": (0, 6, "failed")}
     assert g["error_cells"] == [5]
 
 
@@ -99,7 +99,7 @@ def test_a_deleted_check_cell_scores_zero(tmp_path):
     (g,) = g.values()
     scores = {e["id"]: (e["passed"], e["status"]) for e in g["exercises"]}
     assert scores == {"00.kv_bytes": (5, "passed"), "00.decode_step": (0, "not run")}
-    assert (g["passed"], g["total"]) == (5, 10)
+    assert (g["passed"], g["total"]) == (5, 11)
 
 
 TRITON_FIRST = [
@@ -133,9 +133,39 @@ def test_grading_runs_in_the_learners_kernel_not_in_its_own_environment(tmp_path
     assert plain["error_cells"] == [2], plain
 
 
+def test_grading_survives_a_looping_cell_a_dead_kernel_and_a_missing_kernel(tmp_path):
+    """nbclient's cell timeout and dead-kernel checks need the async kernel manager."""
+    loop = _notebook(
+        tmp_path, ["import time", "while True:\n    time.sleep(0.1)"], name="loop.ipynb"
+    )
+    crash = _notebook(
+        tmp_path, ["import os, signal", "os.kill(os.getpid(), signal.SIGSEGV)"], name="crash.ipynb"
+    )
+    out = subprocess.run(
+        [*kvlab_cli(), "grade", "--json", "--cell-timeout", "3", str(loop), str(crash)],
+        capture_output=True,
+        text=True,
+        env=LEARNER_ENV,
+        timeout=120,
+    )
+    grades = {g["path"]: g for g in json.loads(out.stdout)["notebooks"]}
+    assert grades[str(loop)]["error"].startswith("CellTimeoutError"), grades
+    assert grades[str(crash)]["error"].startswith("DeadKernelError"), grades
+    missing = subprocess.run(
+        [*kvlab_cli(), "grade", "--kernel", "no-such-kernel", str(loop)],
+        capture_output=True,
+        text=True,
+        env=LEARNER_ENV,
+        timeout=60,
+    )
+    assert missing.returncode == 0 and "NoSuchKernel" in missing.stdout
+
+
 def test_grade_text_report_and_bad_paths(tmp_path):
     path = _notebook(tmp_path, ["x = 1"], name="notes.ipynb")
-    out = subprocess.run([*kvlab_cli(), "grade", str(path)], capture_output=True, text=True)
+    out = subprocess.run(
+        [*kvlab_cli(), "grade", str(path)], capture_output=True, text=True, env=LEARNER_ENV
+    )
     assert out.returncode == 0 and "total" in out.stdout and "0/0" in out.stdout
     missing = subprocess.run(
         [*kvlab_cli(), "grade", str(tmp_path / "nope.ipynb")], capture_output=True, text=True

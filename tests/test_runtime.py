@@ -1,6 +1,7 @@
-import os
 import subprocess
 import sys
+
+from conftest import LEARNER_ENV
 
 from kvlab.runtime import configure_triton, kernel_mode
 
@@ -8,7 +9,7 @@ from kvlab.runtime import configure_triton, kernel_mode
 def test_interpreter_is_chosen_without_a_gpu():
     env = {}
     assert configure_triton(env, has_cuda=False) == "interpreter"
-    assert env == {"TRITON_INTERPRET": "1"}
+    assert env == {"TRITON_INTERPRET": "1", "KVLAB_SET_TRITON_INTERPRET": "1"}
 
 
 def test_gpu_means_compiled():
@@ -25,7 +26,7 @@ def test_an_explicit_user_setting_wins():
 
 
 def test_import_kvlab_sets_the_variable_before_any_kernel_exists():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = {k: v for k, v in LEARNER_ENV.items() if k != "TRITON_INTERPRET"}
     env["CUDA_VISIBLE_DEVICES"] = ""  # no GPU visible, even on a GPU machine
     code = "import os, kvlab; print(os.environ.get('TRITON_INTERPRET'), kvlab.KERNEL_MODE)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
@@ -33,7 +34,7 @@ def test_import_kvlab_sets_the_variable_before_any_kernel_exists():
 
 
 def _python(code: str, **extra) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = {k: v for k, v in LEARNER_ENV.items() if k != "TRITON_INTERPRET"}
     env.update(CUDA_VISIBLE_DEVICES="", **extra)
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
 
@@ -66,3 +67,14 @@ def test_child_environ_drops_only_what_kvlab_set():
     code = "import os, kvlab.runtime as r; print(os.environ.get('TRITON_INTERPRET'), r.child_environ().get('TRITON_INTERPRET'))"
     assert _python(code).stdout.split() == ["1", "None"]
     assert _python(code, TRITON_INTERPRET="1").stdout.split() == ["1", "1"]
+
+
+def test_a_grandchild_still_knows_kvlab_chose_the_interpreter():
+    """`!kvlab grade` in a notebook: the kernel's kvlab set the variable, the grader inherits it,
+    and must still hand the notebooks it runs the user's environment."""
+    grandchild = (
+        "import kvlab.runtime as r; e = r.child_environ(); "
+        "print(r.SET_BY_KVLAB, e.get('TRITON_INTERPRET'), e.get('KVLAB_SET_TRITON_INTERPRET'))"
+    )
+    code = f"import kvlab, subprocess, sys; subprocess.run([sys.executable, '-c', {grandchild!r}])"
+    assert _python(code).stdout.split() == ["True", "None", "None"]

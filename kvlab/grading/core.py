@@ -33,6 +33,7 @@ from kvlab.runtime import TRITON_TOO_EARLY_DETAILS, TRITON_TOO_EARLY_MARK
 DEFAULT_TIMEOUT = float(os.environ.get("KVLAB_CHECK_TIMEOUT", "10"))
 GRADE_LOG_VAR = "KVLAB_GRADE_LOG"  # set by `kvlab grade`: results are appended there as JSON lines
 _KVLAB_DIR = str(Path(__file__).resolve().parent.parent)
+_GRADING_DIR = str(Path(__file__).resolve().parent) + os.sep
 _LIBRARY_DIRS = tuple(
     str(Path(p).resolve()) for p in {sys.prefix, sys.base_prefix, sys.exec_prefix} if p
 )
@@ -116,13 +117,27 @@ def lab_of(exercise_id: str) -> str:
 
 
 def load_lab(lab: str) -> list[Exercise]:
-    """Import ``kvlab.grading.labNN`` (which registers its exercises) and list them."""
+    """Import ``kvlab.grading.labNN`` (which registers its exercises) and list them.
+
+    A module that fails to import takes back what it registered, so a second attempt reports the
+    same error instead of "defined twice".
+    """
+    before = set(EXERCISES)
     try:
         importlib.import_module(f"kvlab.grading.lab{lab}")
     except ModuleNotFoundError as e:
         if e.name != f"kvlab.grading.lab{lab}":
+            _forget(set(EXERCISES) - before)
             raise
+    except BaseException:
+        _forget(set(EXERCISES) - before)
+        raise
     return [ex for ex in EXERCISES.values() if lab_of(ex.id) == lab]
+
+
+def _forget(exercise_ids: set[str]) -> None:
+    for exercise_id in exercise_ids:
+        del EXERCISES[exercise_id]
 
 
 def get_exercise(exercise_id: str) -> Exercise:
@@ -139,10 +154,10 @@ def get_exercise(exercise_id: str) -> Exercise:
 
 PASS_MARK = "✔"  # text glyphs (DejaVu has them): legible where no colour-emoji font is installed
 FAIL_MARK = "✘"
-NO_DIAGNOSIS = (
-    "the checks do not recognise this mistake: compare expected with got, and re-read the task"
-)
+NO_DIAGNOSIS = "the checks do not recognise this mistake"
 SAME_PROBLEM = "probably the same problem as above"
+# causes the harness itself gives; a check's own causes are its hints or its `cause=` keys
+TIMEOUT_CAUSE = "kvlab: time limit"
 
 
 @dataclass
@@ -201,23 +216,25 @@ class CheckResult:
 
     def report(self) -> str:
         head = f"{self.exercise} · {self.title}"
+        unwritten = [n for n in self.unwritten if n != "?"]
+        names = ", ".join(f"`{n}`" for n in unwritten)
         if self.status == "not implemented":
+            where = f" ({names} still raise NotImplementedError)" if len(unwritten) > 1 else ""
+            where = where or (f" ({names} still raises NotImplementedError)" if names else "")
             return (
-                f"{head}: not implemented yet (0/{self.total})\n"
+                f"{head}: not implemented yet (0/{self.total}){where}\n"
                 "→ Replace `raise NotImplementedError` in the exercise cell above with your code,\n"
                 "  run that cell, then run this one again."
             )
-        lines = [f"{head}: {self.passed}/{self.total} checks passed"]
-        unwritten = [n for n in self.unwritten if n != "?"]
+        lines = [f"{head}: {self.passed}/{plural(self.total, 'check')} passed"]
         if unwritten:
-            names = ", ".join(f"`{n}`" for n in unwritten)
             lines[0] += f" (still to write: {names})"
         for o in self.outcomes:
             lines.append(f"{PASS_MARK if o.passed else FAIL_MARK} {o.name}")
             lines.extend(f"   {d}" for d in o.details)
         if self.printed_chars:
             lines.append(
-                f"note: your code printed {self.printed_chars:,} characters during the checks (hidden)"
+                f"note: your code printed {plural(self.printed_chars, 'character')} during the checks (hidden)"
             )
         if self.status == "passed":
             lines.append("All checks passed. Well done!")
@@ -306,15 +323,31 @@ def failure_details(failure: CheckFailed) -> list[str]:
         details.append(f"expected: {failure.expected}")
     if failure.got is not None:
         details.append(f"got:      {failure.got}")
-    details.append(f"hint:     {failure.hint or NO_DIAGNOSIS}")
+    if failure.hint:
+        details.append(f"hint:     {failure.hint}")
+    elif failure.expected is not None and failure.got is not None:
+        details.append(f"note:     {NO_DIAGNOSIS}: compare expected with got")
+    else:
+        details.append(f"note:     {NO_DIAGNOSIS}")
     return details
 
 
-def _unimplemented_name(exc: NotImplementedError) -> str:
-    """The learner function that raised (a method's name for class exercises), else "?"."""
-    learner = _learner_frames(exc)
-    name = learner[-1].name if learner else "?"
-    return "?" if name.startswith("<") else name
+def _unwritten(exc: NotImplementedError) -> str | None:
+    """The learner's function still to write when ``exc`` is its ``raise NotImplementedError``
+    (or a check's deliberate report of it), else None: torch, Triton and other libraries raise
+    NotImplementedError for their own reasons, which are ordinary errors.
+
+    Returns the function's name (a method's for class exercises), or "?" when it has none.
+    """
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return None
+    raiser = frames[-1].filename
+    deliberate = str(Path(raiser).resolve()).startswith(_GRADING_DIR) if raiser else False
+    if not (_is_learner_frame(raiser) or deliberate):
+        return None
+    named = [f.name for f in frames if _is_learner_frame(f.filename) and not f.name.startswith("<")]
+    return named[-1] if named else "?"
 
 
 def _triton_too_early(exc: BaseException) -> bool:
@@ -339,20 +372,24 @@ def _run_one(check_: Check, obj, timeout: float, out: BoundedBuffer) -> Outcome:
             check_.func(obj)
     except CheckFailed as f:
         return Outcome(name, False, failure_details(f), cause=f.cause)
-    except NotImplementedError as e:
-        method = _unimplemented_name(e)
-        what = "your code" if method == "?" else f"`{method}`"
-        details = [f"not implemented yet: {what} still raises NotImplementedError"]
-        return Outcome(name, False, details, cause=f"unwritten {method}", unimplemented=method)
     except CheckTimeout:
         details = [f"your code did not finish within {timeout:g} s (an endless loop?)"]
-        return Outcome(name, False, details, cause="timeout")
+        return Outcome(name, False, details, cause=TIMEOUT_CAUSE)
     except SystemExit as e:
         details = [f"your code called exit({e.code!r}); return a value instead"]
-        return Outcome(name, False, details + explain_exception(e)[1:], cause="exit")
+        return Outcome(name, False, details + explain_exception(e)[1:], cause="kvlab: exit")
     except Exception as e:  # RecursionError included
+        method = _unwritten(e) if isinstance(e, NotImplementedError) else None
+        if method is not None:
+            what = "your code" if method == "?" else f"`{method}`"
+            details = [f"not implemented yet: {what} still raises NotImplementedError"]
+            return Outcome(
+                name, False, details, cause=f"kvlab: unwritten {method}", unimplemented=method
+            )
         if _triton_too_early(e):
-            return Outcome(name, False, list(TRITON_TOO_EARLY_DETAILS), cause="triton too early")
+            return Outcome(
+                name, False, list(TRITON_TOO_EARLY_DETAILS), cause="kvlab: triton too early"
+            )
         details = explain_exception(e)
         if not _learner_frames(e):
             details.insert(0, "calling your code failed:")
@@ -378,13 +415,13 @@ def _run_isolated(check_: Check, obj, timeout: float, out: BoundedBuffer) -> Out
         outcome, text, total = in_child_process(child, timeout + 5)
     except CheckTimeout:
         details = [f"your code did not finish within {timeout:g} s (an endless loop?)"]
-        return Outcome(check_.name, False, details, cause="timeout")
+        return Outcome(check_.name, False, details, cause=TIMEOUT_CAUSE)
     except ChildCrashed as crash:
         if crash.signalled:
             details = [f"your code crashed the process ({crash.how})", f"hint:     {CRASH_HINT}"]
         else:
             details = [f"the check's process ended without a result ({crash.how})"]
-        return Outcome(check_.name, False, details, cause=f"crash {crash.how}")
+        return Outcome(check_.name, False, details, cause=f"kvlab: crash {crash.how}")
     out.write(text)
     out.total += total - len(text)
     return outcome
@@ -411,8 +448,9 @@ def _fold(outcome: Outcome, earlier: dict[str, str]) -> None:
 def run_checks(exercise_id: str, obj, timeout: float | None = None) -> CheckResult:
     """Run every check of an exercise against ``obj``; never raises for learner mistakes.
 
-    A function that is not written yet stops at its first check. A class is judged method by
-    method: every check runs, so the methods already written get their marks.
+    A function that is not written yet stops at its first check (unless what raised is another
+    function of the learner's, named in the report). A class is judged method by method: every
+    check runs, so the methods already written get their marks.
     """
     ex = get_exercise(exercise_id)
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
@@ -445,20 +483,21 @@ def run_checks(exercise_id: str, obj, timeout: float | None = None) -> CheckResu
             continue
         run = _run_isolated if ex.isolate and can_fork() else _run_one
         outcome = run(check_, obj, timeout, out)
-        if outcome.unimplemented and not outcomes and not wanted_class:
-            return CheckResult(ex.id, ex.title, "not implemented", [], total)
-        timed_out = outcome.cause == "timeout"
+        itself = outcome.unimplemented in ("?", getattr(obj, "__name__", None))
+        if outcome.unimplemented and itself and not outcomes and not wanted_class:
+            return CheckResult(ex.id, ex.title, "not implemented", [outcome], total)
+        timed_out = outcome.cause == TIMEOUT_CAUSE
         _fold(outcome, causes)
         outcomes.append(outcome)
     if all(o.unimplemented for o in outcomes):
-        return CheckResult(ex.id, ex.title, "not implemented", [], total)
+        return CheckResult(ex.id, ex.title, "not implemented", outcomes, total)
     status = "passed" if all(o.passed for o in outcomes) else "failed"
     return CheckResult(ex.id, ex.title, status, outcomes, total, out.total)
 
 
 def _kvlab_reference(obj) -> str | None:
-    """The name of kvlab's own function or class when ``obj`` is one (or a thin wrapper whose
-    code just hands over to one), else None."""
+    """The name of kvlab's own function or class when ``obj`` is one, else None. (Wrappers that
+    hand over to kvlab are caught by each lab's checks, e.g. ``own_code.refuse_reference``.)"""
     inner = getattr(obj, "fn", obj)  # a @triton.jit kernel wraps the Python function in .fn
     if str(getattr(inner, "__module__", "")).startswith("kvlab."):
         return getattr(inner, "__qualname__", repr(obj))

@@ -80,16 +80,18 @@ def expected_exercises(nb, path: Path) -> list[str]:
 def _kernel_manager(kernel_name: str | None, spec_dir: Path):
     """A kernel manager for a registered kernelspec, or (``None``) for kvlab's own kernel on this
     Python, written into ``spec_dir``: grading never depends on what is registered."""
+    # The async manager, as nbclient expects: with a blocking one its cell timeout and dead-kernel
+    # checks never run, and a looping cell hangs the grading.
     from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import KernelManager
+    from jupyter_client.manager import AsyncKernelManager
 
     if kernel_name is not None:
-        return KernelManager(kernel_name=kernel_name)
+        return AsyncKernelManager(kernel_name=kernel_name)
     from kvlab.jupyter_kernel import write_kernelspec
 
     write_kernelspec(spec_dir / "kernels" / "kvlab-grade", python=sys.executable)
     specs = KernelSpecManager(kernel_dirs=[str(spec_dir / "kernels")])
-    return KernelManager(kernel_name="kvlab-grade", kernel_spec_manager=specs)
+    return AsyncKernelManager(kernel_name="kvlab-grade", kernel_spec_manager=specs)
 
 
 def grade_notebook(path: str | Path, cell_timeout: int = 300, kernel_name: str | None = None):
