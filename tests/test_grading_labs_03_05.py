@@ -308,14 +308,55 @@ def test_reading_padding_entries_is_named():
         ]
 
 
+def own_gather(kc, vc, table, n):
+    """The learner's own gather (kvlab's gather_kv would be a hand-over)."""
+    rooms = table[: -(-n // kc.shape[1])].long()
+    return kc[rooms].flatten(0, 1)[:n], vc[rooms].flatten(0, 1)[:n]
+
+
+HANDOVERS = """
+import torch
+from kvlab.attention import decode_attention, gather_kv, paged_decode_attention_ref
+
+wrapper = lambda *a: paged_decode_attention_ref(*a)
+
+def gathers_with_kvlab(q, kc, vc, bt, sl):
+    out = torch.empty_like(q)
+    for s in range(q.shape[0]):
+        k, v = gather_kv(kc, vc, bt[s], int(sl[s]))
+        out[s] = decode_attention(q[s], k, v)
+    return out
+"""
+
+
+def test_handing_attention_to_kvlab_is_refused():
+    from kvlab.attention import decode_attention
+
+    cell: dict = {"__name__": "__main__"}  # a notebook cell's globals, as the learner has them
+    exec(compile(HANDOVERS, "<learner cell>", "exec"), cell)
+    for learner in (cell["wrapper"], cell["gathers_with_kvlab"]):
+        result = run_checks("04.paged_attention", learner)
+        first = result.outcomes[0]
+        assert result.passed == 0 and "hands the work to kvlab's" in first.details[0]
+        assert all(folded_into(o, first.name) for o in result.outcomes[1:])
+
+    def own(q, kc, vc, bt, sl):  # decode_attention on its own gather is the exercise
+        out = torch.empty_like(q)
+        for s in range(q.shape[0]):
+            out[s] = decode_attention(q[s], *own_gather(kc, vc, bt[s], int(sl[s])))
+        return out
+
+    assert run_checks("04.paged_attention", own).ok
+
+
 def test_paged_attention_diagnoses_the_wrong_kv_head():
-    from kvlab.attention import decode_attention, gather_kv
+    from kvlab.attention import decode_attention
 
     def modulo_heads(q, kc, vc, bt, sl):
         out = torch.empty_like(q)
         heads = [h % kc.shape[2] for h in range(q.shape[1])]
         for s in range(q.shape[0]):
-            k, v = gather_kv(kc, vc, bt[s], int(sl[s]))
+            k, v = own_gather(kc, vc, bt[s], int(sl[s]))
             out[s] = decode_attention(q[s], k[:, heads], v[:, heads])
         return out
 

@@ -12,13 +12,14 @@ import math
 
 import torch
 
-from kvlab.attention import decode_attention, paged_decode_attention_ref
+from kvlab.attention import decode_attention, gather_kv, paged_decode_attention_ref
 from kvlab.grading.core import (
     CheckFailed,
     exercise,
     expect_type,
     explain_exception,
 )
+from kvlab.grading.own_code import refuse_reference
 
 paged = exercise("04.paged_attention", "decode attention through key cards")
 
@@ -255,7 +256,10 @@ def _expect_case(fn, what: str, padding=False, **case):
     args = make_case(**case)
     expected = paged_decode_attention_ref(*args)
     try:
-        got = call_unchanged(fn, args)
+        with refuse_reference(
+            paged_decode_attention_ref, gather_kv, learner=fn, task="attending through key cards"
+        ):
+            got = call_unchanged(fn, args)
     except NotImplementedError:
         raise
     except Exception as error:
