@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument("--json", action="store_true", help="print JSON instead of a table")
     grade.add_argument("--cell-timeout", type=int, default=300, help="seconds per cell (300)")
     grade.add_argument(
+        "--jobs", type=int, default=1, help="notebooks graded at once, each in its own kernel (1)"
+    )
+    grade.add_argument(
         "--kernel",
         default=None,
         help="a registered Jupyter kernel to run in (default: kvlab's kernel on this Python)",
@@ -74,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "grade":
         from kvlab.grading.notebook import main as grade
 
-        return grade(args.paths, args.json, args.cell_timeout, args.kernel)
+        return grade(args.paths, args.json, args.cell_timeout, args.kernel, args.jobs)
     if args.command == "kernel":
         from kvlab.jupyter_kernel import install
 

@@ -16,8 +16,8 @@ pytestmark = pytest.mark.slow
 ARTIFACTS = ROOT / "tests" / "artifacts"
 
 
-def grade(*paths, env=None, kernel=None, timeout=900):
-    options = ["--kernel", kernel] if kernel else []
+def grade(*paths, env=None, kernel=None, jobs=1, timeout=900):
+    options = (["--kernel", kernel] if kernel else []) + ["--jobs", str(jobs)]
     out = subprocess.run(
         [*kvlab_cli(), "grade", "--json", *options, *map(str, paths)],
         capture_output=True,
@@ -38,8 +38,18 @@ def record_times(name: str, grades: dict) -> None:
     print(f"\n{name}: " + ", ".join(f"{p} {t:.0f} s" for p, t in times.items()))
 
 
-def test_labs_run_top_to_bottom_and_score_zero():
-    grades = grade("labs", kernel="kvlab")  # the kernel `make lab` registered
+@pytest.fixture(scope="module")
+def course():
+    """Every lab and solution, graded in the kernel `make lab` registered, two at a time."""
+    return grade("labs", "solutions", kernel="kvlab", jobs=2)
+
+
+def in_folder(grades: dict, folder: str) -> dict:
+    return {path: g for path, g in grades.items() if path.startswith(f"{folder}/")}
+
+
+def test_labs_run_top_to_bottom_and_score_zero(course):
+    grades = in_folder(course, "labs")
     record_times("labs", grades)
     assert len(grades) == len(list((ROOT / "labs").glob("*.ipynb")))
     for path, g in grades.items():
@@ -52,9 +62,10 @@ def test_labs_run_top_to_bottom_and_score_zero():
         assert {e["status"] for e in g["exercises"]} == {"not implemented"}, path
 
 
-def test_solutions_get_full_marks():
-    grades = grade("solutions", kernel="kvlab")
+def test_solutions_get_full_marks(course):
+    grades = in_folder(course, "solutions")
     record_times("solutions", grades)
+    assert len(grades) == len(list((ROOT / "solutions").glob("*.ipynb")))
     for path, g in grades.items():
         assert g["error"] is None and g["error_cells"] == [], path
         assert g["passed"] == g["total"] > 0, path
@@ -171,3 +182,7 @@ def test_grade_text_report_and_bad_paths(tmp_path):
         [*kvlab_cli(), "grade", str(tmp_path / "nope.ipynb")], capture_output=True, text=True
     )
     assert missing.returncode == 2 and "no such notebook" in missing.stdout
+    no_jobs = subprocess.run(
+        [*kvlab_cli(), "grade", "--jobs", "0", str(path)], capture_output=True, text=True
+    )
+    assert no_jobs.returncode == 2 and "--jobs must be at least 1" in no_jobs.stdout

@@ -180,13 +180,32 @@ def format_grade(grade: NotebookGrade) -> str:
     return "\n".join(lines)
 
 
-def main(paths: list[str], as_json: bool, cell_timeout: int, kernel_name: str | None) -> int:
+def grade_all(notebooks: list[Path], cell_timeout: int, kernel_name: str | None, jobs: int = 1):
+    """Grade notebooks, ``jobs`` at a time (each in its own process and kernel); results keep
+    the notebooks' order."""
+    if jobs <= 1 or len(notebooks) <= 1:
+        return [grade_notebook(p, cell_timeout, kernel_name) for p in notebooks]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("spawn")  # no inherited event loops or threads
+    with ProcessPoolExecutor(min(jobs, len(notebooks)), mp_context=context) as pool:
+        runs = [pool.submit(grade_notebook, p, cell_timeout, kernel_name) for p in notebooks]
+        return [run.result() for run in runs]
+
+
+def main(
+    paths: list[str], as_json: bool, cell_timeout: int, kernel_name: str | None, jobs: int = 1
+) -> int:
     notebooks = notebooks_in(paths)
     missing = [str(p) for p in notebooks if not p.exists()]
     if missing or not notebooks:
         print(f"kvlab grade: no such notebook: {', '.join(missing) or ' '.join(paths)}")
         return 2
-    grades = [grade_notebook(p, cell_timeout, kernel_name) for p in notebooks]
+    if jobs < 1:
+        print(f"kvlab grade: --jobs must be at least 1, got {jobs}")
+        return 2
+    grades = grade_all(notebooks, cell_timeout, kernel_name, jobs)
     if as_json:
         print(json.dumps({"notebooks": [g.to_dict() for g in grades]}, indent=2))
     else:
