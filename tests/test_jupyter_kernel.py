@@ -11,25 +11,14 @@ from conftest import LEARNER_ENV
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import start_new_kernel
 
+from kvlab.doctor import KERNEL_PROBE
 from kvlab.jupyter_kernel import launches_kvlab
 
 pytestmark = pytest.mark.slow
 
-# Lab 05's old first cell, then a kernel launch: what failed for learners.
-TRITON_FIRST = """
-import os, torch, triton, triton.language as tl
-import kvlab
-
-@triton.jit
-def add_one(x_ptr, BLOCK: tl.constexpr):
-    offs = tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + offs) + tl.zeros([BLOCK], tl.float32) + 1.0
-    tl.store(x_ptr + offs, x + tl.sum(x, axis=0) - BLOCK)  # tl.zeros, tl.sum: built at import
-
-x = torch.zeros(4)
-add_one[(1,)](x, BLOCK=4)
-print("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET"), "sum", x.sum().item())
-"""
+# Lab 05's old first cell (Triton before kvlab), then a kernel launch: what failed for learners.
+# The doctor runs the same probe; it prints "kvlab-probe interpreter 4.0" when it works.
+TRITON_FIRST = KERNEL_PROBE + "print('TRITON_INTERPRET', os.environ.get('TRITON_INTERPRET'))\n"
 
 
 def run_in_kernel(kernel_name: str, code: str, env=None) -> str:
@@ -71,7 +60,7 @@ def test_the_registered_kernel_starts_through_kvlab():
 
 def test_triton_imported_first_still_runs_in_the_kvlab_kernel():
     out = run_in_kernel("kvlab", TRITON_FIRST, env=no_gpu_env())
-    assert "TRITON_INTERPRET 1 sum 4.0" in out, out
+    assert "kvlab-probe interpreter 4.0" in out and "TRITON_INTERPRET 1" in out, out
 
 
 def test_a_plain_python_kernel_breaks_and_kvlab_says_why():
