@@ -256,3 +256,33 @@ def test_triton_imported_too_early_is_not_blamed_on_the_learner():
     assert first[0].startswith("Triton was imported before kvlab chose its interpreter")
     assert "not a mistake in your code" in first[0] and "kvlab (Python 3)" in first[1]
     assert second[0].startswith(SAME_PROBLEM)
+
+
+def test_warnings_are_named_as_warnings_not_as_printing():
+    """NumPy inside Triton's interpreter warns; the learner printed nothing."""
+    import warnings
+
+    def noisy_double(x):
+        for _ in range(1000):
+            warnings.warn("invalid value encountered in divide", RuntimeWarning, stacklevel=1)
+        return 2 * x
+
+    result = run_checks("zz.double", noisy_double)
+    assert result.ok and result.printed_chars == 0
+    assert result.warnings == ["RuntimeWarning: invalid value encountered in divide"]
+    report = result.report()
+    assert "note: 1 warning during the checks (hidden), e.g. RuntimeWarning: invalid" in report
+    assert "printed" not in report
+
+
+def test_grading_lists_exercises_in_the_notebooks_order():
+    from pathlib import Path
+
+    import nbformat
+
+    from kvlab.grading.notebook import expected_exercises
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell('check("00.decode_step", f)')]
+    # the checked one first, then the lab's exercise whose check cell is missing
+    assert expected_exercises(nb, Path("00_mine.ipynb")) == ["00.decode_step", "00.kv_bytes"]

@@ -16,6 +16,7 @@ import numbers
 import os
 import sys
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -167,6 +168,7 @@ class Outcome:
     details: list[str] = field(default_factory=list)
     cause: str | None = None  # the diagnosed mistake, to fold later failures with the same cause
     unimplemented: str | None = None  # the learner's function that still raises NotImplementedError
+    warnings: list[str] = field(default_factory=list)  # warnings raised while it ran (hidden)
 
 
 @dataclass
@@ -214,6 +216,12 @@ class CheckResult:
             "total": self.total,
         }
 
+    @property
+    def warnings(self) -> list[str]:
+        """Distinct warnings raised during the checks (by the learner's code or the libraries
+        it calls, e.g. NumPy inside Triton's interpreter)."""
+        return list(dict.fromkeys(w for o in self.outcomes for w in o.warnings))
+
     def report(self) -> str:
         head = f"{self.exercise} · {self.title}"
         unwritten = [n for n in self.unwritten if n != "?"]
@@ -235,6 +243,14 @@ class CheckResult:
         if self.printed_chars:
             lines.append(
                 f"note: your code printed {plural(self.printed_chars, 'character')} during the checks (hidden)"
+            )
+        if self.warnings:
+            first = (
+                self.warnings[0] if len(self.warnings[0]) <= 120 else self.warnings[0][:119] + "…"
+            )
+            lines.append(
+                f"note: {plural(len(self.warnings), 'warning')} during the checks (hidden), "
+                f"e.g. {first}"
             )
         if self.status == "passed":
             lines.append("All checks passed. Well done!")
@@ -366,6 +382,16 @@ def _triton_too_early(exc: BaseException) -> bool:
 
 def _run_one(check_: Check, obj, timeout: float, out: BoundedBuffer) -> Outcome:
     """Run one check and say what happened, blaming the learner's code only when it is at fault."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # once per place: a warning in a loop is one entry
+        outcome = _run_caught(check_, obj, timeout, out)
+    outcome.warnings = list(
+        dict.fromkeys(f"{w.category.__name__}: {' '.join(str(w.message).split())}" for w in caught)
+    )[:5]
+    return outcome
+
+
+def _run_caught(check_: Check, obj, timeout: float, out: BoundedBuffer) -> Outcome:
     name = check_.name
     try:
         with captured_output(out), time_limit(timeout):

@@ -66,14 +66,15 @@ class NotebookGrade:
 
 
 def expected_exercises(nb, path: Path) -> list[str]:
-    """The lab's registered exercises, plus any other exercise the notebook checks."""
+    """Every exercise the notebook checks, in the notebook's order, then the lab's registered
+    exercises whose check cell is missing (they score zero)."""
     ids: list[str] = []
-    match = _LAB_NAME.match(path.name)
-    if match:
-        ids += [ex.id for ex in load_lab(match.group(1))]
     for cell in nb.cells:
         if cell.cell_type == "code":
             ids += [i for i in _CHECK_CALL.findall(cell.source) if i not in ids]
+    match = _LAB_NAME.match(path.name)
+    if match:
+        ids += [ex.id for ex in load_lab(match.group(1)) if ex.id not in ids]
     return ids
 
 
