@@ -114,3 +114,59 @@ def measure_matmul_rate(
         moved = 4 * (dim * dim + 2 * dim * batch)  # fp32: read W and X, write W @ X
         rows.append((batch, flops / statistics.median(seconds), flops / moved))
     return rows
+
+
+def describe_measured_rates(rows: list[tuple[int, float, float]], noise: float = 0.10) -> list[str]:
+    """What :func:`measure_matmul_rate`'s rows show, in sentences written from the numbers.
+
+    The first says what a batch of 1 pulled from memory; the second whether batching paid (a
+    batch doing at least twice the FLOP/s of batch 1), else that the machine was busy. Then one
+    sentence per batch that ran more than ``noise`` (a share) below the batch before it: a
+    smaller dip is timing noise on a plateau and is not reported. Only a drop from batch 1 is
+    put down to batch 1's tuned matrix-vector kernel.
+    """
+    if not rows:
+        raise ValueError("rows must hold at least one (batch, rate, intensity) row")
+    if not 0 <= noise < 1:
+        raise ValueError(f"noise must be a share in [0, 1), got {noise!r}")
+    batch_1, rate_1, intensity_1 = rows[0]
+    bandwidth = rate_1 / intensity_1
+    lines = [
+        f"A batch of {batch_1} read the matrix at about {bandwidth / 1e9:.0f} GB/s and did "
+        f"{rate_1 / 1e9:.1f} GFLOP/s."
+    ]
+    batch_n, rate_n, _ = rows[-1]
+    gain = rate_n / rate_1
+    if len(rows) > 1 and gain >= 2:
+        lines.append(
+            f"A batch of {batch_n} did {gain:.0f}x more arithmetic per second: the matrix was "
+            f"read once and every weight used {batch_n} times. That is why servers decode many "
+            "guests per step."
+        )
+    elif len(rows) > 1:
+        lines.append(
+            f"Here a batch of {batch_n} was only {gain:.1f}x faster per FLOP than a batch of "
+            f"{batch_1}, less than the roofline allows: something else was using this machine, "
+            "or its memory is unusually fast. Run the cell above again."
+        )
+    dips = [
+        (before, after)
+        for before, after in zip(rows[:-1], rows[1:], strict=True)
+        if after[1] < before[1] * (1 - noise)
+    ]
+    for (low, low_rate, _), (high, high_rate, _) in dips:
+        drop = 1 - high_rate / low_rate
+        why = (
+            "CPU matrix libraries pick a kernel per shape, and the matrix-vector product of "
+            "batch 1 has its own tuned one"
+            if low == 1
+            else "CPU matrix libraries pick a kernel per shape and not every shape gets a fast "
+            "one, or another program took the CPU for a moment (run the cell again to tell which)"
+        )
+        lines.append(
+            f"Batch {high} ({high_rate / 1e9:.1f} GFLOP/s) ran {drop:.0%} below batch {low} "
+            f"({low_rate / 1e9:.1f} GFLOP/s): {why}."
+        )
+    if dips:
+        lines.append("The roofline is a ceiling, not a promise.")
+    return lines

@@ -44,7 +44,7 @@ def test_wrong_answer_shows_input_expected_got_and_hint(capsys):
     out = capsys.readouterr().out
     assert result.status == "failed" and 0 < result.passed < result.total
     assert "✘ grouped-query attention" in out
-    assert "expected: 131072" in out and "got:      524288" in out
+    assert "expected: 131,072" in out and "got:      524,288" in out
     assert "hint:     query heads are not cached" in out
     assert "Llama-3-8B: 32 layers, 32 query heads, 8 KV heads" in out
 

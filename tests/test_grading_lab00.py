@@ -1,7 +1,9 @@
 """Lab 00 checks: each usual mistake gets its own diagnosis, an unknown one the neutral line, a
 knock-on failure "probably the same problem as above", and kvlab's own code is never the learner's."""
 
+import json
 import math
+import pathlib
 
 import pytest
 import torch
@@ -9,6 +11,9 @@ import torch
 from kvlab.attention import TinyAttention
 from kvlab.grading import run_checks
 from kvlab.grading.core import NO_DIAGNOSIS, SAME_PROBLEM
+from kvlab.roofline import describe_measured_rates
+
+ROOT = pathlib.Path(__file__).parents[1]
 
 
 def failed(result) -> list[str]:
@@ -107,6 +112,7 @@ def make_decode(slip=None):
             k_cache, v_cache = torch.cat([k_cache, k]), torch.cat([v_cache, v])
         group = layer.num_heads // layer.num_kv_heads
         spread = (lambda c: c.repeat(1, group, 1)) if slip == "repeat" else None
+        spread = (lambda c: c) if slip == "no gqa" else spread  # KV heads never expanded
         spread = spread or (lambda c: c.repeat_interleave(group, dim=1))
         keys, values = spread(k_cache), spread(v_cache)
         if slip == "no append":
@@ -164,11 +170,84 @@ def test_a_prepending_cache_is_caught_although_every_output_is_right():
     assert all(any(d.startswith("replay:") for d in o.details) for o in later)
 
 
-def test_nn_linear_convention_fails_at_the_learners_line_on_the_non_square_layer():
+def test_nn_linear_convention_on_the_non_square_layer_folds_into_the_first_failure():
+    """`o @ wo.T` cannot even run when wo is not square: the shape error there is the same
+    mistake the first check named, so it says so instead of showing a new RuntimeError."""
     result = run_checks("00.decode_step", make_decode("nn.Linear"))
-    wide = result.outcomes[-1]
+    first, wide = result.outcomes[0], result.outcomes[-1]
     assert wide.name.startswith("heads that do not tile d_model") and not wide.passed
-    assert "RuntimeError" in wide.details[0] and "layer.wo.T" in wide.details[1]
+    assert wide.details[0] == f"{SAME_PROBLEM} (“{first.name}”)"
+    assert any(d.startswith("input:    step 0 of 5") for d in wide.details)
+    assert len(hints(result)) == 1 and "nn.Linear's convention" in hints(result)[0]
+
+
+def test_kv_heads_not_expanded_for_the_query_heads_is_named_and_folds():
+    """Without repeat_interleave the scores of a grouped-query layer fail to compute (einsum
+    sees 4 query heads and 2 KV heads): a shape error that names the mistake."""
+    result = run_checks("00.decode_step", make_decode("no gqa"))
+    first, *later = [o for o in result.outcomes if not o.passed]
+    assert first.name.startswith("grouped-query attention") and result.passed == 4
+    assert first.details[0].startswith("RuntimeError: einsum()")
+    assert "\n   this layer has 4 query heads and 2 KV heads" in first.details[0]
+    assert "input:    step 0 of 6: 0 tokens cached, token 0 comes in" in first.details
+    assert "repeat each KV head for its group" in hints(result)[0] and len(hints(result)) == 1
+    assert [o.name for o in later] == [result.outcomes[-1].name]  # the wide layer has GQA too
+    assert later[0].details[0] == f"{SAME_PROBLEM} (“{first.name}”)"
+
+
+def test_an_unknown_error_on_a_gqa_layer_is_still_shown_as_it_is():
+    def breaks_on_groups(layer, x_t, k_cache, v_cache):
+        if layer.num_kv_heads < layer.num_heads:
+            raise ZeroDivisionError("a bug of its own")
+        return make_decode()(layer, x_t, k_cache, v_cache)
+
+    result = run_checks("00.decode_step", breaks_on_groups)
+    first = next(o for o in result.outcomes if not o.passed)
+    assert first.details[0] == "ZeroDivisionError: a bug of its own" and not hints(result)
+    assert first.details[1].startswith("at line")
+
+
+def test_byte_counts_are_written_with_thousands_separators():
+    result = run_checks("00.kv_bytes", lambda s: 3 * good_kv_bytes(s) // 2)
+    first = first_failure(result)
+    assert "expected: 819,200" in first and "got:      1,228,800" in first
+    kib = first_failure(run_checks("00.kv_bytes", lambda s: good_kv_bytes(s) / 1024))
+    assert "expected: 819,200" in kib and "got:      800.0" in kib
+
+
+# --- the measured roofline's sentences (Lab 00, cell lab00-24b) --------------------------------
+
+
+def rates(*gflops):
+    """Rows as measure_matmul_rate returns them, for batches 1, 4, 16, 64, 256."""
+    batches = (1, 4, 16, 64, 256)
+    return [(b, r * 1e9, 2 * b / (4 + 8 * b / 4096)) for b, r in zip(batches, gflops, strict=True)]
+
+
+def test_a_small_dip_on_the_plateau_is_noise_and_not_reported():
+    lines = describe_measured_rates(rates(10.7, 20.0, 30.0, 36.8, 36.2))  # 1.6% below
+    assert not any(line.startswith("Batch") for line in lines)
+    assert "ceiling, not a promise" not in " ".join(lines)
+    assert "A batch of 256 did 3x more arithmetic per second" in lines[1]
+
+
+def test_a_large_dip_is_reported_and_only_batch_1_gets_the_matrix_vector_reason():
+    lines = describe_measured_rates(rates(10.7, 20.0, 30.0, 36.8, 30.2))  # 18% below
+    (dip,) = [line for line in lines if line.startswith("Batch")]
+    assert dip.startswith("Batch 256 (30.2 GFLOP/s) ran 18% below batch 64 (36.8 GFLOP/s)")
+    assert "batch 1" not in dip and "not every shape gets a fast one" in dip
+    assert lines[-1] == "The roofline is a ceiling, not a promise."
+
+    lines = describe_measured_rates(rates(10.7, 1.6, 20.0, 36.8, 36.2))  # the issue's batch 4
+    (dip,) = [line for line in lines if line.startswith("Batch")]
+    assert dip.startswith("Batch 4 (1.6 GFLOP/s) ran 85% below batch 1 (10.7 GFLOP/s)")
+    assert "the matrix-vector product of batch 1 has its own tuned one" in dip
+
+
+def test_lab00_prints_the_measured_sentences_from_the_tested_function():
+    cells = json.loads((ROOT / "solutions" / "00_why_kv_cache.ipynb").read_text())["cells"]
+    source = next("".join(c["source"]) for c in cells if c["id"] == "lab00-24b")
+    assert "describe_measured_rates(rows, noise=0.10)" in source and "zip(rows" not in source
 
 
 def test_unknown_decode_mistake_gets_the_neutral_line_and_a_replay():

@@ -3,6 +3,9 @@ targets it with its own diagnosis (an unknown one with the neutral line), knock-
 folded, a half-written class gets the marks of its written methods, and kvlab's own code, however
 it is reached, is never the learner's."""
 
+import json
+import pathlib
+
 import kvlab.trace
 from kvlab.contiguous import external_fragmentation, first_fit
 from kvlab.errors import OutOfMemory
@@ -11,6 +14,8 @@ from kvlab.grading.core import NO_DIAGNOSIS, SAME_PROBLEM
 from kvlab.grading.lab01 import random_day
 from kvlab.grading.lab02 import random_floors
 from kvlab.trace import split_waste
+
+ROOT = pathlib.Path(__file__).parents[1]
 
 
 def failed(result) -> list[str]:
@@ -112,6 +117,37 @@ def test_none_final_that_crashes_gets_a_hint():
     first = first_failure(result)
     assert "TypeError" in first and "future = min(final, booked) - tokens" in first
     assert "test `final is None` first" in first
+
+
+def test_an_off_by_one_in_future_is_named_either_way_and_folds():
+    for delta, named in ((-1, "future is one bed short"), (1, "future is one bed too many")):
+
+        def off(booked, tokens, final, delta=delta):  # `will_hold - tokens - 1` (or + 1)
+            will_hold = booked if final is None else min(final, booked)
+            future = will_hold - tokens + delta
+            return tokens, future, booked - tokens - future
+
+        result = run_checks("01.waste_split", off)
+        assert result.passed == 0
+        first = first_failure(result)
+        assert named in first and "min(final, booked) − tokens" in first, first
+        assert folded(result)  # the -1 future of "done" too: no neutral note
+        assert not any(NO_DIAGNOSIS in d for o in result.outcomes for d in o.details)
+
+
+def test_a_negative_part_is_named():
+    def internal_from_final(booked, tokens, final):  # forgets that final may exceed booked
+        will_hold = booked if final is None else min(final, booked)
+        return tokens, will_hold - tokens, booked - (final or booked)
+
+    result = run_checks("01.waste_split", internal_from_final)
+    assert failed(result) == [
+        "a guest who would outgrow the booking only counts booked beds",
+        "200 random bookings: the parts always add up to the booking",
+    ]
+    first = first_failure(result)
+    assert "got:      tuple (200, 56, -44)" in first
+    assert "a part is negative (internal)" in first and folded(result)
 
 
 def test_unknown_split_mistake_gets_the_neutral_line():
@@ -251,6 +287,60 @@ def test_max_length_cache_diagnoses():
         assert folded(result), cls.__name__
 
 
+def test_an_error_in_a_call_that_should_work_shows_the_calls_with_it_marked():
+    class StayOfMaxRefused(GoodCache):  # `>=` where `>` belongs: a full-length stay is refused
+        def admit(self, request_id, prompt_len, output_len):
+            if prompt_len + output_len >= self.size:
+                raise ValueError("too long")
+            super().admit(request_id, prompt_len, output_len)
+
+    result = run_checks("01.max_length_cache", StayOfMaxRefused)
+    first = first_failure(result)
+    assert failed(result)[0].startswith("check-in: num_slots guests fit")
+    assert (
+        "input:    MaxLengthCache(2, 16); .admit('a', 3, 4); → .admit('b', 16, 0) raised ValueError"
+        in first
+    )
+    assert "got:      ValueError: too long (at line" in first
+    assert "a stay of exactly max_seq_len beds fits its suite" in first
+
+    class AppendBreaks(GoodCache):
+        def append(self, request_id):
+            self.guests[request_id][2] += 1  # a slip of the index: a guest's record has 2 fields
+
+    result = run_checks("01.max_length_cache", AppendBreaks)
+    first = first_failure(result)
+    assert "→ .append('a') raised IndexError" in first and NO_DIAGNOSIS in first
+    assert failed(result) == [
+        "append moves one bed from future to used",
+        "a random day at the hotel: 126 calls in random order",
+    ]
+    assert folded(result)
+
+
+def test_refused_calls_are_marked_in_the_transcript():
+    class HalfAdmit(GoodCache):
+        def admit(self, request_id, prompt_len, output_len):
+            self.free -= 1  # takes the suite before validating
+            if prompt_len + output_len > self.size:
+                raise ValueError("too long")
+            self.free += 1
+            super().admit(request_id, prompt_len, output_len)
+
+    first = first_failure(run_checks("01.max_length_cache", HalfAdmit))
+    assert ".admit('b', 10, 7) raised ValueError; → .admit('b', 3, 4) raised OutOfMemory" in first
+    assert "check every reason to refuse before taking a suite" in first
+
+
+def test_memory_report_that_raises_shows_the_calls_before_it():
+    class ReportBreaks(GoodCache):
+        def memory_report(self):
+            return {**super().memory_report(), "free": self.free * self.size / len(self.guests)}
+
+    first = first_failure(run_checks("01.max_length_cache", ReportBreaks))
+    assert "input:    MaxLengthCache(4, 64); → .memory_report() raised ZeroDivisionError" in first
+
+
 def test_random_day_is_cut_and_says_how_to_replay_it():
     class Off(GoodCache):
         def memory_report(self):
@@ -387,3 +477,84 @@ def test_external_fragmentation_diagnoses():
         assert hint in first_failure(result), first_failure(result)
     result = run_checks("02.external_fragmentation", lambda e: external_fragmentation(e))
     assert result.passed == 0 and "kvlab's `external_fragmentation`" in first_failure(result)
+
+
+# --- the notebooks' words agree with what they print and show ---------------------------------
+
+
+def cell(notebook: str, cell_id: str) -> str:
+    cells = json.loads((ROOT / "solutions" / notebook).read_text())["cells"]
+    return next("".join(c["source"]) for c in cells if c["id"] == cell_id)
+
+
+def test_lab01_promises_a_comparison_with_the_paper_not_its_figures():
+    objective = cell("01_contiguous_cache.ipynb", "lab01-00")
+    assert "reproduce" not in objective
+    assert all(f in objective for f in ("**20.4%**", "**26.8%**", "**38.2%**", "explain"))
+
+
+def test_lab01_quotes_sharegpts_means_as_the_papers_and_prints_the_traces_own():
+    from kvlab.workload import load_trace, mean_lengths
+
+    prose = cell("01_contiguous_cache.ipynb", "lab01-12")
+    assert "the paper reports means of about 161 prompt and 338 answer tokens" in prose
+    assert "its own means are printed below" in prose
+    prompt, output = mean_lengths(load_trace("sharegpt_like"))
+    assert (round(prompt), round(output)) != (161, 338)  # why the prose must not claim them
+    assert "mean_lengths(day)" in cell("01_contiguous_cache.ipynb", "lab01-13")
+
+
+def test_usage_plots_keep_their_legend_off_the_bands(monkeypatch):
+    """Lab 01's and Lab 03's usage-over-time plots: the legend sits below the axes, where it
+    cannot cover the free region that opens at the end of the day."""
+    import matplotlib.pyplot as plt
+
+    from kvlab import replay as replay_module
+
+    class Quick:  # the plot needs only the result; a short day keeps the test fast
+        def __init__(self, real):
+            self.real = real
+
+        def __call__(self, hotel, day, **kwargs):
+            return self.real(hotel, day[:40], **kwargs)
+
+    for notebook, cell_id, setup in (
+        ("01_contiguous_cache.ipynb", "lab01-13", "lab01-01"),
+        ("03_paged_allocator.ipynb", "lab03-11", "lab03-01"),
+    ):
+        namespace = {}
+        exec(cell(notebook, setup), namespace)
+        namespace["replay"] = Quick(replay_module.replay)
+        source = cell(notebook, cell_id).split("\n\nfor part in")[0]  # the plot, not the table
+        exec(source, namespace)
+        ax = namespace["ax"]
+        ax.figure.canvas.draw()
+        legend = ax.get_legend().get_window_extent()
+        assert legend.y1 <= ax.get_window_extent().y0, notebook
+        plt.close("all")
+
+
+def test_lab02_player_opens_on_the_first_impossible_allocation():
+    from kvlab.widgets.frames import frame_at
+
+    namespace = {}
+    for cell_id in ("lab02-01", "lab02-11"):
+        exec(cell("02_external_fragmentation.ipynb", cell_id), namespace)
+    exec("first = refused[0]", namespace)  # as lab02-13 picks it
+    *body, last = cell("02_external_fragmentation.ipynb", "lab02-15").strip().splitlines()
+    exec("\n".join(body), namespace)
+    player = eval(last, namespace)
+    hotel = player.hotels[0]
+    assert hotel.step == player.slider.value > 1
+    assert hotel.data["frames"][frame_at(hotel.data, hotel.step)]["event"] == (
+        "impossible allocation"
+    )
+    earlier = [hotel.data["frames"][frame_at(hotel.data, s)]["event"] for s in range(1, hotel.step)]
+    assert "impossible allocation" not in earlier
+
+
+def test_lab02_prose_names_the_free_space_one_way():
+    cells = json.loads((ROOT / "solutions" / "02_external_fragmentation.ipynb").read_text())
+    prose = "\n".join("".join(c["source"]) for c in cells["cells"] if c["cell_type"] == "markdown")
+    assert "largest gap" not in prose and "free extent" in prose
+    assert "free run" not in prose  # the pictures say "largest free extent" too

@@ -2,7 +2,9 @@
 
 Each wrong answer is compared with what the usual slips would have produced (KiB instead of
 bytes, query heads instead of KV heads, a softmax over the heads, nn.Linear's ``x @ W.T``, …);
-a hint is given only when one slip, and only one, explains it.
+a hint is given only when one slip, and only one, explains it. A shape error is named when the
+learner's step runs right on a layer without the trouble (every query head with its own KV head;
+a square ``wo``), so knock-on failures of one mistake fold into its first report.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from kvlab.grading.core import (
     call_without_mutation,
     exercise,
     expect_type,
+    explain_exception,
     plural,
     short,
 )
@@ -133,10 +136,17 @@ def _expect_bytes(fn, spec: ModelSpec):
     raise CheckFailed(
         "wrong byte count",
         input=where,
-        expected=short(right),
-        got=short(got),
+        expected=f"{right:,}",
+        got=_bytes_text(got),
         hint=diagnose_kv_bytes(fn, spec, got),
     )
+
+
+def _bytes_text(value) -> str:
+    """A byte count as the checks' titles write it (819,200); anything else as it is."""
+    if _is_number(value) and math.isfinite(value):
+        return f"{value:,}"
+    return short(value)
 
 
 @kv_bytes.check(
@@ -256,14 +266,7 @@ def step_slips(layer) -> list[tuple[str, dict, str]]:
             )
         )
     if tuple(layer.wo.shape) == (layer.d_model, layer.d_model):
-        slips.append(
-            (
-                "weights act on the right in this lab (x @ W): the output is `o @ layer.wo`; "
-                "`o @ layer.wo.T` is nn.Linear's convention",
-                {},
-                "x @ W.T",
-            )
-        )
+        slips.append((LINEAR_HINT, {}, "x @ W.T"))
         slips.append(("project the heads' output back to d_model with `@ layer.wo`", {}, "none"))
     return slips
 
@@ -280,6 +283,74 @@ def diagnose_step(layer, x_t, k_cache, v_cache, y) -> str | None:
         if not _close(wrong, right) and _close(y, wrong):
             found.append(hint)
     return found[0] if len(found) == 1 else None
+
+
+NO_GQA = (
+    "grouped-query attention: layer.qkv gives k and v num_kv_heads heads, q num_heads. Before "
+    "the scores, repeat each KV head for its group of num_heads // num_kv_heads query heads "
+    "(`k_cache.repeat_interleave(group, dim=1)`, the same for v); the caches keep num_kv_heads"
+)
+NO_GQA_CAUSE = "kvlab: KV heads not expanded to query heads"
+LINEAR_HINT = (
+    "weights act on the right in this lab (x @ W): the output is `o @ layer.wo`; "
+    "`o @ layer.wo.T` is nn.Linear's convention"
+)
+
+
+def _steps_quietly(fn, layer, steps: int = 2):
+    """The learner's outputs for ``steps`` tokens through ``layer`` from an empty cache (with the
+    tokens), or None when their code raises: a probe never fails a check."""
+    x = torch.randn(steps, layer.d_model, generator=torch.Generator().manual_seed(7))
+    k_cache, v_cache = layer.empty_cache()
+    outputs = []
+    try:
+        for t in range(steps):
+            y, k_cache, v_cache = fn(layer, x[t], k_cache, v_cache)
+            outputs.append(y)
+    except Exception:
+        return None
+    return x, outputs
+
+
+def _shape_error(error: Exception) -> bool:
+    """torch's complaint about tensors whose shapes do not fit (einsum, @, broadcasting)."""
+    text = str(error)
+    return isinstance(error, RuntimeError) and ("size" in text or "shape" in text)
+
+
+def diagnose_error(fn, layer) -> tuple[str, str, str] | None:
+    """(message, hint, cause) for an error the learner's step raised on ``layer``, when a probe
+    on a layer without the trouble shows what it was: KV heads not expanded for the query heads
+    (the step works when every query head has its own KV head), or nn.Linear's ``o @ wo.T``
+    (which only fails to run when ``wo`` is not square)."""
+    if layer.num_kv_heads < layer.num_heads:
+        plain = TinyAttention(
+            layer.d_model, layer.num_heads, seed=11, head_dim=layer.head_dim
+        )  # every query head with its own KV head
+        probe = _steps_quietly(fn, plain)
+        if probe is not None and all(
+            _close(y, right) for y, right in zip(probe[1], plain.forward(probe[0]), strict=True)
+        ):
+            message = (
+                f"this layer has {plural(layer.num_heads, 'query head')} and "
+                f"{plural(layer.num_kv_heads, 'KV head')}; your step runs when there are as many KV "
+                "heads as query heads"
+            )
+            return message, NO_GQA, NO_GQA_CAUSE
+    if layer.wo.shape[0] != layer.wo.shape[1]:
+        width = layer.num_heads * layer.head_dim
+        square = TinyAttention(width, layer.num_heads, layer.num_kv_heads, seed=11)
+        probe = _steps_quietly(fn, square, steps=1)
+        if probe is not None:
+            x, (y,) = probe
+            empty = square.empty_cache()
+            if (
+                isinstance(y, torch.Tensor)
+                and diagnose_step(square, x[0], *empty, y) == LINEAR_HINT
+            ):
+                message = f"layer.wo is {width} × {layer.d_model} here, not square"
+                return message, LINEAR_HINT, LINEAR_HINT
+    return None
 
 
 def _cache_shape_hint(layer, got: tuple, rows: int) -> str | None:
@@ -362,17 +433,32 @@ def _run_decode(fn, layer: TinyAttention, steps: int, seed: int, build: str):
     k_cache, v_cache = layer.empty_cache()
     for t in range(steps):
         where = f"step {t} of {steps}: {plural(t, 'token')} cached, token {t} comes in"
-        with refuse_reference(
-            TinyAttention.decode_step,
-            TinyAttention.forward,
-            decode_attention,
-            causal_attention,
-            learner=fn,
-            task="writing the decode step",
-        ):
-            result = call_without_mutation(
-                fn, layer, x[t], k_cache, v_cache, names=("layer", "x_t", "k_cache", "v_cache")
-            )
+        try:
+            with refuse_reference(
+                TinyAttention.decode_step,
+                TinyAttention.forward,
+                decode_attention,
+                causal_attention,
+                learner=fn,
+                task="writing the decode step",
+            ):
+                result = call_without_mutation(
+                    fn, layer, x[t], k_cache, v_cache, names=("layer", "x_t", "k_cache", "v_cache")
+                )
+        except (CheckFailed, NotImplementedError):
+            raise
+        except Exception as error:
+            found = diagnose_error(fn, layer) if _shape_error(error) else None
+            if found is None:
+                raise
+            message, hint, cause = found
+            raise CheckFailed(
+                "\n   ".join([*explain_exception(error), message]),
+                input=where,
+                replay=replay,
+                hint=hint,
+                cause=cause,
+            ) from None
         if not isinstance(result, tuple) or len(result) != 3:
             hint = RETURNED_NONE if result is None else None
             if isinstance(result, list) and len(result) == 3:

@@ -73,9 +73,57 @@ def _as_tuple(value):
     return tuple(value) if isinstance(value, (tuple, list)) else value
 
 
+def _future_off_by(got, right) -> int:
+    """+1 or -1 when ``got`` is the right split with one bed moved between future and internal,
+    else 0."""
+    if not (isinstance(got, (tuple, list)) and len(got) == 3):
+        return 0
+    delta = got[1] - right[1]
+    moved = (got[0], got[2]) == (right[0], right[2] - delta)
+    return delta if delta in (1, -1) and moved else 0
+
+
+def off_by_one(fn, got, booked, tokens, final) -> str | None:
+    """The hint when future is one bed off, here and on a probe booking too."""
+    delta = _future_off_by(got, split_waste(booked, tokens, final))
+    if not delta:
+        return None
+    try:
+        on_probe = fn(*PROBES[0])
+    except Exception:
+        return None
+    if _future_off_by(on_probe, split_waste(*PROBES[0])) != delta:
+        return None
+    return (
+        f"future is one bed {'too many' if delta > 0 else 'short'}: the beds still to fill are "
+        f"exactly min(final, booked) − tokens (booked − tokens when final is None), with no "
+        f"{'+ 1' if delta > 0 else '− 1'}"
+    )
+
+
+def negative_part(got) -> str | None:
+    """The hint when a part of the split is below zero."""
+    if not (isinstance(got, (tuple, list)) and len(got) == 3):
+        return None
+    for name, value in zip(("used", "future", "internal"), got, strict=True):
+        if isinstance(value, numbers.Real) and value < 0:
+            why = {
+                "future": "a guest with nothing left to write has 0 future beds, never fewer",
+                "internal": "internal is what the booking has left: booked − used − future",
+            }.get(name, "used is the number of tokens the guest holds")
+            return f"a part is negative ({name}): beds are counted, so none is below 0; {why}"
+    return None
+
+
 def diagnose_split(fn, got, booked, tokens, final) -> str | None:
     """The one slip that explains ``got``; when several do, the one that also explains what
-    ``fn`` returns on :data:`PROBES`. None when no single slip explains it."""
+    ``fn`` returns on :data:`PROBES`. Then an off-by-one in future, then a negative part.
+    None when nothing explains it."""
+    found = _diagnose_slips(fn, got, booked, tokens, final)
+    return found or off_by_one(fn, got, booked, tokens, final) or negative_part(got)
+
+
+def _diagnose_slips(fn, got, booked, tokens, final) -> str | None:
     hints = _slips_matching(got, booked, tokens, final)
     for probe in PROBES if len(hints) > 1 else ():
         try:
@@ -223,18 +271,22 @@ def _shown(method: str, args) -> str:
 
 
 class Calls:
-    """The calls made so far, shown cut (first two and last three) when long, with what
-    replays them all."""
+    """The calls made so far, the last one (where the check failed) marked with →, shown cut
+    (first two and last three) when long, with what replays them all."""
 
-    def __init__(self, cls_call: str, replay: str | None = None):
+    def __init__(self, cls_call: str, max_seq_len: int, replay: str | None = None):
         self.calls = [cls_call]
+        self.max_seq_len = max_seq_len
         self.replay = replay
 
     def add(self, method: str, *args) -> None:
         self.calls.append(_shown(method, args))
 
+    def raised(self, error: BaseException) -> None:
+        self.calls[-1] += f" raised {type(error).__name__}"
+
     def where(self) -> str:
-        calls = self.calls
+        calls = [*self.calls[:-1], f"→ {self.calls[-1]}"]
         shown = calls if len(calls) <= 6 else [*calls[:2], "…", *calls[-3:]]
         return "; ".join(shown)
 
@@ -245,8 +297,8 @@ class Calls:
 
 
 def _new(cls, num_slots: int, max_seq_len: int, replay: str | None = None):
-    calls = Calls(f"MaxLengthCache({num_slots}, {max_seq_len})", replay)
-    return _call_cls(cls, num_slots, max_seq_len), calls
+    calls = Calls(f"MaxLengthCache({num_slots}, {max_seq_len})", max_seq_len, replay)
+    return _learner(calls, lambda: _call_cls(cls, num_slots, max_seq_len)), calls
 
 
 def _call_cls(cls, *args):
@@ -254,9 +306,43 @@ def _call_cls(cls, *args):
         return cls(*args)
 
 
-def _do(obj, calls: Calls, method: str, *args):
+def _do(obj, calls: Calls, method: str, *args, full: tuple[str, str] | None = None):
+    """A call of the learner's that should work. An error fails the check with the calls so far;
+    ``full`` is (message, hint) for a MemoryError (a suite should have been free)."""
     calls.add(method, *args)
-    return _call(obj, method, *args)
+    return _learner(calls, lambda: _call(obj, method, *args), method, args, full)
+
+
+def _learner(calls: Calls, run, method=None, args=(), full=None):
+    try:
+        return run()
+    except (NotImplementedError, CheckFailed):
+        raise
+    except Exception as error:
+        raise _failed_call(calls, error, method, args, full) from None
+
+
+def _failed_call(calls: Calls, error: Exception, method=None, args=(), full=None) -> CheckFailed:
+    """The report of a call that should have worked: the calls so far, this one marked."""
+    calls.raised(error)
+    lines = explain_exception(error)
+    hint = None
+    message = "this call should work"
+    if full is not None and isinstance(error, MemoryError):
+        message, hint = full
+    elif method == "admit" and isinstance(error, ValueError) and len(args) == 3:
+        _, prompt_len, output_len = args
+        if prompt_len + output_len == calls.max_seq_len:
+            hint = EXACTLY_FULL
+    return CheckFailed(
+        message,
+        input=calls.where(),
+        replay=calls.replay_text(),
+        expected="no error",
+        got=lines[0] + (f" ({lines[1]})" if len(lines) > 1 else ""),
+        hint=hint,
+        cause=hint or f"{type(error).__name__} {lines[-1]}",
+    )
 
 
 # why a call must be refused, and the fix when it was not
@@ -269,6 +355,10 @@ TOO_LONG = (
     "10 + 7 beds > max_seq_len = 16",
     "raise ValueError when prompt_len + output_len > max_seq_len",
 )
+EXACTLY_FULL = (
+    "a stay of exactly max_seq_len beds fits its suite: refuse only when "
+    "prompt_len + output_len > max_seq_len"
+)
 LEAK = "check every reason to refuse before taking a suite: a refused call changes nothing"
 NOBODY = ("nobody has that id", "unknown ids raise KeyError (a dict lookup does it for you)")
 
@@ -280,11 +370,13 @@ def _expect_refusal(obj, calls: Calls, errors: tuple, method: str, *args, reason
     names = " or ".join(e.__name__ for e in errors)
     try:
         _call(obj, method, *args)
-    except errors:
+    except errors as e:
+        calls.raised(e)
         return
-    except NotImplementedError:
+    except (NotImplementedError, CheckFailed):
         raise
     except Exception as e:
+        calls.raised(e)
         raise CheckFailed(
             f"{why}: expected {names}",
             input=calls.where(),
@@ -325,15 +417,8 @@ def _refusal_takes_nothing(cls):
     _do(hotel, calls, "admit", "a", 3, 4)
     _expect_refusal(hotel, calls, (ValueError,), "admit", "a", 2, 2, reason=TWICE)
     _expect_refusal(hotel, calls, (ValueError,), "admit", "b", 10, 7, reason=TOO_LONG)
-    try:
-        _do(hotel, calls, "admit", "b", 3, 4)
-    except MemoryError:
-        raise CheckFailed(
-            "the hotel is full although only 1 of its 2 suites is taken",
-            input=calls.where(),
-            got="MemoryError",
-            hint=LEAK,
-        ) from None
+    full = ("the hotel is full although only 1 of its 2 suites is taken", LEAK)
+    _do(hotel, calls, "admit", "b", 3, 4, full=full)
 
 
 @cache.check("check-out frees the suite: a full hotel takes a new guest")
@@ -341,15 +426,11 @@ def _check_out_frees(cls):
     hotel, calls = _new(cls, 1, 8)
     _do(hotel, calls, "admit", "a", 3, 4)
     _do(hotel, calls, "release", "a")
-    try:
-        _do(hotel, calls, "admit", "b", 5, 1)
-    except MemoryError:
-        raise CheckFailed(
-            "a guest was refused after the only other guest checked out",
-            input=calls.where(),
-            got="MemoryError",
-            hint="release must give the guest's suite back to the free suites",
-        ) from None
+    full = (
+        "a guest was refused after the only other guest checked out",
+        "release must give the guest's suite back to the free suites",
+    )
+    _do(hotel, calls, "admit", "b", 5, 1, full=full)
 
 
 @cache.check("unknown guests: append and release raise KeyError")
@@ -361,7 +442,13 @@ def _unknown_guests(cls):
 
 
 def _report(obj, calls: Calls) -> dict:
-    report = _call(obj, "memory_report")
+    try:
+        report = _call(obj, "memory_report")
+    except (NotImplementedError, CheckFailed):
+        raise
+    except Exception as error:
+        calls.add("memory_report")  # the check's own call, shown only when it fails
+        raise _failed_call(calls, error) from None
     if not isinstance(report, dict) or set(report) != set(PARTS):
         hint = None
         if report is None:

@@ -4,7 +4,8 @@ The block manager is judged method by method, against the invariants kvlab's kee
 kvlab's room numbers): the ``allocate`` checks need only ``allocate``, then come ``append_slot``
 and ``free``. When a check fails, the judge probes the learner's class on fresh managers (how many
 rooms ``allocate`` takes for 1 to 13 tokens, when ``append_slot`` takes a room) to name the usual
-slips, so one off-by-one gets one hint and its knock-on failures say "the same problem".
+slips, so one off-by-one gets one hint and its knock-on failures say "the same problem". A class
+that inherits from kvlab's manager or hands its calls to one fails (``refuse_reference``).
 """
 
 from __future__ import annotations
@@ -21,9 +22,23 @@ from kvlab.grading.core import (
     plural,
     short,
 )
+from kvlab.grading.own_code import refuse_reference
 from kvlab.paged import BlockManager
 
 manager = exercise("03.block_manager", "allocate, append_slot and free", expects="class")
+
+
+# kvlab's own manager: a learner's class that inherits from it or hands calls over to it (the lab
+# imports it as ReferenceBlockManager) is not the learner's work
+KVLAB_MANAGER = (
+    BlockManager.allocate,
+    BlockManager.append_slot,
+    BlockManager.free,
+    BlockManager.fork,
+    BlockManager.blocks_needed,
+    BlockManager.can_allocate,
+)
+TASK = "handing out the rooms"
 
 
 def rooms_for(tokens: int, block_size: int) -> int:
@@ -164,8 +179,18 @@ class _Judge:
         self.tokens: dict = {}  # what each guest should hold
         self.appended = False
         self._log(f"{cls.__name__}({num_blocks}, {block_size})")
-        self.m = cls(num_blocks, block_size)
+        self.m = self.own(None, num_blocks, block_size)
         self.check()
+
+    def own(self, method: str | None, *args):
+        """The learner's ``method(*args)`` (their constructor for None); a hand-over to kvlab's
+        manager fails the check. The method is looked up inside the guard, so an inherited one
+        is the guard."""
+        try:
+            with refuse_reference(*KVLAB_MANAGER, learner=self.cls, task=TASK):
+                return self.cls(*args) if method is None else getattr(self.m, method)(*args)
+        except CheckFailed as handover:
+            self.fail(handover.message, hint=handover.hint, cause=handover.cause)
 
     # transcripts
     def _log(self, call: str) -> None:
@@ -279,8 +304,8 @@ class _Judge:
         """Call a learner method that should work; an error fails the check, with a diagnosis."""
         self._log(f".{method}({', '.join(map(repr, args))})")
         try:
-            return getattr(self.m, method)(*args)
-        except NotImplementedError:
+            return self.own(method, *args)
+        except (NotImplementedError, CheckFailed):
             raise
         except Exception as error:
             self._raised(error)
@@ -385,8 +410,8 @@ class _Judge:
         before = self.state()
         self._log(f".{method}({', '.join(map(repr, args))})")
         try:
-            getattr(self.m, method)(*args)
-        except NotImplementedError:
+            self.own(method, *args)
+        except (NotImplementedError, CheckFailed):
             raise
         except error_type as error:
             self._raised(error)
@@ -410,14 +435,28 @@ class _Judge:
                 changed.append(f"free rooms {before[1]} → {after[1]}")
             changed += [f"{s!r}'s key card" for s in before[0] if after[0].get(s) != before[0][s]]
             changed += [f"num_tokens({s!r})" for s in before[2] if after[2].get(s) != before[2][s]]
-            took = error_type is MemoryError and after[1] < before[1]
             self.fail(
                 "a refused call must change nothing (no half-checked-in guest, no lost room)",
                 got="changed " + (", ".join(changed) or "the hotel"),
-                hint="count the free rooms first, then take them: raise OutOfBlocks before taking any"
-                if took
-                else "validate the arguments before changing anything",
+                hint=self._change_slip(error_type, before, after),
             )
+
+    @staticmethod
+    def _change_slip(error_type: type, before: tuple, after: tuple) -> str | None:
+        """What a refused call changed says what it did too early. Arguments that are wrong
+        (ValueError, KeyError) should have been checked first; out of rooms (MemoryError), the
+        arguments were fine, so it depends on what moved."""
+        if error_type is not MemoryError:
+            return "validate the arguments before changing anything"
+        tables, free, tokens = before
+        if after[1] < free:
+            return "count the free rooms first, then take them: raise OutOfBlocks before taking any"
+        if after[0] == tables and after[1] == free and after[2] != tokens:
+            return (
+                "the token count moved although no room was free: raise OutOfBlocks before "
+                "counting the new token (count it last, once its bed is sure)"
+            )
+        return None
 
 
 # --- checks, method by method ----------------------------------------------------------------
@@ -580,6 +619,14 @@ def _reference_beds(m: BlockManager) -> dict:
     return {"used": used, "future": held - used, "free": m.num_free_blocks * m.block_size}
 
 
+FULL_ROOM_FUTURE = (
+    "a full last room has no empty bed, yet `block_size - tokens % block_size` counts "
+    "block_size future beds for it (tokens % block_size is 0): count held rooms × block_size "
+    "− tokens, or use `-tokens % block_size`"
+)
+KVLAB_MANAGER_ONLY = "beds: only the listed methods"
+
+
 def _beds_slip(got, m: BlockManager) -> str | None:
     """The hint for a report that matches a usual slip."""
     if not isinstance(got, dict):
@@ -588,8 +635,14 @@ def _beds_slip(got, m: BlockManager) -> str | None:
         return f"the keys are used, future and free (got {', '.join(map(repr, got))})"
     right = _reference_beds(m)
     held_rooms = sum(len(m.block_table(s)) for s in m.seq_ids)
+    size = m.block_size
     slips = [
         ("free", m.num_free_blocks, "free counts rooms: multiply by block_size to count beds"),
+        (
+            "future",
+            sum(size - m.num_tokens(s) % size for s in m.seq_ids),
+            FULL_ROOM_FUTURE,
+        ),
         (
             "future",
             held_rooms * m.block_size,
@@ -609,7 +662,20 @@ def _beds_slip(got, m: BlockManager) -> str | None:
 
 
 def _expect_beds(fn, m: BlockManager, what: str):
-    got = call_without_mutation(fn, m, list(m.seq_ids), names=("manager", "seq_ids"))
+    try:
+        with refuse_reference(BlockManager.memory_report, learner=fn, task="counting the beds"):
+            got = call_without_mutation(fn, m, list(m.seq_ids), names=("manager", "seq_ids"))
+    except AttributeError as error:
+        if getattr(error, "obj", None) is not m:
+            raise
+        raise CheckFailed(
+            "\n   ".join(explain_exception(error)),
+            input=what,
+            hint=f"the check hands in kvlab's BlockManager, which has no `{error.name}`: use "
+            "only block_table, num_tokens, num_free_blocks and block_size, which every manager "
+            "has (yours and kvlab's)",
+            cause=KVLAB_MANAGER_ONLY,
+        ) from None
     expected = _reference_beds(m)
     if got != expected:
         raise CheckFailed(

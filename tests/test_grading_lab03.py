@@ -1,0 +1,186 @@
+"""Lab 03 checks against what a learner writes in the notebook: kvlab's own manager, inherited or
+wrapped, is refused; the beds report's usual slips and a manager attribute kvlab's lacks are named;
+a refused append_slot that counted its token too early gets the hint for that, not another one.
+Each learner edit fails the check that targets it, names the mistake, and later failures fold.
+"""
+
+import json
+import pathlib
+import tempfile
+
+from kvlab.grading import run_checks
+from kvlab.grading.core import NO_DIAGNOSIS, SAME_PROBLEM
+from kvlab.paged import BlockManager as KvlabBlockManager
+
+ROOT = pathlib.Path(__file__).parents[1]
+HEADER = "from kvlab.paged import BlockManager as ReferenceBlockManager\n"
+HEADER += "from kvlab.paged import OutOfBlocks\n"  # what the lab's first cell imports
+
+
+def learner(source: str, name: str):
+    """``name`` from ``source`` run as a notebook cell would run it: from a file outside kvlab,
+    with the lab's imports, so the checks see it as the learner's code."""
+    path = pathlib.Path(tempfile.mkdtemp(prefix="kvlab-learner-")) / "cell.py"
+    path.write_text(HEADER + source)
+    namespace = {}
+    exec(compile(HEADER + source, str(path), "exec"), namespace)
+    return namespace[name]
+
+
+def solution_cell(cell_id: str, name: str, *edits: str):
+    """The solution cell of Lab 03 with its solution markers removed and ``edits`` ("old => new")
+    made: one learner's version of the exercise."""
+    cells = json.loads((ROOT / "solutions" / "03_paged_allocator.ipynb").read_text())["cells"]
+    source = next("".join(c["source"]) for c in cells if c.get("id") == cell_id)
+    source = "".join(line for line in source.splitlines(True) if "### " not in line)
+    for edit in edits:
+        old, new = edit.split(" => ")
+        assert old in source, old
+        source = source.replace(old, new)
+    return learner(source, name)
+
+
+def failures(result):
+    return [o for o in result.outcomes if not o.passed]
+
+
+def hints(outcome) -> list[str]:
+    return [d for d in outcome.details if d.startswith("hint:")]
+
+
+def folded(result) -> bool:
+    """Every failure after the first says it is probably the same problem as the first."""
+    first, *later = failures(result)
+    return all(o.details[0] == f"{SAME_PROBLEM} (“{first.name}”)" for o in later)
+
+
+def neutral(outcome) -> bool:
+    return any(d.startswith(f"note:     {NO_DIAGNOSIS}") for d in outcome.details)
+
+
+# --- the block manager is the learner's own --------------------------------------------------
+
+
+def test_the_solution_cell_passes():
+    assert run_checks("03.block_manager", solution_cell("lab03-05", "BlockManager")).ok
+
+
+def test_a_subclass_of_kvlabs_manager_is_refused():
+    inherits = learner("class BlockManager(ReferenceBlockManager):\n    pass\n", "BlockManager")
+    result = run_checks("03.block_manager", inherits)
+    assert result.passed == 0 and result.status == "failed"
+    first = failures(result)[0]
+    assert first.details[0] == "your code hands the work to kvlab's `BlockManager.allocate`"
+    assert any(
+        d.startswith("input:    BlockManager(32, 4); → .allocate('one', 1)") for d in first.details
+    )
+    assert "handing out the rooms yourself is the exercise" in hints(first)[0]
+    assert folded(result)
+    assert KvlabBlockManager.allocate.__qualname__ == "BlockManager.allocate"  # guard removed
+    assert KvlabBlockManager(4, 2).allocate("a", 3) == [0, 1]
+
+
+def test_a_wrapper_around_kvlabs_manager_is_refused():
+    wrapper = learner(
+        """
+class BlockManager:
+    def __init__(self, num_blocks, block_size):
+        self.inner = ReferenceBlockManager(num_blocks, block_size)
+        self.block_size = block_size
+
+    @property
+    def num_free_blocks(self):
+        return self.inner.num_free_blocks
+
+    def block_table(self, seq_id):
+        return self.inner.block_table(seq_id)
+
+    def num_tokens(self, seq_id):
+        return self.inner.num_tokens(seq_id)
+
+    def allocate(self, seq_id, num_tokens):
+        return self.inner.allocate(seq_id, num_tokens)
+
+    def append_slot(self, seq_id):
+        self.inner.append_slot(seq_id)
+
+    def free(self, seq_id):
+        self.inner.free(seq_id)
+""",
+        "BlockManager",
+    )
+    result = run_checks("03.block_manager", wrapper)
+    assert result.passed == 0
+    assert "hands the work to kvlab's `BlockManager.allocate`" in failures(result)[0].details[0]
+    assert folded(result)
+
+
+def test_refused_append_that_counted_the_token_first_is_named():
+    counts_first = solution_cell(
+        "lab03-05",
+        "BlockManager",
+        "        if self.tokens[seq_id] % self.block_size == 0:  # last room full => "
+        "        t = self.tokens[seq_id]\n"
+        "        self.tokens[seq_id] = t + 1\n"
+        "        if t % self.block_size == 0:  # last room full",
+        "            card.append(self.free_rooms.pop())\n        self.tokens[seq_id] += 1 => "
+        "            card.append(self.free_rooms.pop())",
+    )
+    result = run_checks("03.block_manager", counts_first)
+    (only,) = failures(result)
+    assert only.name.startswith("append_slot refuses without changing anything")
+    assert "got:      changed num_tokens('a')" in only.details
+    assert "raise OutOfBlocks before counting the new token" in hints(only)[0]
+    assert "validate the arguments" not in hints(only)[0]  # the arguments were fine
+
+
+# --- the beds report -------------------------------------------------------------------------
+
+HELD = "held = sum(len(manager.block_table(s)) for s in seq_ids) * manager.block_size"
+
+
+def test_a_full_last_room_counted_as_future_is_named_and_folds():
+    modulo = solution_cell(
+        "lab03-08",
+        "beds_report",
+        f"{HELD} => size = manager.block_size\n"
+        "    future = sum(size - manager.num_tokens(s) % size for s in seq_ids)",
+        '"future": held - used => "future": future',
+    )
+    result = run_checks("03.beds_report", modulo)
+    first = failures(result)[0]
+    assert result.passed == 0 and first.name == "two guests with partly filled last rooms"
+    assert "a full last room has no empty bed" in hints(first)[0]
+    assert "`-tokens % block_size`" in hints(first)[0]
+    assert folded(result) and not any(neutral(o) for o in failures(result))
+
+
+def test_an_attribute_kvlabs_manager_lacks_is_named_with_the_input():
+    own_attribute = solution_cell(
+        "lab03-08",
+        "beds_report",
+        "manager.num_free_blocks * manager.block_size => "
+        "len(manager.free_rooms) * manager.block_size",
+    )
+    result = run_checks("03.beds_report", own_attribute)
+    first = failures(result)[0]
+    assert first.details[0].startswith("AttributeError: 'BlockManager' object has no attribute")
+    assert "input:    BlockManager(10, 4) with a: 5 tokens, b: 8 tokens" in first.details
+    assert "hands in kvlab's BlockManager, which has no `free_rooms`" in hints(first)[0]
+    assert "block_table, num_tokens, num_free_blocks and block_size" in hints(first)[0]
+    assert result.passed == 0 and folded(result)
+    later = failures(result)[1:]
+    assert all(any(d.startswith("input:") for d in o.details) for o in later)
+
+
+def test_kvlabs_memory_report_is_not_the_learners_beds_report():
+    def handover(manager, seq_ids):
+        usage = manager.memory_report()
+        return {"used": usage.used, "future": usage.future, "free": usage.free}
+
+    result = run_checks("03.beds_report", handover)
+    assert result.passed == 0
+    assert (
+        "hands the work to kvlab's `BlockManager.memory_report`" in failures(result)[0].details[0]
+    )
+    assert folded(result)
