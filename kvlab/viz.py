@@ -204,7 +204,7 @@ def _floor_plan_legend(fig, drawn: dict, present: set, shared: bool, largest: bo
             Patch(facecolor="none", edgecolor=COLORS["shared"], lw=2, label="shared room")
         )
     if largest:
-        handles.append(Patch(facecolor="none", edgecolor="black", label="largest free run"))
+        handles.append(Patch(facecolor="none", edgecolor="black", label="largest free extent"))
     labels = [
         "tokens (one colour per guest)" if isinstance(h, tuple) else h.get_label() for h in handles
     ]
@@ -225,7 +225,7 @@ def plot_floor_plan(trace, index: int = -1, beds_per_floor: int | None = None, a
     Beds holding tokens take the guest's colour (guests drawn next to each other never share
     one); booked beds still to be written are amber; booked beds nobody will use are red; free
     beds are white. Small plans (a dozen rooms) outline every room and write its number and its
-    guest. Contiguous bookings also outline the largest free run; under paging any free room
+    guest. Contiguous bookings also outline the largest free extent; under paging any free room
     serves any guest, so a paged plan does not.
     """
     from kvlab.trace import split_waste
@@ -282,7 +282,7 @@ def plot_floor_plan(trace, index: int = -1, beds_per_floor: int | None = None, a
         if paged:
             tail = f"{trace.num_rooms - len(holders)} rooms free ({free} beds)"
         else:
-            tail = f"{free} beds free, largest free run {largest[1] * size if largest else 0}"
+            tail = f"{free} beds free, largest free extent {largest[1] * size if largest else 0}"
         note = f" ({frame.note})" if frame.note else ""
         title = f"t = {frame.time:.1f} s, {frame.event}{note}: {len(frame.tables)} guests, {tail}"
     ax.set_title(title, fontsize=9)
@@ -318,7 +318,7 @@ def plot_fragmentation_over_time(
         if first_seen:
             axes[1].scatter(*zip(*first_seen, strict=True), color=color, s=14, zorder=3)
     axes[0].set_ylabel("external fragmentation (%)")
-    axes[0].set_title("1 - largest free run / total free", fontsize=9)
+    axes[0].set_title("1 − largest free extent / total free", fontsize=9)
     axes[1].set_ylabel("seconds the door was shut")
     axes[1].set_title(
         "guests refused although enough beds were free\n(a dot: a new guest turned away)",

@@ -1,5 +1,5 @@
 """The matplotlib floor plan: small plans labelled, legends that match the picture, no "largest
-free run" under paging."""
+free extent" under paging."""
 
 import matplotlib
 
@@ -58,7 +58,7 @@ def test_a_small_paged_plan_names_its_rooms_and_guests():
     colors = guest_colors(hotel.trace)
     swatches = [to_hex(h.get_facecolor()) for h in legend.legend_handles[:2]]
     assert swatches == [colors["alice"], colors["carol"]] and set(swatches) <= fills(ax)
-    assert "largest free run" not in " ".join(labels) + ax.get_title()
+    assert "largest free extent" not in " ".join(labels) + ax.get_title()
 
 
 def test_a_paged_plan_has_no_largest_free_run():
@@ -68,7 +68,7 @@ def test_a_paged_plan_has_no_largest_free_run():
     m.free("g3")
     ax = viz.plot_floor_plan(m.trace)
     _, labels = legend_of(ax)
-    assert "largest free run" not in labels and "largest free run" not in ax.get_title()
+    assert "largest free extent" not in labels and "largest free extent" not in ax.get_title()
     assert "rooms free" in ax.get_title()
 
 
@@ -83,7 +83,7 @@ def test_legend_swatches_are_the_guests_colours_drawn():
     categories = {to_hex(COLORS[k]) for k in ("future", "internal", "vacant")} | {"#000000"}
     drawn = {guest_colors(cache.trace)[g] for g in cache.guests}
     assert len(swatches - categories) == 4 and swatches - categories <= drawn <= fills(ax)
-    assert "largest free run" in labels and to_hex(COLORS["future"]) in fills(ax)
+    assert "largest free extent" in labels and to_hex(COLORS["future"]) in fills(ax)
 
 
 def test_a_small_arena_names_its_bookings_and_outlines_the_largest_gap():
@@ -97,7 +97,7 @@ def test_a_small_arena_names_its_bookings_and_outlines_the_largest_gap():
     ax = viz.plot_floor_plan(arena.trace, -1, beds_per_floor=16)
     assert {"A", "C"} <= {t.get_text() for t in ax.texts}
     _, labels = legend_of(ax)
-    assert labels == ["A", "C", "free", "largest free run"]
+    assert labels == ["A", "C", "free", "largest free extent"]
     assert "impossible allocation (E needs 16 beds)" in ax.get_title()
 
 

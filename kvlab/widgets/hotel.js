@@ -190,7 +190,7 @@ function render({ model, el }) {
       ["rooms used", `${m.rooms_used} / ${data.num_rooms}` + (m.rooms_shared ? ` (${m.rooms_shared} shared)` : "")],
       ["beds holding tokens", `${m.beds_used.toLocaleString()} / ${data.capacity.toLocaleString()} (${m.percent_used}%)`],
     ];
-    if (m.largest_free_run !== null) items.push(["largest free run", `${m.largest_free_run.toLocaleString()} beds`]);
+    if (m.largest_free_run !== null) items.push(["largest free extent", `${m.largest_free_run.toLocaleString()} beds`]);
     metrics.innerHTML = "";
     for (const [label, value] of items) {
       const item = element("span", "kvh-metric");

@@ -28,7 +28,7 @@ def _caption(data: dict, step: int) -> tuple[str, str]:
         f"{m['percent_used']}% of beds hold tokens"
     )
     if m["largest_free_run"] is not None:
-        second += f" · largest free run {m['largest_free_run']:,} beds"
+        second += f" · largest free extent {m['largest_free_run']:,} beds"
     return first, second
 
 
