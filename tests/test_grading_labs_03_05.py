@@ -270,12 +270,53 @@ def test_a_missing_cut_of_the_last_room_is_named_once_and_folds_later_failures()
     assert all(folded_into(o, first.name) for o in rest)  # no GQA or fp16 hint
 
 
-def test_a_skipped_last_room_is_named():
+def test_attention_skipping_the_last_room_is_named_by_the_first_check():
+    """n // block_size rooms leave the first check's guest of 3 tokens (rooms of 4) without a bed:
+    all it shows is zeros (or NaN), which code right on whole rooms only gets from the floor."""
     result = run_checks(
         "04.paged_attention", lambda *a: attention(*a, rooms_of=lambda n, b: n // b)
     )
-    lengths = next(o for o in result.outcomes if o.name.startswith("lengths"))
-    assert "the last, partly filled room was left out" in hints(lengths)[0]
+    first, *rest = [o for o in result.outcomes if not o.passed]
+    assert first.name == "one guest in one room"
+    assert "the last, partly filled room was left out" in hints(first)[0]
+    assert rest and all(folded_into(o, first.name) for o in rest)
+
+    zeros = run_checks("04.paged_attention", lambda q, *a: torch.zeros_like(q)).outcomes[0]
+    assert hints(zeros) == []  # zeros everywhere, whole rooms too: not the floor
+
+
+def test_attention_softmax_over_the_heads_is_named():
+    import math
+
+    def over_heads(q, kc, vc, bt, sl):
+        out = torch.empty_like(q)
+        group = q.shape[1] // kc.shape[2]
+        for s in range(q.shape[0]):
+            k, v = own_gather(kc, vc, bt[s], int(sl[s]))
+            k, v = k.repeat_interleave(group, 1).float(), v.repeat_interleave(group, 1).float()
+            scores = torch.einsum("hd,thd->ht", q[s].float(), k) / math.sqrt(q.shape[2])
+            out[s] = torch.einsum("ht,thd->hd", scores.softmax(dim=0), v).to(q.dtype)
+        return out
+
+    result = run_checks("04.paged_attention", over_heads)
+    first, *rest = [o for o in result.outcomes if not o.passed]
+    assert first.name == "one guest in one room"
+    assert "softmax over the wrong axis" in hints(first)[0]
+    assert rest and all(folded_into(o, first.name) for o in rest)
+
+
+def test_attention_gather_chart_says_1_guest_not_1_guests():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = json.loads((ROOT / "solutions" / "04_paged_attention.ipynb").read_text())["cells"]
+    source = {c.get("id"): "".join(c["source"]) for c in cells}
+    namespace: dict = {}
+    exec(source["lab04-01"] + "\n" + source["lab04-11"], namespace)
+    plt.close("all")
+    assert namespace["labels"][:2] == ["1 guest x 2,048", "32 guests x 2,048"]
 
 
 def test_reading_padding_entries_is_named():
@@ -385,14 +426,14 @@ def test_an_unknown_attention_mistake_gets_the_neutral_line():
 # --- Lab 05 ----------------------------------------------------------------------------------
 
 
-def kernel(*edits, stub=None):
+def kernel(*edits, stub=None, imports=""):
     return solution_code(
         "05_triton_kernel.ipynb",
         "lab05-07",
         "my_paged_decode_kernel",
         edits,
         stub,
-        header="import triton\nimport triton.language as tl\n\n",
+        header=f"{imports}import triton\nimport triton.language as tl\n\n",
     )
 
 
@@ -412,6 +453,9 @@ def test_kernel_checks():
     )
     result = run_checks("05.kernel", zeros)
     assert result.passed == 0 and "differs from the reference" in result.outcomes[0].details[0]
+    # only query head 0 is stored: the others still hold the checks' marked NaN
+    assert "got:      [nan, nan, nan, nan, …] (16 values)" in result.outcomes[0].details
+    assert "no value stored for guest 0, query head 1" in hints(result.outcomes[0])[0]
 
 
 WHOLE_ROW = "range(0, tl.cdiv(seq_len, BLOCK_SIZE)) => range(0, stride_bts)"
@@ -510,3 +554,157 @@ def test_case_builder_padding_and_transposed_key_cards_leave_the_answer_alone():
         assert tables[s, :rooms].tolist() == plain[3][s, :rooms].tolist()
     assert odd[1][int(tables[0, -1])].isnan().all()  # padding names the room full of NaN
     assert torch.equal(paged_decode_attention_ref(*odd), paged_decode_attention_ref(*plain))
+
+
+STORE = "out.to(out_ptr.dtype.element_ty), mask=qmask,"
+GQA_CHECK = "grouped-query attention with head_dim 40"
+GROUP_OF_3_CHECK = "groups of 3 query heads"
+
+
+@pytest.mark.parametrize(
+    "mask, first_failing, failing",
+    [
+        ("", GQA_CHECK, 2),  # no mask: lanes past HEAD_DIM and the padded group row
+        ("mask=dmask[None, :],", GROUP_OF_3_CHECK, 1),  # lanes only: the padded group row
+    ],
+)
+def test_kernel_store_outside_the_output_fails_the_same_checks_every_time(
+    mask, first_failing, failing
+):
+    """In the interpreter the programs run one after another, so a stray row or lane is
+    overwritten by the next program, except the last program's, which lands past the output
+    (and sometimes crashed the process). The guard regions see it every time."""
+    learner = kernel(f"{STORE} => out.to(out_ptr.dtype.element_ty), {mask}")
+    runs = [run_checks("05.kernel", learner) for _ in range(3)]
+    reports = [[(o.name, o.passed, o.details) for o in r.outcomes] for r in runs]
+    assert reports[0] == reports[1] == reports[2]
+    first, *rest = [o for o in runs[0].outcomes if not o.passed]
+    assert first.name.startswith(first_failing) and len(rest) == failing - 1
+    assert first.details[0].startswith("your kernel stored outside the output: ")
+    assert "mask tl.store with the head mask (g < GROUP)" in hints(first)[0]
+    assert "(d < HEAD_DIM)" in hints(first)[0]
+    assert all(folded_into(o, first.name) for o in rest)
+
+
+@pytest.mark.parametrize(
+    "edits, named",
+    [
+        (["acc = acc * alpha[:, None] + => acc = acc +"], "acc was not rescaled"),
+        (["denom = denom * alpha + => denom = denom +"], "l (the running sum) was not rescaled"),
+        (
+            ["acc = acc * alpha[:, None] + => acc = acc +", "denom * alpha + => denom +"],
+            "neither acc nor l was rescaled",
+        ),
+        (["        m = m_new\n => \n"], "set m = m_new at the end of each room"),
+    ],
+)
+def test_kernel_forgetting_the_online_softmax_rescale_is_named_and_folds(edits, named):
+    """One room needs no rescaling: the first check passes, the first guest of several rooms
+    names the slip, and every later check is the same problem."""
+    result = run_checks("05.kernel", kernel(*edits))
+    first, *rest = [o for o in result.outcomes if not o.passed]
+    assert result.outcomes[0].passed and first.name.startswith("lengths 1, k·block_size")
+    assert named in hints(first)[0]
+    assert len(rest) == 5 and all(folded_into(o, first.name) for o in rest)
+
+
+@pytest.mark.parametrize(
+    "edits, named",
+    [
+        (["heads = kvh * GROUP + g => heads = kvh + g"], "not kvh + g"),
+        (
+            ["range(0, tl.cdiv(seq_len, BLOCK_SIZE)) => range(0, seq_len // BLOCK_SIZE)"],
+            "loop over b < tl.cdiv(seq_len, BLOCK_SIZE), not seq_len // BLOCK_SIZE",
+        ),
+    ],
+)
+def test_kernel_slips_are_named_by_the_first_check_and_fold_the_rest(edits, named):
+    """Overlapping query rows and a floor loop show on the first check already (one guest of 3
+    tokens in a room of 4, 4 query heads on 2 KV heads)."""
+    result = run_checks("05.kernel", kernel(*edits))
+    first, *rest = result.outcomes
+    assert result.passed == 0 and named in hints(first)[0]
+    assert all(folded_into(o, first.name) for o in rest)
+
+
+def test_a_kernel_that_never_stores_is_told_so():
+    store = (
+        "    tl.store(\n        out_ptr + seq.to(tl.int64) * stride_os + heads[:, None] * stride_oh"
+        " + d[None, :] * stride_od,\n        out.to(out_ptr.dtype.element_ty), mask=qmask,\n    )\n"
+    )
+    result = run_checks("05.kernel", kernel(f"{store} => "))
+    first, *rest = result.outcomes
+    assert result.passed == 0 and first.details[0] == "your kernel stored no value at all"
+    assert not any(d.startswith("got:") for d in first.details)  # no uninitialised memory shown
+    assert "does the kernel reach tl.store for every (guest, query head)?" in hints(first)[0]
+    assert all(folded_into(o, first.name) for o in rest)
+
+
+@pytest.mark.parametrize(
+    "edit, name",
+    [
+        (
+            "mask=qmask, other=0.0,\n    ).to(tl.float32)\n    seq_len => ).to(tl.float32)\n    seq_len",
+            "q",
+        ),
+        ("kv_mask = tmask[:, None] & dmask[None, :] => kv_mask = tmask[:, None]", "k_cache"),
+    ],
+)
+def test_kernel_load_outside_an_input_is_named_every_time(edit, name):
+    """Lanes 40..63 of a head_dim-40 vector used to read the next head's values (harmless) or,
+    at the end of the tensor, whatever lay there. The checks put NaN between and around the
+    vectors, so an unmasked lane spoils the answer every time and is named."""
+    learner = kernel(edit)
+    for _ in range(2):
+        result = run_checks("05.kernel", learner)
+        (outcome,) = [o for o in result.outcomes if not o.passed]
+        assert outcome.name.startswith(GQA_CHECK)
+        assert f"a tl.load read memory outside {name}: mask it" in hints(outcome)[0]
+        assert "(d < HEAD_DIM)" in hints(outcome)[0]
+
+
+@pytest.mark.parametrize(
+    "edit, imports, failing, said, named",
+    [
+        (
+            "alpha = tl.exp( => alpha = torch.exp(",
+            "import torch\n",
+            7,
+            "must be Tensor, not tensor",
+            "inside @triton.jit use tl.* functions",
+        ),
+        (
+            "d = tl.arange(0, D_P2) => d = tl.arange(0, HEAD_DIM)",
+            "",
+            1,  # only head_dim 40 is not a power of two
+            "arange's range must be a power of 2",
+            "use D_P2 (the next power of two) with the mask d < HEAD_DIM",
+        ),
+        (
+            "        m = m_new\n => \n        m[0] = 0.0\n        m = m_new\n",
+            "",
+            7,
+            "does not support item assignment",
+            "a Triton block cannot be changed in place",
+        ),
+    ],
+)
+def test_kernel_triton_errors_that_name_a_mistake_get_its_hint(edit, imports, failing, said, named):
+    result = run_checks("05.kernel", kernel(edit, imports=imports))
+    first, *rest = [o for o in result.outcomes if not o.passed]
+    assert len(rest) == failing - 1 and first.details[0].startswith(
+        "Triton stopped your kernel at line "
+    )
+    assert said in next(d for d in first.details if d.startswith("got:"))
+    assert named in hints(first)[0]
+    assert all(folded_into(o, first.name) for o in rest)
+
+
+def test_kernel_checks_promise_nothing_about_one_room_too_many():
+    """A loop to tl.cdiv(seq_len, BLOCK_SIZE) + 1 reads one more key-card entry and then only
+    loads masked by the token mask, which is all false there: the answer and every tensor are
+    unchanged, so no check can see it, and no check's title may say it does."""
+    from kvlab.grading.core import get_exercise
+
+    names = [c.name for c in get_exercise("05.kernel").checks]
+    assert not any("stop at the last room" in n for n in names)

@@ -1,9 +1,9 @@
 """Checks for Lab 04: decode attention through block tables (the gather-based reference).
 
 A wrong answer is compared with what the usual slips would compute (every bed of the last room,
-the last room skipped, a missing scale, the wrong KV head, fp16 arithmetic, ...): a match names the
-mistake, and later checks broken by the same mistake say "the same problem". Lab 05 reuses the
-case builder and the diagnosis, with hints in kernel terms.
+the last room skipped, a missing scale, a softmax over the heads, the wrong KV head, fp16
+arithmetic, ...): a match names the mistake, and later checks broken by the same mistake say "the
+same problem". Lab 05 reuses the case builder and the diagnosis, with hints in kernel terms.
 """
 
 from __future__ import annotations
@@ -80,6 +80,8 @@ HINTS = {
     "ceil(seq_len / block_size) rooms, not seq_len // block_size",
     "no scale": "no scale: multiply the scores q·k by scale = 1/sqrt(head_dim)",
     "scale divided": "the scores were divided by scale: multiply by it",
+    "softmax over heads": "softmax over the wrong axis: normalise each query head's scores across "
+    "the tokens (the last axis), not across the heads",
     "kv head modulo": "query head h reads KV head h // {group} (the group size), not h % {kv_heads}",
     "low precision": "right in float32, wrong in {dtype}: compute the scores and the softmax in "
     "float32, then cast the result back to q.dtype",
@@ -88,10 +90,12 @@ HINTS = {
 }
 
 
-def attend_beds(args, beds_of=None, zero_tail=False, scale=None, kv_of_head=None):
+def attend_beds(
+    args, beds_of=None, zero_tail=False, scale=None, kv_of_head=None, softmax_over_heads=False
+):
     """fp32 attention where guest s attends its first ``beds_of(seq_len, block_size)`` beds (the
     beds past seq_len zeroed with ``zero_tail``): what the usual slips compute. NaN where a guest
-    attends no bed."""
+    attends no bed (code gets 0 or NaN there)."""
     q, k_cache, v_cache, tables, lens = args
     q, k_cache, v_cache = q.float().cpu(), k_cache.float().cpu(), v_cache.float().cpu()
     size = k_cache.shape[1]
@@ -108,39 +112,95 @@ def attend_beds(args, beds_of=None, zero_tail=False, scale=None, kv_of_head=None
             k[n:], v[n:] = 0.0, 0.0
         if kv_of_head is not None:
             k, v = k[:, kv_of_head], v[:, kv_of_head]
-        out[s] = decode_attention(q[s], k, v, scale=scale)
+        if softmax_over_heads:
+            out[s] = _softmax_over_heads(q[s], k, v, scale)
+        else:
+            out[s] = decode_attention(q[s], k, v, scale=scale)
     return out
 
 
-def _slips(args):
-    """(cause, what that slip computes) for the usual mistakes, in the order they are tried."""
-    q, k_cache = args[0], args[1]
+def _softmax_over_heads(q, k, v, scale=None):
+    """One guest's attention with each token's scores normalised across the query heads."""
+    group = q.shape[0] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = torch.einsum("hd,thd->ht", q, k) * scale
+    return torch.einsum("ht,thd->hd", scores.softmax(dim=0), v)
+
+
+def _slips(args, right_on=None):
+    """(cause, what that slip computes[, confirm]) for the usual mistakes, in the order they are
+    tried (see ``diagnose``)."""
+    q, k_cache, lens = args[0], args[1], args[4]
     head_dim, q_heads, kv_heads = q.shape[2], q.shape[1], k_cache.shape[2]
+    size = k_cache.shape[1]
     whole = lambda n, size: -(-n // size) * size  # noqa: E731
+
+    def full_rooms_right() -> bool:
+        """A guest left without a bed is all the case shows of the floor: the code must then be
+        right when every guest fills whole rooms (nothing else is wrong)."""
+        filled = [whole(int(n), size) for n in lens]
+        return right_on is not None and right_on(seq_lens=filled)
+
     yield "whole last room", lambda: attend_beds(args, whole)
     yield "zeros scored", lambda: attend_beds(args, whole, zero_tail=True)
-    yield "last room skipped", lambda: attend_beds(args, lambda n, size: n // size * size)
+    floor = lambda n, size: n // size * size  # noqa: E731
+    yield "last room skipped", lambda: attend_beds(args, floor), full_rooms_right
     yield "no scale", lambda: attend_beds(args, scale=1.0)
     yield "scale divided", lambda: attend_beds(args, scale=math.sqrt(head_dim))
+    if q_heads > 1:
+        yield "softmax over heads", lambda: attend_beds(args, softmax_over_heads=True)
     if kv_heads not in (1, q_heads):
         modulo = [h % kv_heads for h in range(q_heads)]
         yield "kv head modulo", lambda: attend_beds(args, kv_of_head=modulo)
 
 
-def _looks_like(got, wrong, expected, atol, rtol) -> bool:
-    """``got`` is what the slip computes, where the slip changes the answer. A guest the slip
-    leaves without a bed (NaN in ``wrong``) is not compared: code gets 0 or NaN there."""
-    known = ~wrong.isnan()
-    visible = known & ~torch.isclose(wrong, expected, atol=atol, rtol=rtol)
-    return bool(visible.any()) and torch.allclose(got[known], wrong[known], atol=atol, rtol=rtol)
+ANY = math.inf  # in a slip's answer: a value the slip leaves to chance (two programs race for it)
 
 
-def diagnose(got, expected, args, atol, rtol, hints=HINTS, rerun_fp32=None, extra_slips=()):
+def _looks_like(got, wrong, expected, atol, rtol) -> str | None:
+    """How ``got`` compares with ``wrong``, what a slip computes (None: the slip does not apply
+    to this case). NaN in ``wrong`` marks an answer the slip leaves undefined (a guest without a
+    bed, a row nobody stores): code gets NaN or 0 there. ``ANY`` marks a value not compared.
+
+    Returns "changed" when ``got`` matches and the slip changes a defined value, "undefined" when
+    it matches and the slip's only trace is undefined answers, else None.
+    """
+    if wrong is None:
+        return None
+    undefined = wrong.isnan()
+    known = ~undefined & ~wrong.isinf()
+    if not torch.allclose(got[known], wrong[known], atol=atol, rtol=rtol):
+        return None
+    if not (got[undefined].isnan() | (got[undefined] == 0)).all():
+        return None
+    if (known & ~torch.isclose(wrong, expected, atol=atol, rtol=rtol)).any():
+        return "changed"
+    return "undefined" if undefined.any() else None
+
+
+def diagnose(
+    got,
+    expected,
+    args,
+    atol,
+    rtol,
+    hints=HINTS,
+    rerun_fp32=None,
+    extra_slips=(),
+    right_on=None,
+    fallbacks=(),
+):
     """(cause, hint) of a usual mistake whose answer ``got`` matches, else (None, None).
 
-    ``extra_slips`` are more (cause, compute) pairs to try first. ``rerun_fp32()`` computes the
-    learner's answer again on fp32 inputs (None when they already are), to recognise arithmetic
-    done in fp16/bf16.
+    A slip is (cause, compute) or (cause, compute, confirm): ``compute()`` is what the slip
+    answers. When its only trace in this case is answers it leaves undefined, the match needs
+    ``confirm()`` (a slip without ``confirm`` is taken on that evidence alone; ``confirm=None``
+    never). ``extra_slips`` are tried first. ``right_on(**changes)`` says whether the learner's
+    code is right on the case with some arguments of ``make_case`` changed. ``rerun_fp32()``
+    computes the learner's answer again on fp32 inputs (None when they already are), to recognise
+    arithmetic done in fp16/bf16. ``fallbacks`` are functions returning a (cause, hint) or None,
+    tried after the slips, before a NaN is blamed on the softmax.
     """
     q, k_cache = args[0], args[1]
     fill = {
@@ -149,8 +209,11 @@ def diagnose(got, expected, args, atol, rtol, hints=HINTS, rerun_fp32=None, extr
         "dtype": str(q.dtype).removeprefix("torch."),
         "entry_step": args[3].stride(1),
     }
-    for cause, compute in [*extra_slips, *_slips(args)]:
-        if _looks_like(got, compute(), expected, atol, rtol):
+    for cause, compute, *confirm in [*extra_slips, *_slips(args, right_on)]:
+        found = _looks_like(got, compute(), expected, atol, rtol)
+        if found == "undefined" and confirm:
+            found = confirm[0] is not None and confirm[0]()
+        if found:
             return cause, hints[cause].format(**fill)
     if rerun_fp32 is not None:
         again = rerun_fp32()
@@ -158,6 +221,10 @@ def diagnose(got, expected, args, atol, rtol, hints=HINTS, rerun_fp32=None, extr
             again.float().cpu(), expected, atol=1e-4, rtol=1e-4
         ):
             return "low precision", hints["low precision"].format(**fill)
+    for fallback in fallbacks:
+        found = fallback()
+        if found is not None:
+            return found
     if got.isnan().any():
         return "nan", hints["nan"].format(**fill)
     return None, None
@@ -174,10 +241,13 @@ def expect_attention(
     padding=False,
     extra_slips=(),
     replay=None,
+    right_on=None,
+    fallbacks=(),
 ) -> None:
     """Raise a CheckFailed naming the guest and head that differ, with the first values and the
-    diagnosed mistake when it is a usual one. ``padding``: the case differs from one that passed
-    only in what the key cards' padding entries name, so a wrong answer means they were read."""
+    diagnosed mistake when it is a usual one (see ``diagnose``). ``padding``: the case differs
+    from one that passed only in what the key cards' padding entries name, so a wrong answer
+    means they were read."""
     atol, rtol = TOLERANCE[expected.dtype]
     got, expected = got.float().cpu(), expected.float().cpu()
     if torch.allclose(got, expected, atol=atol, rtol=rtol):
@@ -188,7 +258,9 @@ def expect_attention(
     if padding:
         cause = hint = PADDING_HINT
     else:
-        cause, hint = diagnose(got, expected, args, atol, rtol, hints, rerun_fp32, extra_slips)
+        cause, hint = diagnose(
+            got, expected, args, atol, rtol, hints, rerun_fp32, extra_slips, right_on, fallbacks
+        )
     read = ": a padding entry of its key card was read" if padding else ""
     raise CheckFailed(
         f"guest {seq}, query head {head} differs from {reference} "
@@ -289,6 +361,14 @@ def _expect_case(fn, what: str, padding=False, **case):
         q, k_cache, v_cache, tables, lens = args
         return fn(q.float(), k_cache.float(), v_cache.float(), tables, lens)
 
+    def right_on(**changes) -> bool:
+        variant = make_case(**{**case, **changes})
+        try:
+            again = fn(*variant)
+        except Exception:
+            return False
+        return close_enough(again, paged_decode_attention_ref(*variant))
+
     reference = "attention on its contiguous K and V"
     expect_attention(
         got,
@@ -299,7 +379,16 @@ def _expect_case(fn, what: str, padding=False, **case):
         rerun_fp32=rerun_fp32,
         padding=padding,
         replay=rebuild(case),
+        right_on=right_on,
     )
+
+
+def close_enough(got, expected) -> bool:
+    """``got`` is a tensor of the expected shape, right within the dtype's tolerance."""
+    if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+        return False
+    atol, rtol = TOLERANCE[expected.dtype]
+    return torch.allclose(got.float().cpu(), expected.float().cpu(), atol=atol, rtol=rtol)
 
 
 @paged.check("one guest in one room")

@@ -100,16 +100,28 @@ def paged_decode_kernel(
     )
 
 
-def launch_paged_decode(kernel, q, k_cache, v_cache, block_tables, seq_lens, *, scale=None):
+def launch_paged_decode(
+    kernel, q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, out=None
+):
     """Run a kernel with ``paged_decode_kernel``'s signature (yours in Lab 05, or kvlab's) on the
-    grid ``(num_seqs, num_kv_heads)``."""
+    grid ``(num_seqs, num_kv_heads)`` and return its output.
+
+    ``out`` (q's shape, dtype and device) receives the result instead of a new tensor: Lab 05's
+    checks hand over a view with guard regions around it, to see stores that miss it.
+    """
     check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens)
     check_block_size(k_cache.shape[1])
     num_seqs, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     group = num_q_heads // num_kv_heads
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    elif not isinstance(out, torch.Tensor) or _layout(out) != _layout(q):
+        raise ValueError(
+            f"out must be a tensor of q's shape {tuple(q.shape)}, dtype {q.dtype} and device "
+            f"{q.device}"
+        )
     if num_seqs == 0:
         return out
     kernel[(num_seqs, num_kv_heads)](
@@ -132,3 +144,7 @@ def launch_paged_decode(kernel, q, k_cache, v_cache, block_tables, seq_lens, *, 
         D_P2=pow2(head_dim),
     )
     return out
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    return t.shape, t.dtype, t.device
