@@ -227,8 +227,8 @@ class CheckResult:
         unwritten = [n for n in self.unwritten if n != "?"]
         names = ", ".join(f"`{n}`" for n in unwritten)
         if self.status == "not implemented":
-            where = f" ({names} still raise NotImplementedError)" if len(unwritten) > 1 else ""
-            where = where or (f" ({names} still raises NotImplementedError)" if names else "")
+            verb = "raise" if len(unwritten) > 1 else "raises"
+            where = f" ({names} still {verb} NotImplementedError)" if names else ""
             return (
                 f"{head}: not implemented yet (0/{self.total}){where}\n"
                 "→ Replace `raise NotImplementedError` in the exercise cell above with your code,\n"
@@ -367,7 +367,7 @@ def _unwritten(exc: NotImplementedError) -> str | None:
 
 
 def _triton_too_early(exc: BaseException) -> bool:
-    """Triton was imported before the interpreter was chosen: no kernel can run in this process."""
+    """Triton was imported before the interpreter was chosen (its message, anywhere in the chain)."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -399,8 +399,7 @@ def _run_caught(check_: Check, obj, timeout: float, out: BoundedBuffer) -> Outco
     except CheckFailed as f:
         return Outcome(name, False, failure_details(f), cause=f.cause)
     except CheckTimeout:
-        details = [f"your code did not finish within {timeout:g} s (an endless loop?)"]
-        return Outcome(name, False, details, cause=TIMEOUT_CAUSE)
+        return _timed_out(name, timeout)
     except SystemExit as e:
         details = [f"your code called exit({e.code!r}); return a value instead"]
         return Outcome(name, False, details + explain_exception(e)[1:], cause="kvlab: exit")
@@ -423,6 +422,11 @@ def _run_caught(check_: Check, obj, timeout: float, out: BoundedBuffer) -> Outco
     return Outcome(name, True)
 
 
+def _timed_out(name: str, timeout: float) -> Outcome:
+    details = [f"your code did not finish within {timeout:g} s (an endless loop?)"]
+    return Outcome(name, False, details, cause=TIMEOUT_CAUSE)
+
+
 CRASH_HINT = (
     "a load or store outside a tensor? mask every tl.load / tl.store (tokens past seq_len, "
     "lanes past HEAD_DIM, heads past GROUP) and stop at the key card's last room"
@@ -440,8 +444,7 @@ def _run_isolated(check_: Check, obj, timeout: float, out: BoundedBuffer) -> Out
     try:
         outcome, text, total = in_child_process(child, timeout + 5)
     except CheckTimeout:
-        details = [f"your code did not finish within {timeout:g} s (an endless loop?)"]
-        return Outcome(check_.name, False, details, cause=TIMEOUT_CAUSE)
+        return _timed_out(check_.name, timeout)
     except ChildCrashed as crash:
         if crash.signalled:
             details = [f"your code crashed the process ({crash.how})", f"hint:     {CRASH_HINT}"]
