@@ -22,6 +22,16 @@ from kvlab.trace import Usage
 from kvlab.workload import Request
 
 
+def seconds_shut(blocked: list, step_seconds: float) -> list[float]:
+    """Seconds the door has stayed shut up to each step: a step whose ``blocked`` entry names a
+    guest (refused although enough beds were free in total) adds ``step_seconds``."""
+    total, out = 0.0, []
+    for guest in blocked:
+        total += (guest is not None) * step_seconds
+        out.append(total)
+    return out
+
+
 @dataclass
 class ReplayResult:
     """Per-step measurements. ``busy`` marks steps where guests were waiting at the door."""
@@ -55,11 +65,7 @@ class ReplayResult:
 
     def blocked_seconds_so_far(self) -> list[float]:
         """:attr:`blocked_seconds` up to each step, for plots."""
-        total, out = 0.0, []
-        for guest in self.blocked:
-            total += (guest is not None) * self.step_seconds
-            out.append(total)
-        return out
+        return seconds_shut(self.blocked, self.step_seconds)
 
     def _busy_steps(self) -> list[int]:
         steps = [i for i, b in enumerate(self.busy) if b]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from kvlab.models import ModelSpec
+from kvlab.replay import seconds_shut
 from kvlab.roofline import GPU, StepCost
 
 # The colours and legend words are the widget's (one palette); notebooks use them as viz.COLORS.
@@ -303,13 +304,13 @@ def plot_fragmentation_over_time(
     if axes is None:
         _, axes = plt.subplots(1, 2, figsize=(9, 3.4))
     for (label, (times, frag, blocked)), color in zip(runs.items(), GPU_COLORS, strict=False):
-        shut, so_far, first_seen, seen = 0.0, [], [], set()
-        for time, guest in zip(times, blocked, strict=True):
-            shut += step_seconds if guest is not None else 0.0
-            so_far.append(shut)
+        so_far = seconds_shut(blocked, step_seconds)
+        shut = so_far[-1] if so_far else 0.0
+        first_seen, seen = [], set()
+        for time, guest, now in zip(times, blocked, so_far, strict=True):
             if guest is not None and guest not in seen:
                 seen.add(guest)
-                first_seen.append((time, shut))
+                first_seen.append((time, now))
         guests = f"{len(seen)} guest{'' if len(seen) == 1 else 's'}"
         axes[0].plot(times, [f * 100 for f in frag], label=label, color=color, lw=0.9)
         axes[1].step(

@@ -303,6 +303,12 @@ def _is_learner_frame(filename: str) -> bool:
     return not installed
 
 
+def preview(vector, n: int = 4) -> str:
+    """The first values of a tensor: enough to compare by eye."""
+    values = ", ".join(f"{x:.4g}" for x in vector.reshape(-1)[:n].tolist())
+    return f"[{values}{', …' if vector.numel() > n else ''}] ({plural(vector.numel(), 'value')})"
+
+
 def _learner_frames(exc: BaseException) -> list:
     return [f for f in traceback.extract_tb(exc.__traceback__) if _is_learner_frame(f.filename)]
 
@@ -366,15 +372,18 @@ def _unwritten(exc: NotImplementedError) -> str | None:
     return named[-1] if named else "?"
 
 
-def _triton_too_early(exc: BaseException) -> bool:
-    """Triton was imported before the interpreter was chosen (its message, anywhere in the chain)."""
+def exception_chain(exc: BaseException | None):
+    """``exc``, then what it was raised from or during, outermost first (Triton wraps errors)."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if TRITON_TOO_EARLY_MARK in str(exc):
-            return True
+        yield exc
         exc = exc.__cause__ or exc.__context__
-    return False
+
+
+def _triton_too_early(exc: BaseException) -> bool:
+    """Triton was imported before the interpreter was chosen (its message, anywhere in the chain)."""
+    return any(TRITON_TOO_EARLY_MARK in str(e) for e in exception_chain(exc))
 
 
 # --- running ---------------------------------------------------------------------------------
@@ -566,6 +575,14 @@ def expect_equal(got, expected, what: str, input=None, hint=None):
         raise CheckFailed(what, input=input, expected=short(expected), got=short(got), hint=hint)
 
 
+def tensor_bits(t):
+    """A tensor's bytes, so that equality is bit for bit: NaN equals the same NaN, and a room
+    full of NaN left alone counts as unchanged."""
+    import torch
+
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
 def same(a, b) -> bool:
     """Deep equality that understands tensors, containers and dataclasses."""
     import torch
@@ -576,7 +593,7 @@ def same(a, b) -> bool:
             and isinstance(b, torch.Tensor)
             and a.shape == b.shape
             and a.dtype == b.dtype
-            and torch.equal(a, b)
+            and torch.equal(tensor_bits(a), tensor_bits(b))
         )
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))

@@ -23,6 +23,7 @@ from kvlab.grading.core import (
     expect_type,
     explain_exception,
     plural,
+    preview,
     short,
 )
 from kvlab.grading.own_code import refuse_reference
@@ -387,12 +388,6 @@ def _token_order(cache, reference) -> str:
         order.append(str(match[0]) if match else "?")
     note = " (?: a row that is no token's)" if "?" in order else ""
     return f"[{', '.join(order)}]{note}"
-
-
-def preview(vector, n: int = 4) -> str:
-    """The first values of a vector: enough to compare by eye."""
-    values = ", ".join(f"{x:.4g}" for x in vector.reshape(-1)[:n].tolist())
-    return f"[{values}{', …' if vector.numel() > n else ''}] ({plural(vector.numel(), 'value')})"
 
 
 def _expect_caches(k_got, v_got, k_in, k_all, v_all, where, replay):

@@ -15,9 +15,11 @@ import torch
 from kvlab.attention import decode_attention, gather_kv, paged_decode_attention_ref
 from kvlab.grading.core import (
     CheckFailed,
+    call_without_mutation,
     exercise,
     expect_type,
     explain_exception,
+    preview,
 )
 from kvlab.grading.own_code import refuse_reference
 
@@ -274,12 +276,6 @@ def expect_attention(
     )
 
 
-def preview(vector, n: int = 4) -> str:
-    """The first values of a vector: enough to compare by eye."""
-    values = ", ".join(f"{x:.4g}" for x in vector[:n].tolist())
-    return f"[{values}{', …' if len(vector) > n else ''}] ({len(vector)} values)"
-
-
 PADDING_HINT = "read only the first ceil(seq_len / block_size) entries of each key card"
 NAN_WHAT = "padding entries name a spare room whose K and V are NaN"
 
@@ -300,24 +296,6 @@ def read_far_padding(error: BaseException, what: str) -> None:
 NAMES = ("q", "k_cache", "v_cache", "block_tables", "seq_lens")
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().contiguous().view(torch.uint8)
-
-
-def call_unchanged(fn, args):
-    """``fn(*args)``, failing the check if it changed a tensor in place (NaN-safe: compares
-    bits, not values, so a room full of NaN counts as unchanged)."""
-    before = [_bits(a).clone() for a in args]
-    got = fn(*args)
-    for name, a, old in zip(NAMES, args, before, strict=True):
-        if not torch.equal(_bits(a), old):
-            raise CheckFailed(
-                f"your code changed its input `{name}` in place",
-                hint=f"leave `{name}` as it came in: build new tensors instead of modifying it",
-            )
-    return got
-
-
 def rebuild(case: dict) -> str:
     """The call that rebuilds a case's tensors, for a learner to try their code on."""
     given = ", ".join(f"{k}={v!r}" for k, v in case.items())
@@ -331,7 +309,7 @@ def _expect_case(fn, what: str, padding=False, **case):
         with refuse_reference(
             paged_decode_attention_ref, gather_kv, learner=fn, task="attending through key cards"
         ):
-            got = call_unchanged(fn, args)
+            got = call_without_mutation(fn, *args, names=NAMES)
     except NotImplementedError:
         raise
     except Exception as error:

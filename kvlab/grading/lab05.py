@@ -21,8 +21,14 @@ import re
 
 import torch
 
-from kvlab.attention import decode_attention, paged_decode_attention_ref
-from kvlab.grading.core import CheckFailed, exercise, explain_exception, plural
+from kvlab.attention import decode_attention, gather_kv, paged_decode_attention_ref
+from kvlab.grading.core import (
+    CheckFailed,
+    exception_chain,
+    exercise,
+    explain_exception,
+    plural,
+)
 from kvlab.grading.lab04 import (
     ANY,
     FAR,
@@ -161,17 +167,9 @@ TRITON_ERRORS = [
 ]
 
 
-def _chain(error: BaseException):
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        error = error.__cause__ or error.__context__
-
-
 def triton_mistake(error: BaseException):
     """(cause, hint, the exception that says it) when Triton's error names a usual mistake."""
-    for exc in _chain(error):
+    for exc in exception_chain(error):
         text = str(getattr(exc, "error_message", None) or exc)
         for pattern, cause, hint in TRITON_ERRORS:
             found = re.search(pattern, text)
@@ -188,11 +186,11 @@ def explain_triton_error(error: BaseException, what: str) -> None:
         return
     cause, hint, said = found
     where = ""
-    for exc in _chain(error):
+    for exc in exception_chain(error):
         lines = explain_exception(exc)
         if len(lines) > 1:  # a frame of the learner's code
             where = " " + lines[1]
-    innermost = list(_chain(said))[-1]
+    innermost = list(exception_chain(said))[-1]
     got = explain_exception(innermost)[0]
     if hasattr(innermost, "src"):  # a CompilationError: its message, not the source excerpt
         message = " ".join(str(innermost.error_message).split())
@@ -208,7 +206,7 @@ def _unwrap_unimplemented(error: BaseException) -> None:
     assigning into a block, does not)."""
     if triton_mistake(error) is not None:
         return
-    for seen in _chain(error):
+    for seen in exception_chain(error):
         if isinstance(seen, NotImplementedError) or "NotImplementedError" in repr(seen):
             raise NotImplementedError from error
 
@@ -246,11 +244,8 @@ def _attend_with_unit_step(args):
 def _guest_kv(args, s: int):
     """Guest s's keys and values, fp32 on the CPU: [seq_len, kv_heads, head_dim] each."""
     _, k_cache, v_cache, tables, lens = args
-    n, size = int(lens[s]), k_cache.shape[1]
-    rooms = tables[s, : -(-n // size)].long().cpu()
-    k = k_cache[rooms].float().cpu().flatten(0, 1)[:n]
-    v = v_cache[rooms].float().cpu().flatten(0, 1)[:n]
-    return k, v
+    k, v = gather_kv(k_cache, v_cache, tables[s], int(lens[s]))
+    return k.float().cpu(), v.float().cpu()
 
 
 def attend_room_by_room(args, rescale_acc=True, rescale_l=True, keep_max=True):
