@@ -1,0 +1,112 @@
+"""The labs' published figures, pinned: the replay, the caches and the recorded traces may be
+reshaped, but every lab must keep printing the same numbers and drawing the same frames.
+
+Each replay is fingerprinted step by step (times, the four-way split of the beds, guests in the
+hotel and at the door, refusals, preemptions, probes) and each trace frame by frame; the readable
+figures are the ones the labs print.
+"""
+
+import hashlib
+
+import pytest
+
+from kvlab.contiguous import ContiguousKVCache
+from kvlab.paged import PagedHotel
+from kvlab.replay import replay
+from kvlab.workload import Request, alpaca_like, load_trace, sharegpt_like
+
+
+def digest(obj) -> str:
+    return hashlib.sha256(repr(obj).encode()).hexdigest()[:16]
+
+
+def steps(result) -> str:
+    split = [(u.capacity, u.used, u.future, u.internal, u.free) for u in result.usage]
+    return digest(
+        (result.times, split, result.running, result.waiting, result.busy, result.blocked)
+        + (result.probes, result.refusals, result.preemptions)
+    )
+
+
+def frames(trace, rooms: bool = True) -> str:
+    """Every frame; ``rooms=False`` leaves out which rooms (block ids) each guest holds."""
+    return digest(
+        [
+            (f.event, f.guest, f.time, f.tables if rooms else None, f.tokens, f.booked, f.final)
+            + ((f.note,) if rooms else ())
+            for f in trace.frames
+        ]
+    )
+
+
+@pytest.fixture(scope="module")
+def day():
+    return [Request(r.prompt_len, r.output_len) for r in load_trace("sharegpt_like")]
+
+
+@pytest.mark.parametrize(
+    "policy, used, running, fingerprint",
+    [
+        ("max", 0.224897, 16.0, "44ea89daedd877e4"),  # Lab 01: ~22.5% (paper: 20.4%)
+        ("pow2", 0.385116, 27.5715, "50fcf6f963b5abae"),
+        ("exact", 0.496098, 36.1053, "1d93f0f49a6cb2ec"),
+    ],
+)
+def test_lab01_contiguous_day(day, policy, used, running, fingerprint):
+    result = replay(ContiguousKVCache(16, 2048, policy=policy), day)
+    assert round(result.utilization("used"), 6) == used
+    assert round(result.mean_running(), 4) == running
+    assert steps(result) == fingerprint
+
+
+def test_lab03_paged_day(day):
+    result = replay(PagedHotel(2048, 16), day)
+    shares = [round(result.utilization(p), 6) for p in ("used", "future", "internal")]
+    assert shares == [0.976677, 0.017735, 0.000315]  # Lab 03: ~98% (paper: 96.3%)
+    assert round(result.mean_running(), 4) == 78.8763
+    assert (result.preemptions, result.steps) == (594, 3208)
+    assert steps(result) == "8f017e76e8a801f2"
+
+
+@pytest.mark.parametrize(
+    "placement, guests, seconds, refusals, first, fingerprint, trace",
+    [
+        ("first_fit", 9, 17.8, 356, 1023, "e93db80e32956bc0", "1caa131442530d9d"),
+        ("best_fit", 9, 21.2, 424, 962, "debd246669656843", "28f85975ce87347a"),
+    ],
+)
+def test_lab02_churn(placement, guests, seconds, refusals, first, fingerprint, trace):
+    evening = sharegpt_like(400, seed=3, rate=2.0)
+    cache = ContiguousKVCache(16, 2048, policy="exact", placement=placement, record=True)
+    result = replay(cache, evening, probe=lambda c: c.arena.external_fragmentation)
+    assert len(result.blocked_guests) == guests
+    assert round(result.blocked_seconds, 3) == seconds
+    assert result.refusals == refusals == len(cache.trace.events("impossible allocation"))
+    assert cache.trace.events("impossible allocation")[0] == first
+    assert steps(result) == fingerprint
+    assert frames(cache.trace) == trace
+
+
+def test_lab03_compare_traces():
+    evening = sharegpt_like(40, seed=3)
+    suites = ContiguousKVCache(4, 2048, policy="max", record=True)
+    rooms = PagedHotel(512, 16, record=True)
+    assert steps(replay(suites, evening)) == "0ac1f34da9b3949f"
+    assert steps(replay(rooms, evening)) == "9a61c8afc733bf2e"
+    assert (len(suites.trace), len(rooms.trace)) == (8194, 2320)
+    assert frames(suites.trace) == "60e55308f060c17e"
+    assert frames(rooms.trace, rooms=False) == "4596a75e368a3fd1"
+
+
+@pytest.mark.parametrize(
+    "size, used, fingerprint",
+    [
+        (1, 0.999501, "d3159df188693f88"),
+        (16, 0.860319, "22e6ca5793e09158"),
+        (256, 0.254948, "d373f1e4458f6150"),
+    ],
+)
+def test_lab03_block_sizes(size, used, fingerprint):
+    result = replay(PagedHotel(32768 // size, size), alpaca_like(1200, seed=3))
+    assert round(result.utilization("used"), 6) == used
+    assert steps(result) == fingerprint
