@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
+from kvlab.accounting import CacheState, Usage, usage
 from kvlab.errors import OutOfMemory, OutOfSpace, ReservationFull
-from kvlab.trace import Trace, Usage, split_waste
 from kvlab.validate import positive_int
 
 PLACEMENTS = ("first_fit", "best_fit")
@@ -49,18 +49,15 @@ def _check_id(request_id) -> None:
 class ArenaAllocator:
     """Variable-size contiguous bookings in one linear arena of ``capacity_tokens`` beds."""
 
-    def __init__(self, capacity_tokens: int, policy: str = "first_fit", record: bool = False):
+    def __init__(self, capacity_tokens: int, placement: str = "first_fit"):
         self.capacity = positive_int("capacity_tokens", capacity_tokens)
-        if policy not in PLACEMENTS:
-            raise ValueError(f"policy must be one of {PLACEMENTS}, got {policy!r}")
-        self.policy = policy
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+        self.placement = placement
         self._free: list[tuple[int, int]] = [(0, self.capacity)]  # sorted by offset, never adjacent
         self._bookings: dict[Hashable, tuple[int, int]] = {}
         self.impossible_allocations = 0
         self.failed_allocations = 0
-        self.trace = Trace("arena", self.capacity, 1, meta={"policy": policy}) if record else None
-        self.clock = 0.0
-        self._record("start", None)
 
     # --- queries ---------------------------------------------------------------------------
     def free_extents(self) -> list[tuple[int, int]]:
@@ -89,9 +86,27 @@ class ArenaAllocator:
     def can_allocate(self, n: int) -> bool:
         return self._choose(positive_int("n", n)) is not None
 
+    def refusal(self, n: int) -> OutOfSpace | None:
+        """What :meth:`allocate` would raise for ``n`` beds now, or None (nothing changes)."""
+        if self._choose(positive_int("n", n)) is not None:
+            return None
+        total, largest = self.total_free, self.largest_free_extent
+        return OutOfSpace(
+            f"no free extent holds {n} beds (largest free extent {largest}, {total} free in total)",
+            needed=n,
+            total_free=total,
+            largest_free=largest,
+        )
+
+    def state(self) -> CacheState:
+        """Bookings as block tables of one-bed blocks (what a recorder keeps)."""
+        tables = {g: range(o, o + n) for g, (o, n) in self._bookings.items()}
+        sizes = {g: n for g, (_, n) in self._bookings.items()}
+        return CacheState("arena", self.capacity, 1, tables, sizes, sizes, sizes)
+
     # --- changes ---------------------------------------------------------------------------
     def _choose(self, n: int) -> int | None:
-        return (first_fit if self.policy == "first_fit" else best_fit)(self._free, n)
+        return (first_fit if self.placement == "first_fit" else best_fit)(self._free, n)
 
     def allocate(self, request_id, n: int) -> int:
         """Book ``n`` adjacent beds for ``request_id``; return the offset of the first."""
@@ -99,21 +114,12 @@ class ArenaAllocator:
         positive_int("n", n)
         if request_id in self._bookings:
             raise ValueError(f"request_id {request_id!r} already holds a booking")
-        offset = self._choose(n)
-        if offset is None:
-            total, largest = self.total_free, self.largest_free_extent
+        refusal = self.refusal(n)
+        if refusal is not None:
             self.failed_allocations += 1
-            error = OutOfSpace(
-                f"no free extent holds {n} beds (largest free extent {largest}, {total} free in total)",
-                needed=n,
-                total_free=total,
-                largest_free=largest,
-            )
-            if error.impossible:
-                self.impossible_allocations += 1
-            event = "impossible allocation" if error.impossible else "out of memory"
-            self._record(event, request_id, note=f"{request_id} needs {n} beds")
-            raise error
+            self.impossible_allocations += refusal.impossible
+            raise refusal
+        offset = self._choose(n)
         i = next(i for i, (start, _) in enumerate(self._free) if start == offset)
         start, length = self._free[i]
         if length == n:
@@ -121,7 +127,6 @@ class ArenaAllocator:
         else:
             self._free[i] = (start + n, length - n)
         self._bookings[request_id] = (offset, n)
-        self._record("check-in", request_id)
         return offset
 
     def free(self, request_id) -> None:
@@ -139,14 +144,6 @@ class ArenaAllocator:
             length += prev_length
             i -= 1
         free.insert(i, (start, length))
-        self._record("check-out", request_id)
-
-    def _record(self, event: str, guest, note: str = "") -> None:
-        if self.trace is None:
-            return
-        tables = {g: range(o, o + n) for g, (o, n) in self._bookings.items()}
-        sizes = {g: n for g, (_, n) in self._bookings.items()}
-        self.trace.record(event, guest, self.clock, tables, sizes, sizes, sizes, note)
 
 
 def torch_dtype(spec):
@@ -196,7 +193,6 @@ class ContiguousKVCache:
         spec=None,
         policy: str = "max",
         placement: str = "first_fit",
-        record: bool = False,
     ):
         self.num_slots = positive_int("num_slots", num_slots)
         self.max_seq_len = positive_int("max_seq_len", max_seq_len)
@@ -209,14 +205,6 @@ class ContiguousKVCache:
         self.arena = ArenaAllocator(num_slots * max_seq_len, placement)
         self._tokens: dict[Hashable, int] = {}
         self._final: dict[Hashable, int | None] = {}
-        self.clock = 0.0
-        self.trace = (
-            Trace(
-                "contiguous", self.capacity, 1, meta={"policy": policy, "max_seq_len": max_seq_len}
-            )
-            if record
-            else None
-        )
         self.k = self.v = None
         if spec is not None:
             import torch
@@ -225,22 +213,13 @@ class ContiguousKVCache:
             shape = (num_slots, max_seq_len, spec.num_kv_heads, spec.head_dim)
             self.k = [torch.zeros(shape, dtype=dtype) for _ in range(spec.num_layers)]
             self.v = [torch.zeros(shape, dtype=dtype) for _ in range(spec.num_layers)]
-        if record:
-            self.start_recording()
-
-    def start_recording(self) -> Trace:
-        """Record frames from now on (the first one shows the current state)."""
-        meta = {"policy": self.policy, "max_seq_len": self.max_seq_len}
-        self.trace = Trace("contiguous", self.capacity, 1, meta=meta)
-        self.snapshot("start")
-        return self.trace
 
     @property
     def capacity(self) -> int:
         return self.arena.capacity
 
     @property
-    def guests(self) -> list:
+    def request_ids(self) -> list:
         return list(self._tokens)
 
     def __contains__(self, request_id) -> bool:
@@ -270,7 +249,12 @@ class ContiguousKVCache:
         return booking_size(self.policy, prompt_len, output_len, self.max_seq_len)
 
     def can_admit(self, prompt_len: int, output_len: int | None = None) -> bool:
-        return self.arena.can_allocate(self._size(prompt_len, output_len))
+        return self.refusal(prompt_len, output_len) is None
+
+    def refusal(self, prompt_len: int, output_len: int | None = None) -> OutOfSpace | None:
+        """What :meth:`admit` would raise for lack of space now, or None (nothing changes).
+        Requests that could never fit raise ValueError here, as in :meth:`admit`."""
+        return self.arena.refusal(self._size(prompt_len, output_len))
 
     def admit(self, request_id, prompt_len: int, output_len: int | None = None) -> int:
         """Book beds for a new request holding ``prompt_len`` prompt tokens; return its offset.
@@ -283,16 +267,15 @@ class ContiguousKVCache:
         size = self._size(prompt_len, output_len)
         if request_id in self._tokens:
             raise ValueError(f"request_id {request_id!r} is already admitted")
-        try:
-            offset = self.arena.allocate(request_id, size)
-        except OutOfSpace as e:
-            event = "impossible allocation" if e.impossible else "out of memory"
-            self.snapshot(event, request_id, note=f"{request_id} needs {size} beds")
-            raise
+        offset = self.arena.allocate(request_id, size)
         self._tokens[request_id] = prompt_len
         self._final[request_id] = None if output_len is None else prompt_len + output_len
-        self.snapshot("check-in", request_id)
         return offset
+
+    def can_append(self, request_id) -> bool:
+        """Whether the booking has a bed left for one more token."""
+        self._known(request_id)
+        return self._tokens[request_id] < self.arena.bookings[request_id][1]
 
     def append(self, request_id) -> int:
         """Make room for one more token; return its flat slot (offset + position)."""
@@ -308,25 +291,19 @@ class ContiguousKVCache:
         self._known(request_id)
         self.arena.free(request_id)
         del self._tokens[request_id], self._final[request_id]
-        self.snapshot("check-out", request_id)
 
     def memory_report(self) -> Usage:
-        used = future = internal = 0
-        for guest, (_, size) in self.arena.bookings.items():
-            u, f, i = split_waste(size, self._tokens[guest], self._final[guest])
-            used, future, internal = used + u, future + f, internal + i
-        free = self.capacity - used - future - internal
-        bytes_per_token = self.spec.kv_bytes_per_token if self.spec is not None else None
-        return Usage(self.capacity, used, future, internal, free, bytes_per_token)
+        booked = {r: n for r, (_, n) in self.arena._bookings.items()}
+        per_token = self.spec.kv_bytes_per_token if self.spec is not None else None
+        return usage(self.capacity, 1, booked, self._tokens, self._final, None, per_token)
 
-    def snapshot(self, event: str = "step", guest=None, note: str = "") -> None:
-        """Record the current state into the trace (no-op when not recording)."""
-        if self.trace is None:
-            return
-        bookings = self.arena.bookings
-        tables = {g: range(o, o + n) for g, (o, n) in bookings.items()}
-        booked = {g: n for g, (_, n) in bookings.items()}
-        self.trace.record(event, guest, self.clock, tables, self._tokens, booked, self._final, note)
+    def state(self) -> CacheState:
+        """Bookings, tokens and final lengths now (what a recorder keeps)."""
+        bookings = self.arena._bookings
+        tables = {r: range(o, o + n) for r, (o, n) in bookings.items()}
+        booked = {r: n for r, (_, n) in bookings.items()}
+        tokens, final = dict(self._tokens), dict(self._final)
+        return CacheState("contiguous", self.capacity, 1, tables, tokens, booked, final)
 
 
 __all__ = [

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 
 class OutOfMemory(MemoryError):
-    """The hotel cannot take this booking now (nothing was changed)."""
+    """The hotel cannot take this booking now (nothing was changed).
+
+    ``needed`` is how many ``unit`` (beds or rooms) the refused call asked for, when known.
+    ``impossible`` is True when enough was free in total, only not in one piece.
+    """
+
+    unit = "beds"
+    impossible = False
+
+    def __init__(self, message: str = "", *, needed: int | None = None):
+        super().__init__(message)
+        self.needed = needed
 
 
 class OutOfSpace(OutOfMemory):
@@ -15,8 +26,7 @@ class OutOfSpace(OutOfMemory):
     """
 
     def __init__(self, message: str, *, needed: int, total_free: int, largest_free: int):
-        super().__init__(message)
-        self.needed = needed
+        super().__init__(message, needed=needed)
         self.total_free = total_free
         self.largest_free = largest_free
 

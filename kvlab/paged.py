@@ -2,56 +2,44 @@
 
 Memory is ``num_blocks`` blocks (rooms) of ``block_size`` token slots (beds). A sequence (guest)
 holds a block table (key card): logical block i -> physical block id, in any order anywhere in the
-hotel. Rooms are taken from a free list only when a token needs one, so a guest wastes at most the
-empty beds of its last room. Reference counts let guests share rooms (fork); a guest about to
-write into a shared, partly filled room first moves to a fresh copy (copy-on-write).
+hotel. Blocks come from the pool's free queue only when a token needs one, so a sequence wastes at
+most the empty slots of its last block. Reference counts let sequences share blocks (fork); a
+sequence about to write into a shared, partly filled block first moves to a fresh copy
+(copy-on-write).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
 
+from kvlab.accounting import CacheState, Usage, usage
+from kvlab.block_pool import Block, BlockPool
 from kvlab.contiguous import torch_dtype
 from kvlab.errors import OutOfMemory
-from kvlab.trace import Trace, Usage, split_waste
 from kvlab.validate import positive_int
 
 
 class OutOfBlocks(OutOfMemory):
-    """The free list cannot supply the rooms needed; nothing was changed."""
+    """The free queue cannot supply the blocks needed; nothing was changed."""
+
+    unit = "rooms"
 
 
 class BlockManager:
-    """Hands out blocks from a free list and keeps every sequence's block table."""
+    """Keeps every sequence's block table on top of a :class:`~kvlab.block_pool.BlockPool`."""
 
-    def __init__(self, num_blocks: int, block_size: int, record: bool = False):
-        self.num_blocks = positive_int("num_blocks", num_blocks)
+    def __init__(self, num_blocks: int, block_size: int):
         self.block_size = positive_int("block_size", block_size)
-        self._free: list[int] = list(
-            range(self.num_blocks - 1, -1, -1)
-        )  # pop() gives low ids first
-        self._refs: list[int] = [0] * self.num_blocks
-        self._tables: dict[Hashable, list[int]] = {}
+        self.pool = BlockPool(num_blocks)
+        self.num_blocks = self.pool.num_blocks
+        self._tables: dict[Hashable, list[Block]] = {}
         self._tokens: dict[Hashable, int] = {}
-        self._shared = 0  # rooms with ref_count > 1 (0 lets memory_report skip the per-room pass)
         self.final: dict[Hashable, int] = {}  # expected final length per sequence, when known
-        self.clock = 0.0
-        self.trace = None
-        if record:
-            self.start_recording()
-
-    def start_recording(self) -> Trace:
-        """Record frames from now on (the first one shows the current state)."""
-        self.trace = Trace(
-            "paged", self.num_blocks, self.block_size, meta={"block_size": self.block_size}
-        )
-        self.snapshot("start")
-        return self.trace
 
     # --- queries -----------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return len(self.pool.free_queue)
 
     @property
     def seq_ids(self) -> list:
@@ -64,10 +52,20 @@ class BlockManager:
         return -(-positive_int("num_tokens", num_tokens) // self.block_size)
 
     def can_allocate(self, num_tokens: int) -> bool:
-        return self.blocks_needed(num_tokens) <= len(self._free)
+        return self.blocks_needed(num_tokens) <= self.num_free_blocks
+
+    def can_append(self, seq_id) -> bool:
+        """Whether :meth:`append_slot` would succeed: the token fits in the last block, or a free
+        block is there for it (a new block, or the copy of a shared one)."""
+        return self._needs_block(seq_id) <= self.num_free_blocks
+
+    def _needs_block(self, seq_id) -> int:
+        table = self._table(seq_id)
+        full = self._tokens[seq_id] % self.block_size == 0
+        return int(full or table[-1].ref_count > 1)
 
     def block_table(self, seq_id) -> list[int]:
-        return list(self._table(seq_id))
+        return [block.block_id for block in self._table(seq_id)]
 
     def num_tokens(self, seq_id) -> int:
         self._table(seq_id)
@@ -77,7 +75,7 @@ class BlockManager:
         positive_int("block_id", block_id, minimum=0)
         if block_id >= self.num_blocks:
             raise ValueError(f"block_id must be < num_blocks = {self.num_blocks}, got {block_id}")
-        return self._refs[block_id]
+        return self.pool.blocks[block_id].ref_count
 
     def slot(self, seq_id, position: int) -> int:
         """Physical slot of a token: ``block_id * block_size + offset`` (vLLM's slot mapping)."""
@@ -87,9 +85,9 @@ class BlockManager:
                 f"position {position} is outside 0..{self._tokens[seq_id] - 1} of {seq_id!r}"
             )
         block, offset = divmod(position, self.block_size)
-        return table[block] * self.block_size + offset
+        return table[block].block_id * self.block_size + offset
 
-    def _table(self, seq_id) -> list[int]:
+    def _table(self, seq_id) -> list[Block]:
         try:
             return self._tables[seq_id]
         except (KeyError, TypeError):
@@ -102,9 +100,10 @@ class BlockManager:
             raise ValueError(f"seq_id {seq_id!r} already exists")
 
     def _out_of_blocks(self, seq_id, needed: int) -> OutOfBlocks:
-        self.snapshot("out of memory", seq_id, note=f"{seq_id} needs {needed} rooms")
+        free = self.num_free_blocks
         return OutOfBlocks(
-            f"{seq_id!r} needs {needed} free block(s), {len(self._free)} free of {self.num_blocks}"
+            f"{seq_id!r} needs {needed} free block(s), {free} free of {self.num_blocks}",
+            needed=needed,
         )
 
     # --- changes -----------------------------------------------------------------------------
@@ -112,163 +111,117 @@ class BlockManager:
         """Check in a new sequence holding ``num_tokens`` prompt tokens; return its block table."""
         self._new(seq_id)
         needed = self.blocks_needed(num_tokens)
-        if needed > len(self._free):
+        if needed > self.num_free_blocks:
             raise self._out_of_blocks(seq_id, needed)
-        table = [self._free.pop() for _ in range(needed)]
-        for block in table:
-            self._refs[block] = 1
-        self._tables[seq_id] = table
+        table = self._tables[seq_id] = self.pool.get_new_blocks(needed)
         self._tokens[seq_id] = num_tokens
-        self.snapshot("check-in", seq_id)
-        return list(table)
+        return [block.block_id for block in table]
 
     def append_slot(self, seq_id) -> tuple[int, int] | None:
         """Make room for one more token of ``seq_id``.
 
-        Returns None when the token fits in place (last room has a bed and is not shared) or got a
-        fresh room; returns ``(src_block, dst_block)`` after a copy-on-write, so the caller copies
-        the shared room's K and V into the new one.
+        Returns None when the token fits in place (last block has a free slot and is not shared)
+        or got a fresh block; returns ``(src_block, dst_block)`` after a copy-on-write, so the
+        caller copies the shared block's K and V into the new one.
         """
         table = self._table(seq_id)
         tokens = self._tokens[seq_id]
-        if tokens % self.block_size == 0:  # the last room is full: take a fresh one
-            if not self._free:
+        if tokens % self.block_size == 0:  # the last block is full: take a fresh one
+            if not self.pool.free_queue:
                 raise self._out_of_blocks(seq_id, 1)
-            block = self._free.pop()
-            self._refs[block] = 1
-            table.append(block)
+            table.append(self.pool.get_new_block())
             self._tokens[seq_id] = tokens + 1
             return None
         last = table[-1]
-        if self._refs[last] == 1:
+        if last.ref_count == 1:
             self._tokens[seq_id] = tokens + 1
             return None
-        if not self._free:  # shared and partly filled: copy-on-write
+        if not self.pool.free_queue:  # shared and partly filled: copy-on-write
             raise self._out_of_blocks(seq_id, 1)
-        block = self._free.pop()
-        self._refs[block] = 1
-        self._refs[last] -= 1
-        self._shared -= self._refs[last] == 1
-        table[-1] = block
+        table[-1] = self.pool.get_new_block()
+        self.pool.free_blocks([last])
         self._tokens[seq_id] = tokens + 1
-        self.snapshot("copy-on-write", seq_id, note=f"room {last} -> room {block}")
-        return last, block
+        return last.block_id, table[-1].block_id
 
     def fork(self, parent_id, child_id) -> None:
-        """The child shares every room of the parent (each room's ref_count goes up by one)."""
+        """The child shares every block of the parent (each block's ref_count goes up by one)."""
         table = self._table(parent_id)
         self._new(child_id)
-        for block in table:
-            self._refs[block] += 1
-            self._shared += self._refs[block] == 2
+        self.pool.share(table)
         self._tables[child_id] = list(table)
         self._tokens[child_id] = self._tokens[parent_id]
         if parent_id in self.final:
             self.final[child_id] = self.final[parent_id]
-        self.snapshot("fork", child_id, note=f"{child_id} shares {parent_id}'s {len(table)} rooms")
 
     def free(self, seq_id) -> None:
-        """Check out: drop one reference to each room; rooms nobody holds return to the free list."""
+        """Check out: drop one reference to each block; blocks nobody holds join the free queue
+        (the last block first, so a sequence's first blocks stay unused longest)."""
         table = self._table(seq_id)
-        for block in reversed(table):
-            self._refs[block] -= 1
-            if self._refs[block] == 0:
-                self._free.append(block)
-            elif self._refs[block] == 1:
-                self._shared -= 1
+        self.pool.free_blocks(reversed(table))
         del self._tables[seq_id], self._tokens[seq_id]
         self.final.pop(seq_id, None)
-        self.snapshot("check-out", seq_id)
 
     # --- accounting ----------------------------------------------------------------------------
     def memory_report(self) -> Usage:
-        """Beds split into used / reserved-for-future / internal / free.
-
-        Each room in use counts once, however many key cards hold it: its beds are used up to the
-        fullest holder, and reserved for the future up to what any holder will still write.
-        """
+        """Slots split into used / reserved-for-future / internal / free (a block on several
+        block tables counts once: see :func:`kvlab.accounting.usage`)."""
         size = self.block_size
-        capacity, free = self.num_blocks * size, len(self._free) * size
-        if not self._shared:  # nobody shares: each guest's rooms are its own
-            used = future = internal = 0
-            for seq_id, table in self._tables.items():
-                u, f, i = split_waste(
-                    len(table) * size, self._tokens[seq_id], self.final.get(seq_id)
-                )
-                used, future, internal = used + u, future + f, internal + i
-            return Usage(capacity, used, future, internal, free)
-        filled: dict[int, int] = {}
-        will_fill: dict[int, int] = {}
-        for seq_id, table in self._tables.items():
-            tokens = self._tokens[seq_id]
-            final = self.final.get(seq_id)
-            for i, block in enumerate(table):
-                now = min(size, tokens - i * size)
-                later = size if final is None else max(now, min(size, final - i * size))
-                filled[block] = max(filled.get(block, 0), now)
-                will_fill[block] = max(will_fill.get(block, 0), later)
-        used = sum(filled.values())
-        future = sum(will_fill.values()) - used
-        internal = len(filled) * size - used - future
-        return Usage(capacity, used, future, internal, free)
+        booked = {s: len(t) * size for s, t in self._tables.items()}
+        tables = self._block_ids() if self.pool.num_shared else None
+        return usage(self.num_blocks * size, size, booked, self._tokens, self.final, tables)
 
-    def snapshot(self, event: str = "step", guest=None, note: str = "") -> None:
-        """Record the current state into the trace (no-op when not recording)."""
-        if self.trace is None:
-            return
-        booked = {s: len(t) * self.block_size for s, t in self._tables.items()}
-        self.trace.record(
-            event, guest, self.clock, self._tables, self._tokens, booked, self.final, note
-        )
+    def _block_ids(self) -> dict[Hashable, tuple[int, ...]]:
+        return {s: tuple(b.block_id for b in t) for s, t in self._tables.items()}
+
+    def state(self) -> CacheState:
+        """Block tables, tokens, bookings and final lengths now (what a recorder keeps)."""
+        size = self.block_size
+        booked = {s: len(t) * size for s, t in self._tables.items()}
+        tables, tokens, final = self._block_ids(), dict(self._tokens), dict(self.final)
+        return CacheState("paged", self.num_blocks, size, tables, tokens, booked, final)
 
 
-class PagedHotel:
-    """A BlockManager seen as a hotel for :func:`kvlab.replay.replay`: admit books the prompt's
-    rooms, append takes a room only when the last one is full, release checks out."""
+class PagedCache:
+    """A :class:`BlockManager` as a cache the scheduler drives (the same calls as
+    :class:`~kvlab.contiguous.ContiguousKVCache`): admit books the prompt's blocks, append takes a
+    block only when the last one is full, release checks out. Accounts only: the tensors live in
+    :class:`PagedKVCache`."""
 
-    def __init__(self, num_blocks: int, block_size: int, record: bool = False):
-        self.manager = BlockManager(num_blocks, block_size, record=record)
-
-    @property
-    def trace(self):
-        return self.manager.trace
-
-    def start_recording(self) -> Trace:
-        return self.manager.start_recording()
-
-    @property
-    def clock(self) -> float:
-        return self.manager.clock
-
-    @clock.setter
-    def clock(self, value: float) -> None:
-        self.manager.clock = value
+    def __init__(self, num_blocks: int, block_size: int):
+        self.manager = BlockManager(num_blocks, block_size)
 
     @property
     def capacity(self) -> int:
         return self.manager.num_blocks * self.manager.block_size
 
-    def admit(self, request_id, prompt_len: int, output_len: int | None = None) -> None:
-        if output_len is not None and request_id not in self.manager:
-            self.manager.final[request_id] = prompt_len + output_len  # known before check-in
-        try:
-            self.manager.allocate(request_id, prompt_len)
-        except Exception:
-            if request_id not in self.manager:
-                self.manager.final.pop(request_id, None)
-            raise
+    def refusal(self, prompt_len: int, output_len: int | None = None) -> OutOfBlocks | None:
+        """What :meth:`admit` would raise now, or None when it would succeed (nothing changes)."""
+        needed = self.manager.blocks_needed(prompt_len)
+        if needed > self.manager.num_free_blocks:
+            return OutOfBlocks(
+                f"{needed} free block(s) needed, {self.manager.num_free_blocks} free", needed=needed
+            )
+        return None
 
-    def append(self, request_id) -> None:
-        self.manager.append_slot(request_id)
+    def admit(self, seq_id, prompt_len: int, output_len: int | None = None) -> None:
+        self.manager.allocate(seq_id, prompt_len)
+        if output_len is not None:
+            self.manager.final[seq_id] = prompt_len + output_len
 
-    def release(self, request_id) -> None:
-        self.manager.free(request_id)
+    def can_append(self, seq_id) -> bool:
+        return self.manager.can_append(seq_id)
+
+    def append(self, seq_id) -> None:
+        self.manager.append_slot(seq_id)
+
+    def release(self, seq_id) -> None:
+        self.manager.free(seq_id)
 
     def memory_report(self) -> Usage:
         return self.manager.memory_report()
 
-    def snapshot(self, event: str = "step", guest=None, note: str = "") -> None:
-        self.manager.snapshot(event, guest, note)
+    def state(self) -> CacheState:
+        return self.manager.state()
 
 
 class PagedKVCache:

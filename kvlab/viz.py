@@ -11,7 +11,7 @@ from kvlab.roofline import GPU, StepCost
 # The colours and legend words are the widget's (one palette); notebooks use them as viz.COLORS.
 from kvlab.widgets.palette import COLORS, GUEST_PALETTE, WASTE_LABELS, guest_colors  # noqa: F401
 
-GPU_COLORS = ("#6a1b9a", "#1565c0", "#00838f", "#ef6c00")
+SERIES_COLORS = ("#6a1b9a", "#1565c0", "#00838f", "#ef6c00")
 
 
 def _axes(ax, figsize=(7, 3.6)):
@@ -47,7 +47,7 @@ def plot_roofline(gpus: list[GPU], points: dict[str, StepCost], ax=None):
 
     ax = _axes(ax, figsize=(7.5, 4.5))
     x = np.logspace(-1, 4, 200)
-    for gpu, color in zip(gpus, GPU_COLORS, strict=False):
+    for gpu, color in zip(gpus, SERIES_COLORS, strict=False):
         ax.loglog(x, [gpu.attainable_flops(i) / 1e12 for i in x], color=color, label=gpu.name)
         ax.axvline(gpu.ridge_intensity, color=color, linestyle=":", linewidth=0.8)
     ref = gpus[0]
@@ -128,7 +128,7 @@ def _floor_plan_style(trace, index: int, beds_per_floor: int | None):
     from kvlab.validate import positive_int
 
     if not trace.frames:
-        raise ValueError("trace has no frames: record an allocator (record=True) before drawing it")
+        raise ValueError("trace has no frames: record a cache (kvlab.recorder) before drawing it")
     count = len(trace.frames)
     if isinstance(index, bool) or not isinstance(index, int) or not -count <= index < count:
         raise ValueError(f"index must be a frame in -{count}..{count - 1}, got {index!r}")
@@ -229,7 +229,7 @@ def plot_floor_plan(trace, index: int = -1, beds_per_floor: int | None = None, a
     guest. Contiguous bookings also outline the largest free extent; under paging any free room
     serves any guest, so a paged plan does not.
     """
-    from kvlab.trace import split_waste
+    from kvlab.accounting import split_waste
     from kvlab.widgets.frames import default_room_size, is_paged
 
     index, per_floor, labelled = _floor_plan_style(trace, index, beds_per_floor)
@@ -303,7 +303,7 @@ def plot_fragmentation_over_time(
     """
     if axes is None:
         _, axes = plt.subplots(1, 2, figsize=(9, 3.4))
-    for (label, (times, frag, blocked)), color in zip(runs.items(), GPU_COLORS, strict=False):
+    for (label, (times, frag, blocked)), color in zip(runs.items(), SERIES_COLORS, strict=False):
         so_far = seconds_shut(blocked, step_seconds)
         shut = so_far[-1] if so_far else 0.0
         first_seen, seen = [], set()
@@ -337,7 +337,7 @@ def plot_block_size_tradeoff(
 ):
     """Left: share of memory holding tokens per block size; right: key-card length per guest."""
     _, axes = plt.subplots(1, 2, figsize=(9, 3.3))
-    for (name, shares), color in zip(used.items(), GPU_COLORS, strict=False):
+    for (name, shares), color in zip(used.items(), SERIES_COLORS, strict=False):
         axes[0].plot(sizes, [s * 100 for s in shares], marker="o", label=name, color=color)
         axes[1].plot(sizes, rooms[name], marker="o", label=name, color=color)
     for ax in axes:

@@ -15,6 +15,7 @@ from kvlab.contiguous import (
 )
 from kvlab.errors import OutOfMemory, OutOfSpace, ReservationFull
 from kvlab.models import ModelSpec
+from kvlab.recorder import recorded
 
 
 class ArenaMachine(RuleBasedStateMachine):
@@ -26,16 +27,16 @@ class ArenaMachine(RuleBasedStateMachine):
         self.next_id = 0
 
     @precondition(lambda self: self.arena is None)
-    @rule(capacity=st.integers(1, 200), policy=st.sampled_from(["first_fit", "best_fit"]))
-    def create(self, capacity, policy):
-        self.arena = ArenaAllocator(capacity, policy)
+    @rule(capacity=st.integers(1, 200), placement=st.sampled_from(["first_fit", "best_fit"]))
+    def create(self, capacity, placement):
+        self.arena = ArenaAllocator(capacity, placement)
 
     @precondition(lambda self: self.arena is not None)
     @rule(n=st.integers(1, 80))
     def allocate(self, n):
         before = (self.arena.free_extents(), self.arena.bookings, self.arena.impossible_allocations)
         free = self.arena.free_extents()
-        choose = first_fit if self.arena.policy == "first_fit" else best_fit
+        choose = first_fit if self.arena.placement == "first_fit" else best_fit
         expected = choose(free, n)
         guest = self.next_id
         self.next_id += 1
@@ -145,7 +146,7 @@ def test_arena_bad_input_changes_nothing(call, error, match):
 
 
 def test_arena_constructor_validation():
-    with pytest.raises(ValueError, match="policy must be one of"):
+    with pytest.raises(ValueError, match="placement must be one of"):
         ArenaAllocator(10, "worst_fit")
     with pytest.raises(ValueError, match="capacity_tokens must be >= 1"):
         ArenaAllocator(0)
@@ -201,7 +202,7 @@ def test_accounts_always_sum_to_the_hotel(policy, ops):
         assert min(r.used, r.future, r.internal, r.free) >= 0
         assert r.used + r.future + r.internal + r.free == cache.capacity
         assert r.booked == sum(n for _, n in cache.arena.bookings.values())
-        assert r.used == sum(cache.num_tokens(g) for g in cache.guests)
+        assert r.used == sum(cache.num_tokens(g) for g in cache.request_ids)
         if policy == "exact":
             assert r.internal == 0
         if policy == "max":
@@ -286,11 +287,11 @@ def test_real_tensors_back_the_beds():
 
 
 def test_recording_the_trace():
-    cache = ContiguousKVCache(2, 8, policy="exact", record=True)
+    cache = recorded(ContiguousKVCache(2, 8, policy="exact"))
     cache.admit("a", 2, 2)
     cache.admit("b", 3, 3)
     cache.append("a")
-    cache.snapshot()
+    cache.record("step")
     cache.release("a")
     events = [f.event for f in cache.trace.frames]
     assert events == ["start", "check-in", "check-in", "step", "check-out"]

@@ -11,7 +11,7 @@ import hashlib
 import pytest
 
 from kvlab.contiguous import ContiguousKVCache
-from kvlab.paged import PagedHotel
+from kvlab.paged import PagedCache
 from kvlab.replay import replay
 from kvlab.workload import Request, alpaca_like, load_trace, sharegpt_like
 
@@ -32,7 +32,7 @@ def frames(trace, rooms: bool = True) -> str:
     """Every frame; ``rooms=False`` leaves out which rooms (block ids) each guest holds."""
     return digest(
         [
-            (f.event, f.guest, f.time, f.tables if rooms else None, f.tokens, f.booked, f.final)
+            (f.event, f.seq_id, f.time, f.tables if rooms else None, f.tokens, f.booked, f.final)
             + ((f.note,) if rooms else ())
             for f in trace.frames
         ]
@@ -60,7 +60,7 @@ def test_lab01_contiguous_day(day, policy, used, running, fingerprint):
 
 
 def test_lab03_paged_day(day):
-    result = replay(PagedHotel(2048, 16), day)
+    result = replay(PagedCache(2048, 16), day)
     shares = [round(result.utilization(p), 6) for p in ("used", "future", "internal")]
     assert shares == [0.976677, 0.017735, 0.000315]  # Lab 03: ~98% (paper: 96.3%)
     assert round(result.mean_running(), 4) == 78.8763
@@ -77,25 +77,25 @@ def test_lab03_paged_day(day):
 )
 def test_lab02_churn(placement, guests, seconds, refusals, first, fingerprint, trace):
     evening = sharegpt_like(400, seed=3, rate=2.0)
-    cache = ContiguousKVCache(16, 2048, policy="exact", placement=placement, record=True)
-    result = replay(cache, evening, probe=lambda c: c.arena.external_fragmentation)
-    assert len(result.blocked_guests) == guests
+    cache = ContiguousKVCache(16, 2048, policy="exact", placement=placement)
+    result = replay(cache, evening, probe=lambda c: c.arena.external_fragmentation, record=True)
+    assert len(result.blocked_seq_ids) == guests
     assert round(result.blocked_seconds, 3) == seconds
-    assert result.refusals == refusals == len(cache.trace.events("impossible allocation"))
-    assert cache.trace.events("impossible allocation")[0] == first
+    assert result.refusals == refusals == len(result.trace.events("impossible allocation"))
+    assert result.trace.events("impossible allocation")[0] == first
     assert steps(result) == fingerprint
-    assert frames(cache.trace) == trace
+    assert frames(result.trace) == trace
 
 
 def test_lab03_compare_traces():
     evening = sharegpt_like(40, seed=3)
-    suites = ContiguousKVCache(4, 2048, policy="max", record=True)
-    rooms = PagedHotel(512, 16, record=True)
-    assert steps(replay(suites, evening)) == "0ac1f34da9b3949f"
-    assert steps(replay(rooms, evening)) == "9a61c8afc733bf2e"
+    suites = replay(ContiguousKVCache(4, 2048, policy="max"), evening, record=True)
+    rooms = replay(PagedCache(512, 16), evening, record=True)
+    assert steps(suites) == "0ac1f34da9b3949f"
+    assert steps(rooms) == "9a61c8afc733bf2e"
     assert (len(suites.trace), len(rooms.trace)) == (8194, 2320)
     assert frames(suites.trace) == "60e55308f060c17e"
-    assert frames(rooms.trace, rooms=False) == "4596a75e368a3fd1"
+    assert frames(rooms.trace, rooms=False) == "8e5cc8bd84b3a362"
 
 
 @pytest.mark.parametrize(
@@ -107,6 +107,6 @@ def test_lab03_compare_traces():
     ],
 )
 def test_lab03_block_sizes(size, used, fingerprint):
-    result = replay(PagedHotel(32768 // size, size), alpaca_like(1200, seed=3))
+    result = replay(PagedCache(32768 // size, size), alpaca_like(1200, seed=3))
     assert round(result.utilization("used"), 6) == used
     assert steps(result) == fingerprint

@@ -5,7 +5,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from kvlab.models import ModelSpec
-from kvlab.paged import BlockManager, OutOfBlocks, PagedHotel, PagedKVCache
+from kvlab.paged import BlockManager, OutOfBlocks, PagedCache, PagedKVCache
+from kvlab.recorder import recorded
 
 
 def snapshot(m: BlockManager):
@@ -22,7 +23,7 @@ class ManagerMachine(RuleBasedStateMachine):
 
     @initialize(num_blocks=st.integers(1, 24), block_size=st.sampled_from([1, 2, 3, 4, 16]))
     def create(self, num_blocks, block_size):
-        self.m = BlockManager(num_blocks, block_size)
+        self.m = recorded(BlockManager(num_blocks, block_size))
         self.next_id = 0
 
     def _id(self):
@@ -33,9 +34,12 @@ class ManagerMachine(RuleBasedStateMachine):
     def allocate(self, n):
         before = snapshot(self.m)
         seq = self._id()
+        asked = self.m.can_allocate(n)
         try:
             table = self.m.allocate(seq, n)
+            assert asked
         except OutOfBlocks:
+            assert not asked
             assert -(-n // self.m.block_size) > before[3]
             assert snapshot(self.m) == before
             return
@@ -47,9 +51,12 @@ class ManagerMachine(RuleBasedStateMachine):
         seq = data.draw(st.sampled_from(sorted(self.m.seq_ids)))
         before = snapshot(self.m)
         tables, tokens = before[0], before[1]
+        asked = self.m.can_append(seq)
         try:
             moved = self.m.append_slot(seq)
+            assert asked
         except OutOfBlocks:
+            assert not asked
             assert before[3] == 0
             assert snapshot(self.m) == before
             return
@@ -94,6 +101,8 @@ class ManagerMachine(RuleBasedStateMachine):
         r = m.memory_report()
         assert r.used + r.future + r.internal + r.free == r.capacity
         assert r.free == m.num_free_blocks * m.block_size
+        m.record("step")  # one accounting: the report and the recorded frame agree
+        assert m.trace.usage(-1) == r
 
     def teardown(self):
         for seq in self.m.seq_ids:
@@ -199,8 +208,31 @@ def test_memory_report_counts_shared_rooms_once():
     assert (r.used, r.future, r.internal, r.free) == (6 + 3, 1, 1 + 1, 28)
 
 
+def test_freed_blocks_are_reused_least_recently_freed_first():
+    m = BlockManager(6, 2)
+    m.allocate("a", 4)  # blocks 0, 1
+    m.allocate("b", 4)  # blocks 2, 3
+    m.free("a")  # the queue: 4, 5, then a's last block first: 1, 0
+    m.free("b")  # ... 3, 2
+    assert m.pool.free_queue.block_ids() == [4, 5, 1, 0, 3, 2]
+    assert m.allocate("c", 8) == [4, 5, 1, 0]
+
+
+def test_refusals_leave_the_manager_unchanged_and_ask_first():
+    m = BlockManager(2, 4)
+    m.allocate("a", 8)
+    before = snapshot(m)
+    assert not m.can_allocate(1) and not m.can_append("a")
+    with pytest.raises(OutOfBlocks, match="'a' needs 1 free block") as refusal:
+        m.append_slot("a")
+    assert refusal.value.needed == 1 and snapshot(m) == before
+    m.fork("a", "b")
+    m.free("a")
+    assert m.can_append("b") is False  # b's last block is full and nothing is free
+
+
 def test_recorded_frames_follow_the_manager():
-    m = BlockManager(6, 2, record=True)
+    m = recorded(BlockManager(6, 2))
     m.allocate("a", 3)
     m.fork("a", "b")
     m.append_slot("b")
@@ -252,7 +284,7 @@ def test_paged_hotel_replay_beats_96_percent():
     from kvlab.workload import Request, load_trace
 
     day = [Request(r.prompt_len, r.output_len) for r in load_trace("sharegpt_like")]
-    result = replay(PagedHotel(2048, 16), day)
+    result = replay(PagedCache(2048, 16), day)
     assert result.utilization("used") >= 0.96
     assert result.mean_running() > 4 * 16  # max-length booking keeps 16 guests
 
@@ -262,7 +294,7 @@ def test_preemption_recomputes_and_everyone_finishes():
     from kvlab.workload import Request
 
     guests = [Request(4, 12), Request(4, 12), Request(4, 12)]
-    hotel = PagedHotel(num_blocks=6, block_size=4)  # 24 beds; the three stays need 48
+    hotel = PagedCache(num_blocks=6, block_size=4)  # 24 beds; the three stays need 48
     result = replay(hotel, guests)
     assert result.preemptions > 0
     assert hotel.manager.seq_ids == [] and hotel.manager.num_free_blocks == 6

@@ -1,9 +1,10 @@
 import pytest
 
+from kvlab.accounting import CacheState, Usage, split_waste
 from kvlab.contiguous import ContiguousKVCache
 from kvlab.errors import OutOfMemory
 from kvlab.replay import replay
-from kvlab.trace import Trace, intervals, split_waste
+from kvlab.trace import Trace, intervals
 from kvlab.workload import Request, load_trace, sharegpt_like
 
 
@@ -22,13 +23,14 @@ def test_intervals_of_key_cards():
 
 def test_paged_style_frames_free_runs_and_ref_counts():
     trace = Trace("paged", num_rooms=8, room_size=4)
-    trace.record(
-        "step", None, 0.0, {"a": [5, 1], "b": [1, 2]}, {"a": 6, "b": 5}, {"a": 8, "b": 8}, {}
-    )
+    tables = {"a": [5, 1], "b": [1, 2]}
+    state = CacheState("paged", 8, 4, tables, {"a": 6, "b": 5}, {"a": 8, "b": 8}, {})
+    trace.record("step", None, 0.0, state)
     assert trace.free_runs(0) == [(0, 1), (3, 2), (6, 2)]
     assert trace.ref_counts(0) == {5: 1, 1: 2, 2: 1}
+    assert trace.usage(0) == Usage(32, 9, 3, 0, 20)  # room 1 counted once, filled by b
     with pytest.raises(ValueError, match="event must be one of"):
-        trace.record("party", None, 0.0, {}, {}, {}, {})
+        trace.record("party", None, 0.0, state)
     with pytest.raises(ValueError, match="room_size must be >= 1"):
         Trace("paged", 4, 0)
 
@@ -37,7 +39,7 @@ def test_replay_serves_everyone_and_conserves_tokens():
     guests = [Request(3, 4), Request(10, 1, arrival=0.2), Request(1, 9, arrival=0.05)]
     cache = ContiguousKVCache(2, 16, policy="exact")
     result = replay(cache, guests, step_seconds=0.1)
-    assert cache.guests == [] and cache.memory_report().free == cache.capacity
+    assert cache.request_ids == [] and cache.memory_report().free == cache.capacity
     # each running guest writes one token per step
     assert sum(result.running) == sum(r.output_len for r in guests)
     assert result.usage[0].used == 3 + 1  # r0's prompt plus its first token
@@ -64,10 +66,10 @@ def test_oracle_beats_pow2_beats_max():
 class TinyHotel(ContiguousKVCache):
     """A cache that refuses anyone longer than 4 tokens with OutOfMemory, even when empty."""
 
-    def admit(self, request_id, prompt_len, output_len=None):
+    def refusal(self, prompt_len, output_len=None):
         if prompt_len + (output_len or 0) > 4:
-            raise OutOfMemory("too big for this hotel")
-        return super().admit(request_id, prompt_len, output_len)
+            return OutOfMemory("too big for this hotel")
+        return super().refusal(prompt_len, output_len)
 
 
 def test_replay_refuses_impossible_and_idle_inputs():
@@ -84,25 +86,25 @@ def test_replay_refuses_impossible_and_idle_inputs():
         quiet.utilization()
 
 
-def test_blocked_guests_and_seconds_count_each_guest_once():
+def test_blocked_seq_ids_and_seconds_count_each_guest_once():
     """r2 needs 5 beds; after r0 leaves, 5 are free but in pieces of 4 and 1: refused once for
     fragmentation (the first refusal, with 1 bed free, is plain lack of space)."""
     guests = [Request(3, 1), Request(3, 2), Request(4, 1)]
     result = replay(ContiguousKVCache(1, 10, policy="exact"), guests, step_seconds=0.1)
     assert result.refusals == 2
     assert result.blocked == [None, "r2", None]
-    assert result.blocked_guests == ["r2"] and result.blocked_seconds == pytest.approx(0.1)
+    assert result.blocked_seq_ids == ["r2"] and result.blocked_seconds == pytest.approx(0.1)
     assert result.blocked_seconds_so_far() == pytest.approx([0.0, 0.1, 0.1])
 
 
 def test_lab02_evening_counts_guests_and_seconds_not_retries():
     evening = sharegpt_like(400, seed=3, rate=2.0)
     cache = ContiguousKVCache(16, 2048, policy="exact", placement="first_fit")
-    result = replay(cache, evening)
-    retries = cache.arena.impossible_allocations  # every retry of a blocked guest counts there
-    assert retries == sum(g is not None for g in result.blocked) > len(result.blocked_guests)
+    result = replay(cache, evening, record=True)
+    retries = len(result.trace.events("impossible allocation"))  # one frame per retry
+    assert retries == sum(g is not None for g in result.blocked) > len(result.blocked_seq_ids)
     assert result.blocked_seconds == pytest.approx(retries * result.step_seconds)
-    assert 0 < len(result.blocked_guests) < 20
+    assert 0 < len(result.blocked_seq_ids) < 20
 
 
 def test_fragmentation_plot_shows_guests_and_seconds():

@@ -14,6 +14,7 @@ from kvlab import viz  # noqa: E402
 from kvlab.contiguous import ArenaAllocator, ContiguousKVCache  # noqa: E402
 from kvlab.errors import OutOfSpace  # noqa: E402
 from kvlab.paged import BlockManager  # noqa: E402
+from kvlab.recorder import recorded
 from kvlab.widgets.palette import COLORS, guest_colors  # noqa: E402
 
 
@@ -25,7 +26,7 @@ def close_figures():
 
 def lab03_hotel() -> BlockManager:
     """Lab 03's first picture: 12 rooms of 4 beds, alice and carol."""
-    hotel = BlockManager(num_blocks=12, block_size=4, record=True)
+    hotel = recorded(BlockManager(num_blocks=12, block_size=4))
     hotel.allocate("alice", 6)
     hotel.allocate("bob", 9)
     for _ in range(3):
@@ -62,7 +63,7 @@ def test_a_small_paged_plan_names_its_rooms_and_guests():
 
 
 def test_a_paged_plan_has_no_largest_free_run():
-    m = BlockManager(64, 4, record=True)
+    m = recorded(BlockManager(64, 4))
     for i in range(8):
         m.allocate(f"g{i}", 5 + 3 * i)
     m.free("g3")
@@ -73,7 +74,7 @@ def test_a_paged_plan_has_no_largest_free_run():
 
 
 def test_legend_swatches_are_the_guests_colours_drawn():
-    cache = ContiguousKVCache(16, 64, policy="exact", record=True)
+    cache = recorded(ContiguousKVCache(16, 64, policy="exact"))
     for i in range(12):
         cache.admit(f"r{i}", 10 + i, 20)
     ax = viz.plot_floor_plan(cache.trace)
@@ -81,13 +82,13 @@ def test_legend_swatches_are_the_guests_colours_drawn():
     assert labels[0] == "tokens (one colour per guest)"
     swatches = {to_hex(p.get_facecolor()) for p in legend.findobj(Rectangle)}
     categories = {to_hex(COLORS[k]) for k in ("future", "internal", "vacant")} | {"#000000"}
-    drawn = {guest_colors(cache.trace)[g] for g in cache.guests}
+    drawn = {guest_colors(cache.trace)[g] for g in cache.request_ids}
     assert len(swatches - categories) == 4 and swatches - categories <= drawn <= fills(ax)
     assert "largest free extent" in labels and to_hex(COLORS["future"]) in fills(ax)
 
 
 def test_a_small_arena_names_its_bookings_and_outlines_the_largest_gap():
-    arena = ArenaAllocator(64, record=True)
+    arena = recorded(ArenaAllocator(64))
     for guest, beds in [("A", 20), ("B", 10), ("C", 20), ("D", 10)]:
         arena.allocate(guest, beds)
     arena.free("B")

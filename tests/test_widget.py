@@ -8,9 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kvlab.accounting import CacheState
 from kvlab.contiguous import ArenaAllocator, ContiguousKVCache
 from kvlab.errors import OutOfMemory
-from kvlab.paged import BlockManager, PagedHotel
+from kvlab.paged import BlockManager, PagedCache
+from kvlab.recorder import recorded
 from kvlab.replay import replay
 from kvlab.trace import EVENTS, Trace
 from kvlab.widgets import HotelFloorPlan, HotelPlayer, animate, compare
@@ -32,7 +34,7 @@ GOLDEN = Path(__file__).parent / "golden" / "hotel_frame.svg"
 
 
 def small_paged_trace() -> Trace:
-    m = BlockManager(12, 4, record=True)
+    m = recorded(BlockManager(12, 4))
     m.allocate("alice", 6)
     m.allocate("bob", 9)
     m.fork("alice", "carol")
@@ -67,7 +69,7 @@ def test_paged_frames_follow_the_key_cards():
 
 
 def test_beds_split_into_used_future_and_never_used():
-    cache = ContiguousKVCache(2, 32, policy="max", record=True)
+    cache = recorded(ContiguousKVCache(2, 32, policy="max"))
     cache.admit("a", 5, 7)  # 32 beds booked: 5 used, 7 to come, 20 never used
     data = encode(cache.trace, room_size=8)
     states = last(data)[:4]
@@ -78,7 +80,7 @@ def test_beds_split_into_used_future_and_never_used():
 
 
 def test_contiguous_traces_are_grouped_into_rooms():
-    cache = ContiguousKVCache(4, 2048, policy="exact", record=True)
+    cache = recorded(ContiguousKVCache(4, 2048, policy="exact"))
     cache.admit("a", 100, 60)
     cache.admit("b", 30, 10)
     assert default_room_size(cache.trace) == 4  # 8,192 beds -> 2,048 rooms
@@ -93,7 +95,7 @@ def test_contiguous_traces_are_grouped_into_rooms():
 
 
 def test_arena_boundary_room_goes_to_the_larger_share():
-    arena = ArenaAllocator(64, record=True)
+    arena = recorded(ArenaAllocator(64))
     arena.allocate("x", 6)
     arena.allocate("y", 10)  # beds 6..15: room 1 (beds 4..7) holds 2 of x and 2 of y
     data = encode(arena.trace, room_size=4)
@@ -101,7 +103,7 @@ def test_arena_boundary_room_goes_to_the_larger_share():
 
 
 def test_grouped_booking_whose_first_room_goes_to_the_neighbour():
-    arena = ArenaAllocator(64, record=True)
+    arena = recorded(ArenaAllocator(64))
     arena.allocate("A", 10)  # beds 0..9: room 0 (beds 0..15) is mostly A's
     arena.allocate("B", 50)  # beds 10..59 hold B's tokens
     states = last(encode(arena.trace, room_size=16))
@@ -115,7 +117,7 @@ def test_grouped_booking_whose_first_room_goes_to_the_neighbour():
 
 def arena_trace(ops: list[tuple[bool, int]], capacity: int) -> Trace:
     """Random check-ins (``(True, beds)``) and check-outs (``(False, which)``) in an arena."""
-    arena = ArenaAllocator(capacity, record=True)
+    arena = recorded(ArenaAllocator(capacity))
     alive, count = [], 0
     for check_in, n in ops:
         if check_in:
@@ -132,7 +134,7 @@ def arena_trace(ops: list[tuple[bool, int]], capacity: int) -> Trace:
 
 def paged_trace(ops: list[tuple[int, int]]) -> Trace:
     """Random paged traffic: allocate, append, free, fork, in 24 rooms of 2 beds."""
-    m = BlockManager(24, 2, record=True)
+    m = recorded(BlockManager(24, 2))
     alive, count = [], 0
     for op, n in ops:
         try:
@@ -191,7 +193,7 @@ def test_compared_hotels_share_one_colouring(ops_a, ops_b):
 def test_a_crowded_hotel_runs_past_the_palette_without_reusing_a_neighbours_colour():
     # 30 guests in one-bed rooms, all checked in at once, then every other one leaves and the
     # rest are joined by new neighbours: many neighbours per guest
-    arena = ArenaAllocator(30, record=True)
+    arena = recorded(ArenaAllocator(30))
     for i in range(30):
         arena.allocate(i, 1)
     for i in range(0, 30, 2):
@@ -235,10 +237,13 @@ def test_key_card_ranges_list_every_room_in_order(rooms):
 # --- sampling and steps ----------------------------------------------------------------------
 
 
+EMPTY = CacheState("paged", 4, 4, {}, {}, {}, {})
+
+
 def synthetic_trace(events: list[tuple[str, int]]) -> Trace:
     trace = Trace("arena", 4, 1)
     for k, (event, guest) in enumerate(events):
-        trace.record(event, f"g{guest}", k * 0.05, {}, {}, {}, {})
+        trace.record(event, f"g{guest}", k * 0.05, EMPTY)
     return trace
 
 
@@ -258,7 +263,7 @@ def test_sampling_keeps_the_frames_the_lesson_is_about(events, every):
 
 
 def test_lab02_first_impossible_allocation_survives_every():
-    arena = ContiguousKVCache(1, 64, policy="exact", record=True)
+    arena = recorded(ContiguousKVCache(1, 64, policy="exact"))
     for guest, beds in [("A", 20), ("B", 10), ("C", 20), ("D", 10)]:
         arena.admit(guest, beds, 0)
     arena.release("B")
@@ -282,11 +287,11 @@ def step_traces(lengths: list[int], skips: list[int]) -> list[Trace]:
     traces = []
     for length, skip in zip(lengths, skips, strict=True):
         trace = Trace("paged", 4, 4)
-        trace.record("start", None, 0.0, {}, {}, {}, {})
+        trace.record("start", None, 0.0, EMPTY)
         for step in range(length):
             at = step + (skip if step >= length // 2 else 0)
-            trace.record("step", None, round(at * 0.05, 9), {}, {}, {}, {})
-            trace.record("check-out", None, round(at * 0.05, 9), {}, {}, {}, {})
+            trace.record("step", None, round(at * 0.05, 9), EMPTY)
+            trace.record("check-out", None, round(at * 0.05, 9), EMPTY)
         traces.append(trace)
     return traces
 
@@ -319,10 +324,8 @@ def test_hotels_played_together_stay_in_step(shapes, every):
 
 def test_compare_plays_until_the_longer_hotel_ends():
     guests = [Request(3, 5), Request(2, 8), Request(4, 6)]
-    suites = ContiguousKVCache(1, 16, record=True)  # one guest at a time: 19 steps
-    rooms = PagedHotel(8, 4, record=True)  # all at once: 8 steps
-    replay(suites, guests)
-    replay(rooms, guests)
+    suites = replay(ContiguousKVCache(1, 16), guests, record=True)  # one guest at a time: 19 steps
+    rooms = replay(PagedCache(8, 4), guests, record=True)  # all at once: 8 steps
     player = compare({"suites": suites.trace, "rooms": rooms.trace})
     a, b = (h.data for h in player.hotels)
     assert (player.slider.min, player.slider.max, player.play.min) == (1, 19, 1)
@@ -338,9 +341,8 @@ def test_compare_plays_until_the_longer_hotel_ends():
 def test_key_step_prefers_events_then_the_fullest_moment():
     data = encode(small_paged_trace())
     assert key_step([data]) == 5  # the copy-on-write frame (1-based step)
-    cache = PagedHotel(8, 4, record=True)
-    replay(cache, [Request(3, 5), Request(2, 8)])
-    plain = encode(cache.manager.trace, steps_only=True)
+    result = replay(PagedCache(8, 4), [Request(3, 5), Request(2, 8)], record=True)
+    plain = encode(result.trace, steps_only=True)
     util = [f["metrics"]["percent_used"] for f in plain["frames"]]
     assert key_step([plain]) == util.index(max(util)) + 1 != 1
 
@@ -366,9 +368,8 @@ def test_svg_fallback_is_deterministic_and_matches_the_golden_file():
 
 def test_compare_svg_shows_both_hotels_side_by_side_at_a_busy_step():
     guests = [Request(3, 5), Request(2, 8), Request(4, 6)]
-    suites, rooms = ContiguousKVCache(1, 16, record=True), PagedHotel(8, 4, record=True)
-    replay(suites, guests)
-    replay(rooms, guests)
+    suites = replay(ContiguousKVCache(1, 16), guests, record=True)
+    rooms = replay(PagedCache(8, 4), guests, record=True)
     player = compare({"suites": suites.trace, "rooms": rooms.trace})
     svg = player._repr_mimebundle_()["image/svg+xml"]
     assert svg.count('<g transform="translate(') == 2 and ">suites<" in svg and ">rooms<" in svg
@@ -415,7 +416,7 @@ def test_bad_input_is_refused_before_the_browser():
     with pytest.raises(ValueError, match="trace has no frames"):
         HotelFloorPlan(Trace("paged", 4, 4))
     bad = Trace("paged", 4, 4)
-    bad.record("step", None, 0.0, {"g": [1, 9]}, {"g": 5}, {"g": 8}, {})
+    bad.record("step", None, 0.0, CacheState("paged", 4, 4, {"g": [1, 9]}, {"g": 5}, {"g": 8}, {}))
     with pytest.raises(ValueError, match="guest 'g' holds room 9, but the hotel has rooms 0..3"):
         HotelFloorPlan(bad)
     hotel = HotelFloorPlan(small_paged_trace())
@@ -449,7 +450,7 @@ def test_room_size_must_match_a_paged_trace():
     with pytest.raises(ValueError, match="room_size must be 4"):
         encode(small_paged_trace(), room_size=16)
     with pytest.raises(ValueError, match="room_size must be >= 1"):
-        encode(ArenaAllocator(8, record=True).trace, room_size=0)
+        encode(recorded(ArenaAllocator(8)).trace, room_size=0)
 
 
 def test_the_readme_picture_is_lab03s_own_cell():

@@ -21,14 +21,15 @@ ARTIFACTS = Path(os.environ.get("KVLAB_ARTIFACTS", ROOT / "tests" / "artifacts")
 
 SMALL_HOTEL = """\
 from kvlab.paged import BlockManager
+from kvlab.recorder import recorded
 
-m = BlockManager(num_blocks=64, block_size=4, record=True)
+m = recorded(BlockManager(num_blocks=64, block_size=4))
 for i in range(6):
     m.allocate(f"g{i}", 3 + 2 * i)
 for _ in range(10):
     for i in range(6):
         m.append_slot(f"g{i}")
-    m.snapshot()
+    m.record("step")
 m.fork("g0", "g0-copy")
 m.append_slot("g0-copy")
 m.free("g3")
@@ -38,15 +39,13 @@ m.free("g3")
 # hotel finishes first and must hold its last frame while the suites play on.
 TWO_HOTELS = """\
 from kvlab.contiguous import ContiguousKVCache
-from kvlab.paged import PagedHotel
+from kvlab.paged import PagedCache
 from kvlab.replay import replay
 from kvlab.workload import Request
 
 guests = [Request(20 + 9 * i, 12 + 5 * (i % 4)) for i in range(8)]
-suites = ContiguousKVCache(num_slots=2, max_seq_len=128, policy="max", record=True)
-rooms = PagedHotel(num_blocks=16, block_size=16, record=True)
-replay(suites, guests)
-replay(rooms, guests)
+suites = replay(ContiguousKVCache(num_slots=2, max_seq_len=128, policy="max"), guests, record=True)
+rooms = replay(PagedCache(num_blocks=16, block_size=16), guests, record=True)
 """
 
 NOTEBOOK = [
@@ -59,7 +58,7 @@ small""",
     """\
 import random
 rng = random.Random(0)
-big_manager = BlockManager(num_blocks=2000, block_size=16, record=True)
+big_manager = recorded(BlockManager(num_blocks=2000, block_size=16))
 alive = []
 while len(big_manager.trace.frames) < 500:
     if alive and (rng.random() < 0.45 or big_manager.num_free_blocks < 40):

@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import NamedTuple
 
-from kvlab.trace import Trace, intervals, split_waste
+from kvlab.accounting import split_waste
+from kvlab.trace import Trace, intervals
 from kvlab.validate import positive_int
 from kvlab.widgets.palette import COLORS, LEGEND, guest_colors
 
@@ -88,9 +89,7 @@ def check_trace(trace: Trace, name: str = "trace") -> None:
     if not isinstance(trace, Trace):
         raise TypeError(f"{name} must be a kvlab.trace.Trace, got {type(trace).__name__}")
     if not trace.frames:
-        raise ValueError(
-            f"{name} has no frames: record an allocator (record=True) before drawing it"
-        )
+        raise ValueError(f"{name} has no frames: record a cache (kvlab.recorder) before drawing it")
     previous = None
     for index, frame in enumerate(trace.frames):
         if frame.tables == previous:
@@ -154,8 +153,8 @@ def sample_frames(trace: Trace, every: int = 1, steps_only: bool = False) -> lis
     seen = set()
     for i in chosen:
         frame = trace.frames[i]
-        if frame.event in KEY_EVENTS and (frame.event, frame.guest) not in seen:
-            seen.add((frame.event, frame.guest))
+        if frame.event in KEY_EVENTS and (frame.event, frame.seq_id) not in seen:
+            seen.add((frame.event, frame.seq_id))
             keep.add(i)
     return sorted(keep)
 
@@ -250,7 +249,7 @@ def encode(
         frames.append(
             {
                 "event": frame.event,
-                "guest": None if frame.guest is None else str(frame.guest),
+                "guest": None if frame.seq_id is None else str(frame.seq_id),
                 "time": round(frame.time, 3),
                 "note": frame.note,
                 "cards": cards,

@@ -1,0 +1,90 @@
+"""Recording what a cache does, from the outside.
+
+A :class:`Recorder` belongs to whoever drives a cache (the replay, a notebook cell): after each
+event it reads the cache's :meth:`state` into a :class:`~kvlab.trace.Trace`. Caches keep no clock
+and no trace of their own. :func:`recorded` wraps a cache for cells that call it by hand: every
+call that changes the cache, or is refused, leaves a frame.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from kvlab.errors import OutOfMemory
+from kvlab.trace import Trace
+
+
+class Recorder:
+    """Frames of one cache's state; ``clock`` is the time stamped on the next frame."""
+
+    def __init__(self, cache, clock: float = 0.0):
+        state = cache.state()
+        self.cache = cache
+        self.clock = clock
+        self.trace = Trace(state.kind, state.num_blocks, state.block_size)
+        self.record("start")
+
+    def record(self, event: str, seq_id=None, note: str = "") -> None:
+        self.trace.record(event, seq_id, self.clock, self.cache.state(), note)
+
+    def refused(self, seq_id, refusal: OutOfMemory) -> None:
+        """A frame for a refused request: an impossible allocation (enough space in total, only
+        scattered) or plain out of memory."""
+        event = "impossible allocation" if refusal.impossible else "out of memory"
+        n, unit = refusal.needed, refusal.unit
+        note = "" if n is None else f"{seq_id} needs {n} {unit if n != 1 else unit[:-1]}"
+        self.record(event, seq_id, note=note)
+
+
+_EVENTS = {"allocate": "check-in", "admit": "check-in", "free": "check-out", "release": "check-out"}
+_RECORDED = (*_EVENTS, "append", "append_slot", "fork")
+
+
+class Recording:
+    """A cache whose changes are recorded: use it as the cache itself, and read ``.trace``."""
+
+    def __init__(self, cache):
+        self.cache = cache
+        self.recorder = Recorder(cache)
+
+    @property
+    def trace(self) -> Trace:
+        return self.recorder.trace
+
+    def record(self, event: str = "step", seq_id=None, note: str = "") -> None:
+        """A frame of the cache now, for an event the cache's own calls do not show."""
+        self.recorder.record(event, seq_id, note)
+
+    def __getattr__(self, name):
+        attribute = getattr(self.cache, name)
+        if name not in _RECORDED:
+            return attribute
+
+        def call(*args, **kwargs):
+            named = list(inspect.signature(attribute).bind(*args, **kwargs).arguments.values())
+            try:
+                result = attribute(*args, **kwargs)
+            except OutOfMemory as refusal:
+                self.recorder.refused(named[-1] if name == "fork" else named[0], refusal)
+                raise
+            self._after(name, named, result)
+            return result
+
+        return call
+
+    def _after(self, name: str, args: list, result) -> None:
+        if name == "append_slot" and result is not None:
+            src, dst = result
+            self.recorder.record("copy-on-write", args[0], note=f"room {src} -> room {dst}")
+        elif name == "fork":
+            parent, child = args[:2]
+            rooms = len(self.cache.block_table(child))
+            self.recorder.record("fork", child, note=f"{child} shares {parent}'s {rooms} rooms")
+        elif name in _EVENTS:
+            self.recorder.record(_EVENTS[name], args[0])
+
+
+def recorded(cache) -> Recording:
+    """``cache`` with every change recorded: ``arena = recorded(ArenaAllocator(64))``, call it as
+    usual, then draw ``arena.trace``."""
+    return Recording(cache)
