@@ -4,9 +4,10 @@ Whoever drives an allocator (the replay, a notebook cell) records its state with
 :class:`~kvlab.recorder.Recorder`; the allocators themselves keep no clock and no trace. The hotel
 widget animates the :class:`Trace`, the plots read it, and tests check invariants on it.
 
-Memory is ``num_rooms`` rooms of ``room_size`` beds (token slots). A frame holds each guest's key
-card (logical room i -> physical room; a ``range`` for contiguous bookings), how many beds hold
-tokens, how many are booked, and how many the guest will have used when done (if known).
+Memory is ``num_blocks`` blocks (rooms) of ``block_size`` slots (beds). A frame holds each
+sequence's block table (key card: logical block i -> physical block; a ``range`` for contiguous
+bookings), how many slots hold tokens, how many are booked, and how many the sequence will have
+used when done (if known).
 """
 
 from __future__ import annotations
@@ -58,18 +59,18 @@ def intervals(table: Sequence[int]) -> list[tuple[int, int]]:
 @dataclass
 class Trace:
     kind: str  # "arena", "contiguous", "paged"
-    num_rooms: int
-    room_size: int
+    num_blocks: int
+    block_size: int
     frames: list[Frame] = field(default_factory=list)
 
     def __post_init__(self):
-        positive_int("num_rooms", self.num_rooms)
-        positive_int("room_size", self.room_size)
+        positive_int("num_blocks", self.num_blocks)
+        positive_int("block_size", self.block_size)
 
     @property
     def capacity(self) -> int:
         """Beds in the whole hotel."""
-        return self.num_rooms * self.room_size
+        return self.num_blocks * self.block_size
 
     def __len__(self) -> int:
         return len(self.frames)
@@ -89,7 +90,7 @@ class Trace:
         """The frame's beds split into used / future / internal / free; a room on several key
         cards counts once (used up to its fullest holder)."""
         f = self.frames[index]
-        return usage(self.capacity, self.room_size, f.booked, f.tokens, f.final, f.tables)
+        return usage(self.capacity, self.block_size, f.booked, f.tokens, f.final, f.tables)
 
     def free_runs(self, index: int) -> list[tuple[int, int]]:
         """Runs of adjacent free rooms ``(start, length)`` in a frame."""
@@ -101,8 +102,8 @@ class Trace:
             if start > cursor:
                 runs.append((cursor, start - cursor))
             cursor = max(cursor, start + length)
-        if cursor < self.num_rooms:
-            runs.append((cursor, self.num_rooms - cursor))
+        if cursor < self.num_blocks:
+            runs.append((cursor, self.num_blocks - cursor))
         return runs
 
     def ref_counts(self, index: int) -> dict[int, int]:

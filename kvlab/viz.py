@@ -133,7 +133,7 @@ def _floor_plan_style(trace, index: int, beds_per_floor: int | None):
     if isinstance(index, bool) or not isinstance(index, int) or not -count <= index < count:
         raise ValueError(f"index must be a frame in -{count}..{count - 1}, got {index!r}")
     per_floor = positive_int("beds_per_floor", beds_per_floor or min(trace.capacity, 1024))
-    labelled = trace.num_rooms <= 64 if trace.room_size > 1 else trace.capacity <= 256
+    labelled = trace.num_blocks <= 64 if trace.block_size > 1 else trace.capacity <= 256
     return index % count, per_floor, labelled
 
 
@@ -234,7 +234,7 @@ def plot_floor_plan(trace, index: int = -1, beds_per_floor: int | None = None, a
 
     index, per_floor, labelled = _floor_plan_style(trace, index, beds_per_floor)
     frame = trace.frames[index]
-    size, paged = trace.room_size, is_paged(trace)
+    size, paged = trace.block_size, is_paged(trace)
     colors = guest_colors(trace, default_room_size(trace))
     floors = -(-trace.capacity // per_floor)
     floor_height = 0.55 if labelled else 0.16
@@ -264,7 +264,7 @@ def plot_floor_plan(trace, index: int = -1, beds_per_floor: int | None = None, a
     for room in shared:
         plan.span(room * size, size, facecolor="none", edgecolor=COLORS["shared"], lw=2)
     if labelled and paged:
-        for room in range(trace.num_rooms):
+        for room in range(trace.num_blocks):
             plan.room(room, size, holders.get(room, []))
     runs = [] if paged else trace.free_runs(index)
     largest = max(runs, key=lambda r: (r[1], -r[0])) if runs else None
@@ -281,7 +281,7 @@ def plot_floor_plan(trace, index: int = -1, beds_per_floor: int | None = None, a
     if title is None:
         free = trace.usage(index).free
         if paged:
-            tail = f"{trace.num_rooms - len(holders)} rooms free ({free} beds)"
+            tail = f"{trace.num_blocks - len(holders)} rooms free ({free} beds)"
         else:
             tail = f"{free} beds free, largest free extent {largest[1] * size if largest else 0}"
         note = f" ({frame.note})" if frame.note else ""

@@ -22,7 +22,7 @@ def test_intervals_of_key_cards():
 
 
 def test_paged_style_frames_free_runs_and_ref_counts():
-    trace = Trace("paged", num_rooms=8, room_size=4)
+    trace = Trace("paged", num_blocks=8, block_size=4)
     tables = {"a": [5, 1], "b": [1, 2]}
     state = CacheState("paged", 8, 4, tables, {"a": 6, "b": 5}, {"a": 8, "b": 8}, {})
     trace.record("step", None, 0.0, state)
@@ -31,7 +31,7 @@ def test_paged_style_frames_free_runs_and_ref_counts():
     assert trace.usage(0) == Usage(32, 9, 3, 0, 20)  # room 1 counted once, filled by b
     with pytest.raises(ValueError, match="event must be one of"):
         trace.record("party", None, 0.0, state)
-    with pytest.raises(ValueError, match="room_size must be >= 1"):
+    with pytest.raises(ValueError, match="block_size must be >= 1"):
         Trace("paged", 4, 0)
 
 

@@ -37,10 +37,10 @@ class RoomState(NamedTuple):
 def default_room_size(trace: Trace) -> int:
     """The trace's own rooms, or for a bed-granular trace the smallest power of two that keeps the
     hotel within 2,048 display rooms."""
-    if trace.room_size > 1 or trace.num_rooms <= 2048:
+    if trace.block_size > 1 or trace.num_blocks <= 2048:
         return 1
     size = 1
-    while -(-trace.num_rooms // size) > 2048:
+    while -(-trace.num_blocks // size) > 2048:
         size *= 2
     return size
 
@@ -50,10 +50,10 @@ def display_group(trace: Trace, room_size: int | None = None) -> int:
     one is drawn in rooms of ``room_size`` beds (by default :func:`default_room_size`)."""
     if room_size is not None:
         positive_int("room_size", room_size)
-    if trace.room_size > 1:
-        if room_size not in (None, trace.room_size):
+    if trace.block_size > 1:
+        if room_size not in (None, trace.block_size):
             raise ValueError(
-                f"room_size must be {trace.room_size} (the trace's block size) for this trace, got {room_size}"
+                f"room_size must be {trace.block_size} (the trace's block size) for this trace, got {room_size}"
             )
         return 1
     return default_room_size(trace) if room_size is None else room_size
@@ -97,10 +97,10 @@ def check_trace(trace: Trace, name: str = "trace") -> None:
         previous = frame.tables
         for guest, table in frame.tables.items():
             for start, length in intervals(table):
-                if start < 0 or start + length > trace.num_rooms:
+                if start < 0 or start + length > trace.num_blocks:
                     raise ValueError(
                         f"frame {index}: guest {guest!r} holds room {start + length - 1}, but the "
-                        f"hotel has rooms 0..{trace.num_rooms - 1}"
+                        f"hotel has rooms 0..{trace.num_blocks - 1}"
                     )
 
 
@@ -191,7 +191,7 @@ def _metrics(trace: Trace, index: int, cards: list) -> dict:
     """What the header says about a frame; ``cards`` as :func:`_cards` returns them."""
     usage = trace.usage(index)
     runs = trace.free_runs(index)
-    largest = max((length for _, length in runs), default=0) * trace.room_size
+    largest = max((length for _, length in runs), default=0) * trace.block_size
     held = [room for card in cards for room in card[1]]
     distinct = set(held)
     shared = 0 if len(held) == len(distinct) else sum(1 for n in Counter(held).values() if n > 1)
@@ -228,7 +228,7 @@ def encode(
     if not schedule or not all(0 <= i < len(trace.frames) for i in schedule):
         raise ValueError(f"schedule must list frames in 0..{len(trace.frames) - 1}")
     group = display_group(trace, room_size)
-    rooms = -(-trace.num_rooms // group)
+    rooms = -(-trace.num_blocks // group)
     if rooms > MAX_DISPLAY_ROOMS:
         raise ValueError(f"{rooms} display rooms is too many to draw; pass a larger room_size")
     colors = guest_colors(trace, group) if colors is None else colors
@@ -260,7 +260,7 @@ def encode(
         "kind": trace.kind,
         "paged": is_paged(trace),
         "num_rooms": rooms,
-        "beds_per_room": trace.room_size * group,
+        "beds_per_room": trace.block_size * group,
         "capacity": trace.capacity,
         "guests": [str(g) for g in guests],
         "colors": [colors[g] for g in guests],
