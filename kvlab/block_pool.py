@@ -9,6 +9,7 @@ findable by its hash for as long as possible, and be taken back out of the middl
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Hashable, Iterable
 
 from kvlab.validate import positive_int
@@ -16,67 +17,44 @@ from kvlab.validate import positive_int
 
 class Block:
     """One physical block: its id, how many block tables hold it, and (once full and cached) the
-    hash of the tokens it holds. ``prev_free``/``next_free`` link it into the free queue."""
+    hash of the tokens it holds."""
 
-    __slots__ = ("block_id", "ref_count", "block_hash", "prev_free", "next_free")
+    __slots__ = ("block_id", "ref_count", "block_hash")
 
     def __init__(self, block_id: int):
         self.block_id = block_id
         self.ref_count = 0
         self.block_hash: Hashable | None = None
-        self.prev_free: Block | None = None
-        self.next_free: Block | None = None
 
     def __repr__(self) -> str:
         return f"Block({self.block_id}, ref_count={self.ref_count})"
 
 
 class FreeBlockQueue:
-    """Free blocks in a doubly linked list: take from the front, return to the back, and remove a
-    given block from anywhere, each in O(1)."""
+    """Free blocks in order: take from the front, return to the back, and remove a given block
+    from anywhere, each in O(1) (an insertion-ordered map from block id to block)."""
 
     def __init__(self, blocks: Iterable[Block]):
-        self._head = Block(-1)  # sentinels: the list is never empty at the ends
-        self._tail = Block(-1)
-        self._head.next_free, self._tail.prev_free = self._tail, self._head
-        self._len = 0
-        for block in blocks:
-            self.append(block)
+        self._blocks: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in blocks)
 
     def __len__(self) -> int:
-        return self._len
+        return len(self._blocks)
 
     def popleft(self) -> Block:
-        block = self._head.next_free
-        if block is self._tail:
+        if not self._blocks:
             raise IndexError("the free queue is empty")
-        self._head.next_free = block.next_free
-        block.next_free.prev_free = self._head
-        block.prev_free = block.next_free = None
-        self._len -= 1
-        return block
+        return self._blocks.popitem(last=False)[1]
 
     def append(self, block: Block) -> None:
-        last = self._tail.prev_free
-        block.prev_free, block.next_free = last, self._tail
-        last.next_free = self._tail.prev_free = block
-        self._len += 1
+        self._blocks[block.block_id] = block
 
     def remove(self, block: Block) -> None:
-        if block.prev_free is None:
+        if self._blocks.pop(block.block_id, None) is None:
             raise ValueError(f"block {block.block_id} is not in the free queue")
-        block.prev_free.next_free = block.next_free
-        block.next_free.prev_free = block.prev_free
-        block.prev_free = block.next_free = None
-        self._len -= 1
 
     def block_ids(self) -> list[int]:
         """Ids from the front (handed out next) to the back (freed last)."""
-        ids, block = [], self._head.next_free
-        while block is not self._tail:
-            ids.append(block.block_id)
-            block = block.next_free
-        return ids
+        return list(self._blocks)
 
 
 class BlockPool:
@@ -96,7 +74,7 @@ class BlockPool:
 
     def get_new_block(self) -> Block:
         """The block at the front of the free queue, now held once. A cached block handed out
-        loses its hash (its old contents are about to be overwritten)."""
+        loses its hash: its old contents are about to be overwritten."""
         block = self.free_queue.popleft()
         if block.block_hash is not None:
             del self.cached[block.block_hash]

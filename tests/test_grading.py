@@ -7,8 +7,8 @@ import threading
 import pytest
 import torch
 
-from kvlab.grading import EXERCISES, check, get_exercise, run_checks
-from kvlab.grading.core import CheckFailed, call_without_mutation, same
+from kvlab.grading import EXERCISES, Status, check, get_exercise, run_checks
+from kvlab.grading.expect import CheckFailed, call_without_mutation, same
 from kvlab.grading.limits import CheckTimeout, time_limit
 
 
@@ -42,7 +42,7 @@ def test_wrong_answer_shows_input_expected_got_and_hint(capsys):
 
     result = check("00.kv_bytes", counts_query_heads)
     out = capsys.readouterr().out
-    assert result.status == "failed" and 0 < result.passed < result.total
+    assert result.status is Status.FAILED and 0 < result.passed < result.total
     assert "✘ grouped-query attention" in out
     assert "expected: 131,072" in out and "got:      524,288" in out
     assert "hint:     query heads are not cached" in out
@@ -86,7 +86,7 @@ def test_endless_loop_is_stopped_and_later_checks_skipped(capsys):
 
     result = check("00.kv_bytes", spins, timeout=0.3)
     out = capsys.readouterr().out
-    assert result.passed == 0 and result.status == "failed"
+    assert result.passed == 0 and result.status is Status.FAILED
     assert "did not finish within 0.3 s" in out
     assert out.count("skipped: your code timed out") == result.total - 1
 
@@ -103,7 +103,7 @@ def test_time_limit_in_a_worker_thread():
     t.start()
     t.join(10)
     assert not t.is_alive()
-    assert box["status"] == "failed" and "did not finish" in box["details"][0]
+    assert box["status"] is Status.FAILED and "did not finish" in box["details"][0]
 
 
 def _spin_forever(spec):
@@ -142,14 +142,14 @@ def test_unimplemented_exercise_says_so(capsys):
 
     result = check("00.kv_bytes", todo)
     out = capsys.readouterr().out
-    assert result.status == "not implemented" and result.passed == 0
+    assert result.status is Status.NOT_IMPLEMENTED and result.passed == 0
     assert "not implemented yet" in out and "raise NotImplementedError" in out
 
 
 def test_wrong_kind_of_object(capsys):
     result = check("00.kv_bytes", 819200)
     out = capsys.readouterr().out
-    assert result.status == "wrong kind" and result.passed == 0
+    assert result.status is Status.WRONG_KIND and result.passed == 0
     assert "expected a function, got 819200" in out
 
 
@@ -248,12 +248,41 @@ def test_call_without_mutation_and_same():
     assert not same((1, 2), [1, 2])
 
 
+def test_same_reads_slots_and_follows_cycles():
+    """A block pool keeps blocks with __slots__ in a doubly linked free queue: a deep copy of a
+    manager must still count as unchanged (the beds report hands kvlab's manager to the learner),
+    and a change deep in the queue must still be seen."""
+    import copy
+
+    class Block:
+        __slots__ = ("block_id", "prev", "next")
+
+        def __init__(self, block_id):
+            self.block_id, self.prev, self.next = block_id, None, None
+
+    def queue(n):
+        blocks = [Block(i) for i in range(n)]
+        for left, right in zip(blocks[:-1], blocks[1:], strict=True):
+            left.next, right.prev = right, left
+        return {"head": blocks[0], "blocks": blocks}
+
+    small = queue(50)
+    assert same(small, copy.deepcopy(small))
+    long, other = queue(3000), queue(3000)  # longer than the recursion limit
+    assert same(long["head"], other["head"])
+    other["blocks"][-1].block_id = -1
+    assert not same(long, other)
+    unset = Block(0)
+    del unset.next
+    assert not same(Block(0), unset)
+
+
 def test_isolated_checks_survive_a_crash_a_hang_and_report_output():
     import os
     import signal
 
-    from kvlab.grading.core import exercise
     from kvlab.grading.limits import can_fork
+    from kvlab.grading.registry import exercise
 
     if not can_fork():
         pytest.skip("forking is not available here")
@@ -293,8 +322,8 @@ def test_isolated_check_that_ignores_its_alarm_is_killed_by_the_parent():
     import signal
     import time
 
-    from kvlab.grading.core import exercise
     from kvlab.grading.limits import can_fork
+    from kvlab.grading.registry import exercise
 
     if not can_fork():
         pytest.skip("forking is not available here")

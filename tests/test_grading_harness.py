@@ -2,16 +2,10 @@
 knock-on failures folded, class exercises judged method by method, Triton's import-order failure
 explained as such."""
 
-from kvlab.grading.core import (
-    FAIL_MARK,
-    NO_DIAGNOSIS,
-    PASS_MARK,
-    SAME_PROBLEM,
-    CheckFailed,
-    exercise,
-    plural,
-    run_checks,
-)
+from kvlab.grading import Status, run_checks
+from kvlab.grading.expect import CheckFailed, plural
+from kvlab.grading.registry import exercise
+from kvlab.grading.report import FAIL_MARK, NO_DIAGNOSIS, PASS_MARK, SAME_PROBLEM
 from kvlab.runtime import TRITON_TOO_EARLY_MARK
 
 # --- a function exercise: twice its input ------------------------------------------------------
@@ -81,7 +75,7 @@ def test_an_unwritten_function_says_so_once():
         raise NotImplementedError
 
     result = run_checks("zz.double", stub)
-    assert result.status == "not implemented" and "not implemented yet" in result.report()
+    assert result.status is Status.NOT_IMPLEMENTED and "not implemented yet" in result.report()
 
 
 def test_not_implemented_from_a_library_is_an_ordinary_error():
@@ -93,7 +87,7 @@ def test_not_implemented_from_a_library_is_an_ordinary_error():
         return torch.nn.Module()(x)
 
     result = run_checks("zz.double", uses_a_module_without_forward)
-    assert result.status == "failed"
+    assert result.status is Status.FAILED
     assert result.outcomes[0].details[0].startswith("NotImplementedError")
     assert "at line" in result.outcomes[0].details[1]
 
@@ -106,7 +100,7 @@ def test_an_unwritten_helper_is_named():
         return helper(x) * 2
 
     result = run_checks("zz.double", double_it)
-    assert result.status == "not implemented"
+    assert result.status is Status.NOT_IMPLEMENTED
     assert "(`helper` still raises NotImplementedError)" in result.report()
 
 
@@ -115,7 +109,7 @@ def test_a_lambda_inside_an_unwritten_function_names_the_function():
         return [(lambda: (_ for _ in ()).throw(NotImplementedError()))() for _ in [x]][0]
 
     result = run_checks("zz.double", double_it)
-    assert result.status == "not implemented"
+    assert result.status is Status.NOT_IMPLEMENTED
 
 
 def test_marks_are_text_glyphs():
@@ -182,7 +176,7 @@ class Partial:
 
 def test_a_class_gets_credit_for_the_methods_written():
     result = run_checks("zz.counter", Partial)
-    assert result.status == "failed" and result.passed == 2 and result.unwritten == ["reset"]
+    assert result.status is Status.FAILED and result.passed == 2 and result.unwritten == ["reset"]
     report = result.report()
     assert report.splitlines()[0].endswith("2/4 checks passed (still to write: `reset`)")
     single = run_checks("zz.double", lambda x: 2 * x).report()
@@ -197,7 +191,7 @@ def test_a_class_with_nothing_written_is_not_implemented():
             raise NotImplementedError
 
     result = run_checks("zz.counter", Stub)
-    assert result.status == "not implemented"
+    assert result.status is Status.NOT_IMPLEMENTED
     assert "(`__init__` still raises NotImplementedError)" in result.report()
 
 
@@ -206,18 +200,18 @@ def test_a_lab_module_that_fails_to_import_can_be_retried(monkeypatch, tmp_path)
 
     import pytest
 
-    from kvlab.grading import core
+    from kvlab.grading import registry
 
     broken = tmp_path / "kvlab_broken_lab.py"
     broken.write_text(
-        "from kvlab.grading.core import exercise\n"
+        "from kvlab.grading.registry import exercise\n"
         "exercise('yy.first', 'first')\n"
         "raise RuntimeError('a bug in the lab module')\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    real_import = core.importlib.import_module
+    real_import = registry.importlib.import_module
     monkeypatch.setattr(
-        core.importlib,
+        registry.importlib,
         "import_module",
         lambda name: (
             real_import("kvlab_broken_lab") if name == "kvlab.grading.labyy" else real_import(name)
@@ -225,9 +219,9 @@ def test_a_lab_module_that_fails_to_import_can_be_retried(monkeypatch, tmp_path)
     )
     for _ in range(2):  # the same error each time, never "defined twice"
         with pytest.raises(RuntimeError, match="a bug in the lab module"):
-            core.load_lab("yy")
+            registry.load_lab("yy")
         sys.modules.pop("kvlab_broken_lab", None)
-    assert "yy.first" not in core.EXERCISES
+    assert "yy.first" not in registry.EXERCISES
 
 
 # --- Triton imported too early -------------------------------------------------------------------

@@ -10,7 +10,7 @@ import torch
 
 from kvlab.attention import TinyAttention
 from kvlab.grading import run_checks
-from kvlab.grading.core import NO_DIAGNOSIS, SAME_PROBLEM
+from kvlab.grading.report import NO_DIAGNOSIS, SAME_PROBLEM
 from kvlab.roofline import describe_measured_rates
 
 ROOT = pathlib.Path(__file__).parents[1]

@@ -8,8 +8,8 @@ import json
 import pathlib
 import tempfile
 
-from kvlab.grading import run_checks
-from kvlab.grading.core import NO_DIAGNOSIS, SAME_PROBLEM
+from kvlab.grading import Status, run_checks
+from kvlab.grading.report import NO_DIAGNOSIS, SAME_PROBLEM
 from kvlab.paged import BlockManager as KvlabBlockManager
 
 ROOT = pathlib.Path(__file__).parents[1]
@@ -68,7 +68,7 @@ def test_the_solution_cell_passes():
 def test_a_subclass_of_kvlabs_manager_is_refused():
     inherits = learner("class BlockManager(ReferenceBlockManager):\n    pass\n", "BlockManager")
     result = run_checks("03.block_manager", inherits)
-    assert result.passed == 0 and result.status == "failed"
+    assert result.passed == 0 and result.status is Status.FAILED
     first = failures(result)[0]
     assert first.details[0] == "your code hands the work to kvlab's `BlockManager.allocate`"
     assert any(

@@ -6,14 +6,14 @@ it is reached, is never the learner's."""
 import json
 import pathlib
 
-import kvlab.trace
+import kvlab.accounting
+from kvlab.accounting import split_waste
 from kvlab.contiguous import external_fragmentation, first_fit
 from kvlab.errors import OutOfMemory
-from kvlab.grading import run_checks
-from kvlab.grading.core import NO_DIAGNOSIS, SAME_PROBLEM
+from kvlab.grading import Status, run_checks
 from kvlab.grading.lab01 import random_day
 from kvlab.grading.lab02 import random_floors
-from kvlab.trace import split_waste
+from kvlab.grading.report import NO_DIAGNOSIS, SAME_PROBLEM
 
 ROOT = pathlib.Path(__file__).parents[1]
 
@@ -44,13 +44,16 @@ def own_split(booked, tokens, final):
 
 def test_handing_in_kvlab_itself_is_refused():
     result = run_checks("01.waste_split", split_waste)
-    assert result.status == "wrong kind" and "is kvlab's reference" in result.outcomes[0].details[0]
+    assert (
+        result.status is Status.WRONG_KIND
+        and "is kvlab's reference" in result.outcomes[0].details[0]
+    )
 
 
 def test_a_wrapper_around_kvlabs_split_is_not_the_learners():
     for wrapper in (
         lambda b, t, f: split_waste(b, t, f),  # the name imported at the top of this module
-        lambda b, t, f: kvlab.trace.split_waste(b, t, f),  # reached through the module
+        lambda b, t, f: kvlab.accounting.split_waste(b, t, f),  # reached through the module
     ):
         result = run_checks("01.waste_split", wrapper)
         assert result.passed == 0
@@ -248,7 +251,7 @@ def test_a_half_written_class_gets_credit_for_its_written_methods():
             raise NotImplementedError
 
     result = run_checks("01.max_length_cache", InitAndAdmit)
-    assert result.status == "failed" and result.passed == 3
+    assert result.status is Status.FAILED and result.passed == 3
     assert result.unwritten == ["release", "append", "memory_report"]
     report = result.report()
     assert "(still to write: `release`, `append`, `memory_report`)" in report

@@ -16,17 +16,17 @@ import random
 import torch
 
 from kvlab.attention import TinyAttention, causal_attention, decode_attention
-from kvlab.grading.core import (
+from kvlab.grading.blame import explain_exception
+from kvlab.grading.expect import (
     CheckFailed,
     call_without_mutation,
-    exercise,
     expect_type,
-    explain_exception,
     plural,
     preview,
     short,
 )
 from kvlab.grading.own_code import refuse_reference
+from kvlab.grading.registry import exercise
 from kvlab.models import LLAMA_3_8B, LLAMA_3_70B, OPT_13B, ModelSpec
 
 RETURNED_NONE = "your function returned None: end it with `return ...`"

@@ -9,17 +9,13 @@ from __future__ import annotations
 import numbers
 import random
 
+from kvlab.accounting import split_waste
 from kvlab.contiguous import ArenaAllocator, ContiguousKVCache
-from kvlab.grading.core import (
-    CheckFailed,
-    call_without_mutation,
-    exercise,
-    explain_exception,
-    plural,
-    short,
-)
+from kvlab.grading.blame import explain_exception
+from kvlab.grading.class_driver import ClassDriver
+from kvlab.grading.expect import CheckFailed, call_without_mutation, plural, short
 from kvlab.grading.own_code import refuse_reference
-from kvlab.trace import split_waste
+from kvlab.grading.registry import exercise
 
 RETURNED_NONE = "your function returned None: end it with `return used, future, internal`"
 
@@ -257,93 +253,6 @@ KVLAB_CACHE = (
     ArenaAllocator.allocate,
     ArenaAllocator.free,
 )
-TASK = "keeping the hotel's accounts"
-
-
-def _call(obj, method: str, *args):
-    """Call one of the learner's methods; a hand-over to kvlab's cache fails the check."""
-    with refuse_reference(*KVLAB_CACHE, learner=obj, task=TASK):
-        return getattr(obj, method)(*args)
-
-
-def _shown(method: str, args) -> str:
-    return f".{method}({', '.join(map(repr, args))})"
-
-
-class Calls:
-    """The calls made so far, the last one (where the check failed) marked with →, shown cut
-    (first two and last three) when long, with what replays them all."""
-
-    def __init__(self, cls_call: str, max_seq_len: int, replay: str | None = None):
-        self.calls = [cls_call]
-        self.max_seq_len = max_seq_len
-        self.replay = replay
-
-    def add(self, method: str, *args) -> None:
-        self.calls.append(_shown(method, args))
-
-    def raised(self, error: BaseException) -> None:
-        self.calls[-1] += f" raised {type(error).__name__}"
-
-    def where(self) -> str:
-        calls = [*self.calls[:-1], f"→ {self.calls[-1]}"]
-        shown = calls if len(calls) <= 6 else [*calls[:2], "…", *calls[-3:]]
-        return "; ".join(shown)
-
-    def replay_text(self) -> str | None:
-        if self.replay is None or len(self.calls) <= 6:
-            return None
-        return f"{self.replay}[:{len(self.calls) - 1}] lists all {len(self.calls) - 1} calls"
-
-
-def _new(cls, num_slots: int, max_seq_len: int, replay: str | None = None):
-    calls = Calls(f"MaxLengthCache({num_slots}, {max_seq_len})", max_seq_len, replay)
-    return _learner(calls, lambda: _call_cls(cls, num_slots, max_seq_len)), calls
-
-
-def _call_cls(cls, *args):
-    with refuse_reference(*KVLAB_CACHE, learner=cls, task=TASK):
-        return cls(*args)
-
-
-def _do(obj, calls: Calls, method: str, *args, full: tuple[str, str] | None = None):
-    """A call of the learner's that should work. An error fails the check with the calls so far;
-    ``full`` is (message, hint) for a MemoryError (a suite should have been free)."""
-    calls.add(method, *args)
-    return _learner(calls, lambda: _call(obj, method, *args), method, args, full)
-
-
-def _learner(calls: Calls, run, method=None, args=(), full=None):
-    try:
-        return run()
-    except (NotImplementedError, CheckFailed):
-        raise
-    except Exception as error:
-        raise _failed_call(calls, error, method, args, full) from None
-
-
-def _failed_call(calls: Calls, error: Exception, method=None, args=(), full=None) -> CheckFailed:
-    """The report of a call that should have worked: the calls so far, this one marked."""
-    calls.raised(error)
-    lines = explain_exception(error)
-    hint = None
-    message = "this call should work"
-    if full is not None and isinstance(error, MemoryError):
-        message, hint = full
-    elif method == "admit" and isinstance(error, ValueError) and len(args) == 3:
-        _, prompt_len, output_len = args
-        if prompt_len + output_len == calls.max_seq_len:
-            hint = EXACTLY_FULL
-    return CheckFailed(
-        message,
-        input=calls.where(),
-        replay=calls.replay_text(),
-        expected="no error",
-        got=lines[0] + (f" ({lines[1]})" if len(lines) > 1 else ""),
-        hint=hint,
-        cause=hint or f"{type(error).__name__} {lines[-1]}",
-    )
-
 
 # why a call must be refused, and the fix when it was not
 NO_SUITE_LEFT = (
@@ -361,119 +270,6 @@ EXACTLY_FULL = (
 )
 LEAK = "check every reason to refuse before taking a suite: a refused call changes nothing"
 NOBODY = ("nobody has that id", "unknown ids raise KeyError (a dict lookup does it for you)")
-
-
-def _expect_refusal(obj, calls: Calls, errors: tuple, method: str, *args, reason: tuple):
-    """The call must raise one of ``errors``; say which error came instead, if any."""
-    why, fix = reason
-    calls.add(method, *args)
-    names = " or ".join(e.__name__ for e in errors)
-    try:
-        _call(obj, method, *args)
-    except errors as e:
-        calls.raised(e)
-        return
-    except (NotImplementedError, CheckFailed):
-        raise
-    except Exception as e:
-        calls.raised(e)
-        raise CheckFailed(
-            f"{why}: expected {names}",
-            input=calls.where(),
-            replay=calls.replay_text(),
-            expected=names,
-            got=f"{type(e).__name__}: {short(str(e), 80)}",
-            hint=f"{fix}, not {type(e).__name__}",
-        ) from None
-    raise CheckFailed(
-        f"{why}: expected {names}",
-        input=calls.where(),
-        replay=calls.replay_text(),
-        expected=names,
-        got="no error",
-        hint=fix,
-    )
-
-
-@cache.check("check-in: num_slots guests fit, the next is refused with a MemoryError")
-def _suites_run_out(cls):
-    hotel, calls = _new(cls, 2, 16)
-    _do(hotel, calls, "admit", "a", 3, 4)
-    _do(hotel, calls, "admit", "b", 16, 0)  # a stay of exactly max_seq_len fits
-    _expect_refusal(hotel, calls, (MemoryError,), "admit", "c", 3, 4, reason=NO_SUITE_LEFT)
-
-
-@cache.check("check-in refuses a guest already in the hotel and a stay over max_seq_len")
-def _bad_check_in(cls):
-    hotel, calls = _new(cls, 2, 16)
-    _do(hotel, calls, "admit", "a", 3, 4)
-    _expect_refusal(hotel, calls, (ValueError,), "admit", "a", 2, 2, reason=TWICE)
-    _expect_refusal(hotel, calls, (ValueError,), "admit", "b", 10, 7, reason=TOO_LONG)
-
-
-@cache.check("a refused check-in takes no suite")
-def _refusal_takes_nothing(cls):
-    hotel, calls = _new(cls, 2, 16)
-    _do(hotel, calls, "admit", "a", 3, 4)
-    _expect_refusal(hotel, calls, (ValueError,), "admit", "a", 2, 2, reason=TWICE)
-    _expect_refusal(hotel, calls, (ValueError,), "admit", "b", 10, 7, reason=TOO_LONG)
-    full = ("the hotel is full although only 1 of its 2 suites is taken", LEAK)
-    _do(hotel, calls, "admit", "b", 3, 4, full=full)
-
-
-@cache.check("check-out frees the suite: a full hotel takes a new guest")
-def _check_out_frees(cls):
-    hotel, calls = _new(cls, 1, 8)
-    _do(hotel, calls, "admit", "a", 3, 4)
-    _do(hotel, calls, "release", "a")
-    full = (
-        "a guest was refused after the only other guest checked out",
-        "release must give the guest's suite back to the free suites",
-    )
-    _do(hotel, calls, "admit", "b", 5, 1, full=full)
-
-
-@cache.check("unknown guests: append and release raise KeyError")
-def _unknown_guests(cls):
-    hotel, calls = _new(cls, 2, 16)
-    _do(hotel, calls, "admit", "a", 3, 4)
-    _expect_refusal(hotel, calls, (KeyError,), "append", "nobody", reason=NOBODY)
-    _expect_refusal(hotel, calls, (KeyError,), "release", "nobody", reason=NOBODY)
-
-
-def _report(obj, calls: Calls) -> dict:
-    try:
-        report = _call(obj, "memory_report")
-    except (NotImplementedError, CheckFailed):
-        raise
-    except Exception as error:
-        calls.add("memory_report")  # the check's own call, shown only when it fails
-        raise _failed_call(calls, error) from None
-    if not isinstance(report, dict) or set(report) != set(PARTS):
-        hint = None
-        if report is None:
-            hint = "memory_report returned None: end it with `return {...}`"
-        elif isinstance(report, (tuple, list)) and len(report) == 4:
-            hint = 'return a dict with the four keys, {"used": …, "future": …, …}, not a sequence'
-        elif isinstance(report, dict):
-            missing = sorted(set(PARTS) - set(report))
-            extra = sorted(set(report) - set(PARTS))
-            hint = f"the keys must be exactly {PARTS}" + (
-                f" (missing {missing})" if missing else f" (extra {extra})"
-            )
-        raise CheckFailed(
-            f"memory_report() must return a dict with keys {PARTS}",
-            input=calls.where(),
-            got=short(report),
-            hint=hint,
-            cause=f"report shape: {hint}" if hint else None,
-        )
-    return {k: report[k] for k in PARTS}
-
-
-def _reference_report(ref: ContiguousKVCache) -> dict:
-    usage = ref.memory_report()
-    return {part: getattr(usage, part) for part in PARTS}
 
 
 def diagnose_report(got: dict, right: dict, before: dict | None, method: str | None, size: int):
@@ -496,56 +292,158 @@ def diagnose_report(got: dict, right: dict, before: dict | None, method: str | N
     return None
 
 
-class Twin:
-    """Drives the learner's cache and kvlab's with the same calls, comparing their reports."""
+class Cache(ClassDriver):
+    """The learner's cache in a check. With ``twin``, kvlab's max-length cache runs beside it:
+    :meth:`do` makes each call on both and compares their reports, and a refused call must leave
+    the learner's report unchanged. ``replay`` says how to list the calls of a long check."""
 
-    def __init__(self, cls, num_slots: int, max_seq_len: int, replay: str | None = None):
-        self.mine, self.calls = _new(cls, num_slots, max_seq_len, replay)
-        self.ref = ContiguousKVCache(num_slots, max_seq_len, policy="max")
-        self.size = max_seq_len
-        self.compare()
+    guarded = KVLAB_CACHE
+    task = "keeping the hotel's accounts"
+
+    def __init__(self, cls, num_slots: int, max_seq_len: int, twin: bool = False, replay=None):
+        self.max_seq_len = max_seq_len
+        reference = ContiguousKVCache(num_slots, max_seq_len, policy="max") if twin else None
+        super().__init__(cls, num_slots, max_seq_len, name="MaxLengthCache", reference=reference)
+        self.transcript.replay = replay
+        if twin:
+            self.compare()
+
+    def explain_error(self, error, method, args, full: tuple[str, str] | None = None):
+        """``full`` is (message, hint) for a MemoryError (a suite should have been free)."""
+        if full is not None and isinstance(error, MemoryError):
+            return full
+        if method == "admit" and isinstance(error, ValueError) and len(args) == 3:
+            _, prompt_len, output_len = args
+            if prompt_len + output_len == self.max_seq_len:
+                return "this call should work", EXACTLY_FULL
+        return "this call should work", None
+
+    def not_refused(self, error, errors, reason: tuple[str, str]) -> None:
+        why, fix = reason
+        names = " or ".join(e.__name__ for e in errors)
+        if error is None:
+            self.fail(f"{why}: expected {names}", expected=names, got="no error", hint=fix)
+        kind = type(error).__name__
+        self.fail(
+            f"{why}: expected {names}",
+            expected=names,
+            got=f"{kind}: {short(str(error), 80)}",
+            hint=f"{fix}, not {kind}",
+        )
+
+    def state(self):
+        return self.report() if self.reference is not None else None
+
+    def changed(self, before, after, errors) -> None:
+        self.fail(
+            "a refused call must leave the accounts unchanged",
+            expected=short(before),
+            got=short(after),
+            hint=LEAK,
+        )
+
+    def report(self) -> dict:
+        """The learner's memory_report(), checked for shape (the call shows in the transcript
+        only when it raises)."""
+        report = self.call("memory_report", log=False)
+        if not isinstance(report, dict) or set(report) != set(PARTS):
+            hint = None
+            if report is None:
+                hint = "memory_report returned None: end it with `return {...}`"
+            elif isinstance(report, (tuple, list)) and len(report) == 4:
+                hint = (
+                    'return a dict with the four keys, {"used": …, "future": …, …}, not a sequence'
+                )
+            elif isinstance(report, dict):
+                missing = sorted(set(PARTS) - set(report))
+                extra = sorted(set(report) - set(PARTS))
+                hint = f"the keys must be exactly {PARTS}" + (
+                    f" (missing {missing})" if missing else f" (extra {extra})"
+                )
+            self.fail(
+                f"memory_report() must return a dict with keys {PARTS}",
+                got=short(report),
+                hint=hint,
+                cause=f"report shape: {hint}" if hint else None,
+            )
+        return {k: report[k] for k in PARTS}
 
     def do(self, method: str, *args):
         before = self.last  # the report compare() just checked
-        getattr(self.ref, method)(*args)
-        _do(self.mine, self.calls, method, *args)
+        self.twin(method, *args)
         self.compare(before, method)
 
     def compare(self, before=None, method=None):
-        got, right = _report(self.mine, self.calls), _reference_report(self.ref)
+        got, usage = self.report(), self.reference.memory_report()
+        right = {part: getattr(usage, part) for part in PARTS}
         self.last = got
         if got != right:
-            raise CheckFailed(
+            self.fail(
                 "memory_report() is off",
-                input=self.calls.where(),
-                replay=self.calls.replay_text(),
                 expected=short(right),
                 got=short(got),
-                hint=diagnose_report(got, right, before, method, self.size),
+                hint=diagnose_report(got, right, before, method, self.max_seq_len),
             )
 
-    def refused(self, errors, method: str, *args, reason: tuple):
-        before = _report(self.mine, self.calls)
-        _expect_refusal(self.mine, self.calls, errors, method, *args, reason=reason)
-        after = _report(self.mine, self.calls)
-        if after != before:
-            raise CheckFailed(
-                "a refused call must leave the accounts unchanged",
-                input=self.calls.where(),
-                expected=short(before),
-                got=short(after),
-                hint=LEAK,
-            )
+
+@cache.check("check-in: num_slots guests fit, the next is refused with a MemoryError")
+def _suites_run_out(cls):
+    hotel = Cache(cls, 2, 16)
+    hotel.call("admit", "a", 3, 4)
+    hotel.call("admit", "b", 16, 0)  # a stay of exactly max_seq_len fits
+    hotel.refused((MemoryError,), "admit", "c", 3, 4, reason=NO_SUITE_LEFT)
+
+
+def _refused_check_ins(cls) -> Cache:
+    """A hotel of 2 suites with one guest, after a check-in of the same id and one of a stay over
+    max_seq_len, both refused."""
+    hotel = Cache(cls, 2, 16)
+    hotel.call("admit", "a", 3, 4)
+    hotel.refused((ValueError,), "admit", "a", 2, 2, reason=TWICE)
+    hotel.refused((ValueError,), "admit", "b", 10, 7, reason=TOO_LONG)
+    return hotel
+
+
+@cache.check("check-in refuses a guest already in the hotel and a stay over max_seq_len")
+def _bad_check_in(cls):
+    _refused_check_ins(cls)
+
+
+@cache.check("a refused check-in takes no suite")
+def _refusal_takes_nothing(cls):
+    hotel = _refused_check_ins(cls)
+    full = ("the hotel is full although only 1 of its 2 suites is taken", LEAK)
+    hotel.call("admit", "b", 3, 4, full=full)
+
+
+@cache.check("check-out frees the suite: a full hotel takes a new guest")
+def _check_out_frees(cls):
+    hotel = Cache(cls, 1, 8)
+    hotel.call("admit", "a", 3, 4)
+    hotel.call("release", "a")
+    full = (
+        "a guest was refused after the only other guest checked out",
+        "release must give the guest's suite back to the free suites",
+    )
+    hotel.call("admit", "b", 5, 1, full=full)
+
+
+@cache.check("unknown guests: append and release raise KeyError")
+def _unknown_guests(cls):
+    hotel = Cache(cls, 2, 16)
+    hotel.call("admit", "a", 3, 4)
+    hotel.refused((KeyError,), "append", "nobody", reason=NOBODY)
+    hotel.refused((KeyError,), "release", "nobody", reason=NOBODY)
 
 
 @cache.check("the accounts of one guest: a whole suite of max_seq_len beds")
 def _one_guest(cls):
-    Twin(cls, 4, 64).do("admit", "a", 10, 20)
+    Cache(cls, 4, 64, twin=True).do("admit", "a", 10, 20)
 
 
 @cache.check("append moves one bed from future to used")
 def _append(cls):
-    twin = Twin(cls, 2, 32)
+    twin = Cache(cls, 2, 32, twin=True)
     twin.do("admit", "a", 1, 3)
     for _ in range(3):
         twin.do("append", "a")
@@ -553,7 +451,7 @@ def _append(cls):
 
 @cache.check("check-out returns all max_seq_len beds to free")
 def _release(cls):
-    twin = Twin(cls, 2, 32)
+    twin = Cache(cls, 2, 32, twin=True)
     twin.do("admit", "a", 1, 3)
     twin.do("admit", "b", 5, 1)
     twin.do("release", "a")
@@ -561,7 +459,7 @@ def _release(cls):
 
 @cache.check("refused calls leave the accounts unchanged")
 def _refusals_change_nothing(cls):
-    twin = Twin(cls, 2, 16)
+    twin = Cache(cls, 2, 16, twin=True)
     twin.do("admit", "a", 3, 4)
     twin.do("admit", "b", 3, 4)
     twin.refused((MemoryError,), "admit", "c", 3, 4, reason=NO_SUITE_LEFT)
@@ -594,8 +492,12 @@ def random_day(seed: int = 5, num_slots: int = 3, max_seq_len: int = 40, steps: 
     return calls
 
 
+def _day_replay(calls: int) -> str:
+    return f"kvlab.grading.lab01.random_day(seed=5)[:{calls}] lists all {calls} calls"
+
+
 @cache.check(f"a random day at the hotel: {plural(len(random_day()), 'call')} in random order")
 def _random_day(cls):
-    twin = Twin(cls, 3, 40, replay="kvlab.grading.lab01.random_day(seed=5)")
+    twin = Cache(cls, 3, 40, twin=True, replay=_day_replay)
     for method, args in random_day(seed=5):
         twin.do(method, *args)

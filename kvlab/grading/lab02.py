@@ -12,15 +12,10 @@ import numbers
 import random
 
 from kvlab.contiguous import ArenaAllocator, best_fit, external_fragmentation, first_fit
-from kvlab.grading.core import (
-    CheckFailed,
-    call_without_mutation,
-    exercise,
-    explain_exception,
-    plural,
-    short,
-)
+from kvlab.grading.blame import explain_exception
+from kvlab.grading.expect import CheckFailed, call_without_mutation, plural, short
 from kvlab.grading.own_code import refuse_reference
+from kvlab.grading.registry import exercise
 
 fit = exercise("02.first_fit", "first-fit placement")
 

@@ -10,19 +10,16 @@ that inherits from kvlab's manager or hands its calls to one fails (``refuse_ref
 
 from __future__ import annotations
 
+import functools
 import numbers
 import random
 
-from kvlab.grading.core import (
-    CheckFailed,
-    call_without_mutation,
-    exercise,
-    explain_exception,
-    failure_details,
-    plural,
-    short,
-)
+from kvlab.grading.blame import explain_exception
+from kvlab.grading.class_driver import ClassDriver
+from kvlab.grading.expect import CheckFailed, call_without_mutation, plural, short
 from kvlab.grading.own_code import refuse_reference
+from kvlab.grading.registry import exercise
+from kvlab.grading.report import failure_details
 from kvlab.paged import BlockManager
 
 manager = exercise("03.block_manager", "allocate, append_slot and free", expects="class")
@@ -151,86 +148,32 @@ def append_slip(cls) -> str | None:
 # --- the judge -------------------------------------------------------------------------------
 
 
-def _runs(calls: list[str]) -> list[str]:
-    """Repeated calls in a row shown once, with a count."""
-    out: list[str] = []
-    count = 0
-    for i, call in enumerate(calls):
-        count += 1
-        if i + 1 == len(calls) or calls[i + 1] != call:
-            out.append(call if count == 1 else f"{call} ×{count}")
-            count = 0
-    return out
+class _Judge(ClassDriver):
+    """Makes calls on the learner's manager, and the same calls on kvlab's, and checks kvlab's
+    invariants after each one: every key card holds ceil(tokens / block_size) rooms for the tokens
+    kvlab's manager counts, no room is on two key cards, and free rooms plus held rooms make
+    num_blocks. Room numbers are never compared with kvlab's."""
 
-
-class _Judge:
-    """Makes calls on the learner's manager and checks kvlab's invariants after each one:
-    every key card holds ceil(tokens / block_size) rooms, no room is on two key cards, and free
-    rooms plus held rooms make num_blocks. Keeps the calls, to show how a failure came about."""
-
-    SHOWN = 8  # calls shown in a transcript before it is cut
+    guarded = KVLAB_MANAGER
+    task = TASK
+    shown = 8  # calls shown in a transcript before it is cut
+    runs = True
 
     def __init__(self, cls, num_blocks: int, block_size: int, echo=False, returns=False):
-        self.cls, self.num_blocks, self.block_size = cls, num_blocks, block_size
+        self.num_blocks, self.block_size = num_blocks, block_size
         self.returns = returns  # judge allocate's return value (one check does)
-        self.calls: list[str] = []
-        self.echo = echo
-        self.replay: str | None = None  # how to see every call, when the transcript is cut
-        self.tokens: dict = {}  # what each guest should hold
         self.appended = False
-        self._log(f"{cls.__name__}({num_blocks}, {block_size})")
-        self.m = self.own(None, num_blocks, block_size)
+        reference = BlockManager(num_blocks, block_size)
+        super().__init__(cls, num_blocks, block_size, reference=reference, echo=echo)
         self.check()
 
-    def own(self, method: str | None, *args):
-        """The learner's ``method(*args)`` (their constructor for None); a hand-over to kvlab's
-        manager fails the check. The method is looked up inside the guard, so an inherited one
-        is the guard."""
-        try:
-            with refuse_reference(*KVLAB_MANAGER, learner=self.cls, task=TASK):
-                return self.cls(*args) if method is None else getattr(self.m, method)(*args)
-        except CheckFailed as handover:
-            self.fail(handover.message, hint=handover.hint, cause=handover.cause)
-
-    # transcripts
-    def _log(self, call: str) -> None:
-        self.calls.append(call)
-        if self.echo:
-            print(call)
-
-    def _raised(self, error: BaseException) -> None:
-        self.calls[-1] += f" raised {type(error).__name__}"
-        if self.echo:
-            print(f"  raised {type(error).__name__}")
-
-    def where(self) -> str:
-        """The calls so far, the one that failed marked with →, long runs cut."""
-        calls = [*_runs(self.calls[:-1]), f"→ {self.calls[-1]}"]
-        if len(calls) > self.SHOWN:
-            hidden = len(calls) - self.SHOWN + 1
-            calls = [*calls[:2], f"… {plural(hidden, 'call')} …", *calls[-(self.SHOWN - 3) :]]
-        return "; ".join(calls)
-
-    def fail(self, message: str, hint: str | None = None, **details):
-        cut = len(_runs(self.calls[:-1])) + 1 > self.SHOWN
-        raise CheckFailed(
-            message,
-            input=self.where(),
-            replay=self.replay if cut else None,
-            hint=hint,
-            **details,
-        )
-
-    # what the learner's manager holds
+    # what the learner's manager holds, and what it should
     def tables(self) -> dict:
-        return {s: list(self.m.block_table(s)) for s in self.tokens}
+        return {s: list(self.obj.block_table(s)) for s in self.reference.seq_ids}
 
     def state(self) -> tuple:
-        counts = {s: self.m.num_tokens(s) for s in self.tokens}
-        return self.tables(), self.m.num_free_blocks, counts
-
-    def free_expected(self) -> int:
-        return self.num_blocks - sum(rooms_for(n, self.block_size) for n in self.tokens.values())
+        counts = {s: self.obj.num_tokens(s) for s in self.reference.seq_ids}
+        return self.tables(), self.obj.num_free_blocks, counts
 
     def rooms_slip(self) -> str | None:
         """A known miscount of rooms: allocate's first (every guest checks in), then append's."""
@@ -239,8 +182,9 @@ class _Judge:
     def check(self, method: str | None = None, free_before: int | None = None, rooms: int = 0):
         """kvlab's invariants; ``method`` took (or gave back, for free) ``rooms`` rooms."""
         used: dict[int, object] = {}
-        for seq, tokens in self.tokens.items():
-            table = list(self.m.block_table(seq))
+        for seq in self.reference.seq_ids:
+            tokens = self.reference.num_tokens(seq)
+            table = list(self.obj.block_table(seq))
             need = rooms_for(tokens, self.block_size)
             if len(table) != need:
                 self.fail(
@@ -262,7 +206,7 @@ class _Judge:
                     where = "twice on" if used[block] == seq else f"on {used[block]!r}'s and"
                     self.fail(f"room {block} is {where} {seq!r}'s key card")
                 used[block] = seq
-            got_tokens = self.m.num_tokens(seq)
+            got_tokens = self.obj.num_tokens(seq)
             if got_tokens != tokens:
                 counted = method == "append_slot" and got_tokens == tokens - 1
                 self.fail(
@@ -271,7 +215,7 @@ class _Judge:
                     got=short(got_tokens),
                     hint=NOT_COUNTED if counted else None,
                 )
-        free = self.m.num_free_blocks
+        free = self.obj.num_free_blocks
         if free != self.num_blocks - len(used):
             self.fail(
                 "free rooms + rooms on key cards must make num_blocks",
@@ -300,47 +244,31 @@ class _Judge:
         return f"{method} took more rooms off the free list than it put on the key card"
 
     # calls
-    def call(self, method: str, *args):
-        """Call a learner method that should work; an error fails the check, with a diagnosis."""
-        self._log(f".{method}({', '.join(map(repr, args))})")
-        try:
-            return self.own(method, *args)
-        except (NotImplementedError, CheckFailed):
-            raise
-        except Exception as error:
-            self._raised(error)
-            self._unexpected(error, method, args)
-
-    def _unexpected(self, error: Exception, method: str, args) -> None:
-        lines = explain_exception(error)
-        got = lines[0] + (f" ({lines[1]})" if len(lines) > 1 else "")
-        hint = None
-        free = self.free_expected()
-        if isinstance(error, MemoryError):
-            hint = self.rooms_slip()
-            if method == "allocate":
-                need = rooms_for(args[1], self.block_size)
-                message = f"this call should work: it needs {plural(need, 'room')}, {free} free"
-                if hint is None and need == free:
-                    hint = (
-                        "allocate refuses when exactly enough rooms are free: refuse only when "
-                        "the rooms needed > the free rooms"
-                    )
-            else:
-                message = "this call should work: the guest's last room has an empty bed"
-                if self.tokens[args[0]] % self.block_size == 0:
-                    message = f"this call should work: {plural(free, 'room')} free"
+    def explain_error(self, error, method, args):
+        """The diagnosis of an error in a call that should work."""
+        if not isinstance(error, MemoryError) or method is None:
+            return "this call should work", None
+        hint = self.rooms_slip()
+        free = self.reference.num_free_blocks  # the reference is called after the learner
+        if method == "allocate":
+            need = rooms_for(args[1], self.block_size)
+            message = f"this call should work: it needs {plural(need, 'room')}, {free} free"
+            if hint is None and need == free:
+                hint = (
+                    "allocate refuses when exactly enough rooms are free: refuse only when "
+                    "the rooms needed > the free rooms"
+                )
         else:
-            message = "this call should work"
-        cause = hint or f"{type(error).__name__} {lines[-1]}"
-        self.fail(message, expected="no error", got=got, hint=hint, cause=cause)
+            message = "this call should work: the guest's last room has an empty bed"
+            if self.reference.num_tokens(args[0]) % self.block_size == 0:
+                message = f"this call should work: {plural(free, 'room')} free"
+        return message, hint
 
     def allocate(self, seq, n: int) -> None:
-        before = self.m.num_free_blocks
-        table = self.call("allocate", seq, n)
-        self.tokens[seq] = n
+        before = self.obj.num_free_blocks
+        table = self.twin("allocate", seq, n)
         self.check("allocate", before, rooms_for(n, self.block_size))
-        card = list(self.m.block_table(seq))
+        card = list(self.obj.block_table(seq))
         if self.returns and not (isinstance(table, (list, tuple)) and list(table) == card):
             self.fail(
                 "allocate must return the new key card",
@@ -354,10 +282,9 @@ class _Judge:
     def append(self, seq) -> None:
         self.appended = True
         others = {s: t for s, t in self.tables().items() if s != seq}
-        before = self.m.num_free_blocks
-        grows = self.tokens[seq] % self.block_size == 0
-        moved = self.call("append_slot", seq)
-        self.tokens[seq] += 1
+        before = self.obj.num_free_blocks
+        grows = self.reference.num_tokens(seq) % self.block_size == 0
+        moved = self.twin("append_slot", seq)
         self.check("append_slot", before, int(grows))
         if moved is not None:
             self.fail(
@@ -370,30 +297,22 @@ class _Judge:
             self.fail("append_slot changed another guest's key card")
 
     def free(self, seq) -> None:
-        before = self.m.num_free_blocks
+        before = self.obj.num_free_blocks
         rooms = len(self.tables()[seq])
-        self.call("free", seq)
-        del self.tokens[seq]
+        self.twin("free", seq)
         self.check("free", before, rooms)
 
     def forgotten(self, seq) -> None:
         """After free, the guest is unknown: its key card and token count are gone."""
         for reader in ("block_table", "num_tokens"):
-            self._log(f".{reader}({seq!r})")
-            try:
-                value = getattr(self.m, reader)(seq)
-            except KeyError as error:
-                self._raised(error)
+            value, error = self.attempt(reader, seq)
+            if isinstance(error, KeyError):
                 continue
-            except NotImplementedError:
-                raise
-            except Exception as error:
-                self._raised(error)
-                lines = explain_exception(error)
+            if error is not None:
                 self.fail(
                     f"a guest who checked out is unknown: {reader} raises KeyError",
                     expected="KeyError",
-                    got=lines[0],
+                    got=explain_exception(error)[0],
                 )
             self.fail(
                 f"{seq!r} checked out, yet {reader}({seq!r}) still answers",
@@ -403,43 +322,34 @@ class _Judge:
                 "id is unknown again (and may check in later)",
             )
 
-    def refused(self, error_type: type, method: str, *args, why: str, missing: str | None = None):
-        """A call that must raise ``error_type`` (``why``) and change nothing. ``missing`` is the
-        hint when it raises nothing (a check the learner's code does not make)."""
+    # refusals (ClassDriver.refused: the call must raise ``error_type`` and change nothing)
+    def not_refused(self, error, error_type: type, why: str, missing: str | None = None) -> None:
+        """``why`` the call must be refused; ``missing`` is the hint when it raises nothing (a
+        check the learner's code does not make)."""
         name = "OutOfBlocks (a MemoryError)" if error_type is MemoryError else error_type.__name__
-        before = self.state()
-        self._log(f".{method}({', '.join(map(repr, args))})")
-        try:
-            self.own(method, *args)
-        except (NotImplementedError, CheckFailed):
-            raise
-        except error_type as error:
-            self._raised(error)
-        except Exception as error:
-            self._raised(error)
-            hint = f"raise {name.split()[0]} here"
-            if isinstance(error, IndexError) and error_type is MemoryError:
-                hint = (
-                    "the free list ran out while taking rooms (IndexError from pop): count the "
-                    "free rooms first and raise OutOfBlocks before taking any"
-                )
-            self.fail(why, expected=name, got=explain_exception(error)[0], hint=hint)
-        else:
+        if error is None:
             if error_type is MemoryError:
                 missing = self.rooms_slip() or missing
             self.fail(why, expected=name, got="no error", hint=missing)
-        after = self.state()
-        if after != before:
-            changed = []
-            if after[1] != before[1]:
-                changed.append(f"free rooms {before[1]} → {after[1]}")
-            changed += [f"{s!r}'s key card" for s in before[0] if after[0].get(s) != before[0][s]]
-            changed += [f"num_tokens({s!r})" for s in before[2] if after[2].get(s) != before[2][s]]
-            self.fail(
-                "a refused call must change nothing (no half-checked-in guest, no lost room)",
-                got="changed " + (", ".join(changed) or "the hotel"),
-                hint=self._change_slip(error_type, before, after),
+        hint = f"raise {name.split()[0]} here"
+        if isinstance(error, IndexError) and error_type is MemoryError:
+            hint = (
+                "the free list ran out while taking rooms (IndexError from pop): count the "
+                "free rooms first and raise OutOfBlocks before taking any"
             )
+        self.fail(why, expected=name, got=explain_exception(error)[0], hint=hint)
+
+    def changed(self, before: tuple, after: tuple, error_type: type) -> None:
+        changed = []
+        if after[1] != before[1]:
+            changed.append(f"free rooms {before[1]} → {after[1]}")
+        changed += [f"{s!r}'s key card" for s in before[0] if after[0].get(s) != before[0][s]]
+        changed += [f"num_tokens({s!r})" for s in before[2] if after[2].get(s) != before[2][s]]
+        self.fail(
+            "a refused call must change nothing (no half-checked-in guest, no lost room)",
+            got="changed " + (", ".join(changed) or "the hotel"),
+            hint=self._change_slip(error_type, before, after),
+        )
 
     @staticmethod
     def _change_slip(error_type: type, before: tuple, after: tuple) -> str | None:
@@ -460,6 +370,12 @@ class _Judge:
 
 
 # --- checks, method by method ----------------------------------------------------------------
+
+# a call with an id nobody checked in with: why it must be refused, and the fix when it is not
+UNKNOWN_ID = {
+    "why": "'nobody' never checked in",
+    "missing": "an unknown id raises KeyError (reading key_cards[seq_id] does)",
+}
 
 
 @manager.check(
@@ -518,13 +434,7 @@ def _append_refused(cls):
     why = "{}'s last room is full and no room is free"
     judge.refused(MemoryError, "append_slot", "a", why=why.format("a"))
     judge.refused(MemoryError, "append_slot", "b", why=why.format("b"))
-    judge.refused(
-        KeyError,
-        "append_slot",
-        "nobody",
-        why="'nobody' never checked in",
-        missing="an unknown id raises KeyError (reading key_cards[seq_id] does)",
-    )
+    judge.refused(KeyError, "append_slot", "nobody", **UNKNOWN_ID)
 
 
 @manager.check("free gives every room back, and the rooms are reused")
@@ -547,13 +457,7 @@ def _forget(cls):
     judge.free("a")
     judge.forgotten("a")
     judge.allocate("a", 4)  # back again, as a preempted guest is
-    judge.refused(
-        KeyError,
-        "free",
-        "nobody",
-        why="'nobody' never checked in",
-        missing="an unknown id raises KeyError (reading key_cards[seq_id] does)",
-    )
+    judge.refused(KeyError, "free", "nobody", **UNKNOWN_ID)
 
 
 @manager.check("block_size 1 and a hotel of one room")
@@ -571,29 +475,35 @@ def _tiny(cls):
 EVENING_SEED, EVENING_STEPS = 11, 300
 
 
+def _evening_replay(cls, seed: int, steps: int, calls: int) -> str:
+    return (
+        f"random.Random({seed}), step {steps}: `from kvlab.grading.lab03 import "
+        f"random_evening; random_evening({cls.__name__}, steps={steps})` prints every call"
+    )
+
+
 def random_evening(cls, steps: int = EVENING_STEPS, seed: int = EVENING_SEED, echo: bool = True):
     """The check's random evening on ``cls``: 24 rooms of 3 beds, check-ins, tokens and
     check-outs drawn from ``random.Random(seed)``. With ``echo`` it prints every call and, if the
     manager breaks an invariant, the check's report: run it in a cell to see how a failure came
-    about. Returns the judge (its ``m`` is the manager)."""
+    about. Returns the judge (its ``obj`` is the manager), or None when ``cls`` cannot be built."""
     rng = random.Random(seed)
-    judge = _Judge(cls, 24, 3, echo=echo)
+    judge = None
     try:
+        judge = _Judge(cls, 24, 3, echo=echo)
+        guests = judge.reference  # kvlab's manager beside the learner's: who holds how many tokens
         for step in range(steps):
-            judge.replay = (
-                f"random.Random({seed}), step {step + 1}: `from kvlab.grading.lab03 import "
-                f"random_evening; random_evening({cls.__name__}, steps={step + 1})` prints every call"
-            )
+            judge.transcript.replay = functools.partial(_evening_replay, cls, seed, step + 1)
             roll = rng.random()
-            free_beds = judge.m.num_free_blocks * 3
+            free_beds = judge.obj.num_free_blocks * 3
             if roll < 0.3 and free_beds:
                 judge.allocate(f"g{step}", rng.randint(1, min(free_beds, 10)))
-            elif roll < 0.85 and judge.tokens:
-                seq = rng.choice(sorted(judge.tokens))
-                if judge.tokens[seq] % 3 or judge.m.num_free_blocks:
+            elif roll < 0.85 and guests.seq_ids:
+                seq = rng.choice(sorted(guests.seq_ids))
+                if guests.num_tokens(seq) % 3 or judge.obj.num_free_blocks:
                     judge.append(seq)
-            elif judge.tokens:
-                judge.free(rng.choice(sorted(judge.tokens)))
+            elif guests.seq_ids:
+                judge.free(rng.choice(sorted(guests.seq_ids)))
     except CheckFailed as failure:
         if not echo:
             raise

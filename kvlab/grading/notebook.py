@@ -20,7 +20,9 @@ from pathlib import Path
 
 import nbformat
 
-from kvlab.grading.core import GRADE_LOG_VAR, get_exercise, load_lab
+from kvlab.grading.registry import get_exercise, load_lab
+from kvlab.grading.report import Status
+from kvlab.grading.runner import GRADE_LOG_VAR
 from kvlab.runtime import child_environ
 
 _CHECK_CALL = re.compile(r"""\bcheck\(\s*["'](\d\d\.[\w.]+)["']""")
@@ -148,7 +150,9 @@ def grade_notebook(path: str | Path, cell_timeout: int = 300, kernel_name: str |
             )
         else:
             ex = get_exercise(exercise_id)
-            grade.exercises.append(ExerciseScore(ex.id, ex.title, 0, len(ex.checks), "not run"))
+            grade.exercises.append(
+                ExerciseScore(ex.id, ex.title, 0, len(ex.checks), Status.NOT_RUN.value)
+            )
     grade.seconds = time.monotonic() - started
     return grade
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import sys
 
-from kvlab.grading.core import CheckFailed
+from kvlab.grading.expect import CheckFailed
 
 HANDOVER = "kvlab reference"  # the cause of every hand-over failure: later ones are folded
 

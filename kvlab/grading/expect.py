@@ -1,0 +1,187 @@
+"""Helpers for writing checks: the failure a check raises, expectations, and short descriptions of
+values for the report.
+
+A check is a plain function that receives the learner's object and raises :class:`CheckFailed`
+(input, expected, got, hint) when the answer is wrong.
+"""
+
+from __future__ import annotations
+
+import copy
+import numbers
+
+
+class CheckFailed(AssertionError):
+    """A wrong answer: what went in, what should have come out, what came out.
+
+    ``hint`` is advice for a *diagnosed* mistake only (the check recognised what went wrong); a
+    check that does not know the cause leaves it out and the report says so neutrally. ``cause``
+    names the diagnosed mistake (by default the hint itself): a later check that fails for the
+    same cause is reported as "probably the same problem as above". ``replay`` says how to
+    reproduce an input too long to show (a seed, a call).
+    """
+
+    def __init__(
+        self,
+        message="",
+        *,
+        input=None,
+        expected=None,
+        got=None,
+        hint=None,
+        cause=None,
+        replay=None,
+    ):
+        super().__init__(message)
+        self.message = message
+        self.input = input
+        self.expected = expected
+        self.got = got
+        self.hint = hint
+        self.cause = cause if cause is not None else hint
+        self.replay = replay
+
+
+# --- describing values -----------------------------------------------------------------------
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``plural(1, "room")`` is "1 room", ``plural(3, "room")`` "3 rooms"."""
+    return f"{n:,} {word if n == 1 else (many or word + 's')}"
+
+
+def short(value, limit: int = 160) -> str:
+    """A one-line, length-limited description of a value (tensors by shape and dtype)."""
+    try:
+        import torch
+
+        if isinstance(value, torch.Tensor):
+            if value.numel() <= 8:
+                text = f"tensor({value.tolist()}, dtype={value.dtype})"
+            else:
+                text = f"tensor of shape {tuple(value.shape)}, dtype {value.dtype}"
+            return text if len(text) <= limit else text[: limit - 1] + "…"
+    except ImportError:
+        pass
+    try:
+        text = repr(value)
+    except Exception as e:  # a learner's __repr__ may itself be broken
+        text = f"<{type(value).__name__} whose repr raised {type(e).__name__}>"
+    text = " ".join(text.split())
+    if isinstance(value, (str, bytes, int, float, bool, type(None))):
+        pass
+    elif not text.startswith(type(value).__name__):
+        text = f"{type(value).__name__} {text}"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def preview(vector, n: int = 4) -> str:
+    """The first values of a tensor: enough to compare by eye."""
+    values = ", ".join(f"{x:.4g}" for x in vector.reshape(-1)[:n].tolist())
+    return f"[{values}{', …' if vector.numel() > n else ''}] ({plural(vector.numel(), 'value')})"
+
+
+# --- expectations ----------------------------------------------------------------------------
+
+
+def expect_type(got, kind, what: str, input=None, hint=None):
+    """Fail unless ``got`` is a ``kind`` (numpy integers count as int; bools never do)."""
+    accepted = numbers.Integral if kind is int else kind
+    if isinstance(got, bool) and kind in (int, float) or not isinstance(got, accepted):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise CheckFailed(
+            f"{what} should be of type {names}",
+            input=input,
+            expected=names,
+            got=f"{type(got).__name__} {short(got)}",
+            hint=hint,
+        )
+
+
+def expect_equal(got, expected, what: str, input=None, hint=None):
+    if got != expected:
+        raise CheckFailed(what, input=input, expected=short(expected), got=short(got), hint=hint)
+
+
+def tensor_bits(t):
+    """A tensor's bytes, so that equality is bit for bit: NaN equals the same NaN, and a room
+    full of NaN left alone counts as unchanged."""
+    import torch
+
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def same(a, b) -> bool:
+    """Deep equality that understands tensors, containers, dataclasses and plain objects (their
+    attributes and slots), and objects that point back at each other (a linked free queue)."""
+    pending, seen = [(a, b)], set()
+    while pending:
+        a, b = pending.pop()
+        if (id(a), id(b)) in seen:  # compared already, or being compared (a cycle)
+            continue
+        seen.add((id(a), id(b)))
+        parts = _parts(a, b)
+        if parts is None:
+            return False
+        pending.extend(parts)
+    return True
+
+
+def _parts(a, b) -> list | None:
+    """None when ``a`` and ``b`` differ on their own; else the pairs inside them still to compare
+    (the values compared are live objects, so their ids stay theirs while ``same`` runs)."""
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        equal = (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and a.dtype == b.dtype
+            and torch.equal(tensor_bits(a), tensor_bits(b))
+        )
+        return [] if equal else None
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return list(zip(a, b, strict=True)) if type(a) is type(b) and len(a) == len(b) else None
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [(a[k], b[k]) for k in a] if a.keys() == b.keys() else None
+    if type(a) is type(b) and type(a).__eq__ is object.__eq__:
+        names = _attribute_names(a)
+        if names is not None:
+            if set(names) != set(_attribute_names(b) or ()):
+                return None
+            return [(getattr(a, n, _UNSET), getattr(b, n, _UNSET)) for n in names]
+    try:
+        return [] if bool(a == b) else None
+    except Exception:
+        return [] if a is b else None
+
+
+_UNSET = object()  # a slot that holds no value
+
+
+def _attribute_names(obj) -> list[str] | None:
+    """The names of an object's attributes (its __dict__ and its slots), or None when it has
+    neither (then only ``==`` can compare it)."""
+    names = list(vars(obj)) if hasattr(obj, "__dict__") else []
+    slotted = False
+    for cls in type(obj).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        slotted |= bool(slots)
+        slots = (slots,) if isinstance(slots, str) else slots
+        names += [s for s in slots if s not in ("__dict__", "__weakref__")]
+    return names if hasattr(obj, "__dict__") or slotted else None
+
+
+def call_without_mutation(fn, *args, names: tuple[str, ...] = ()):
+    """Call ``fn(*args)``; fail the check if it changed any argument in place."""
+    before = copy.deepcopy(args)
+    result = fn(*args)
+    for i, (old, new) in enumerate(zip(before, args, strict=True)):
+        if not same(old, new):
+            name = names[i] if i < len(names) else f"argument {i + 1}"
+            raise CheckFailed(
+                f"your code changed its input `{name}` in place",
+                hint=f"leave `{name}` as it came in: build new values instead of modifying it",
+            )
+    return result

@@ -1,0 +1,152 @@
+"""What a run of an exercise's checks found, and the short text report a check cell prints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from kvlab.grading.expect import CheckFailed, plural
+
+PASS_MARK = "✔"  # text glyphs (DejaVu has them): legible where no colour-emoji font is installed
+FAIL_MARK = "✘"
+NO_DIAGNOSIS = "the checks do not recognise this mistake"
+SAME_PROBLEM = "probably the same problem as above"
+
+
+class Status(Enum):
+    """How one check, or a whole exercise, came out. A check is passed, failed (a wrong answer),
+    error (the learner's code raised or exited), not implemented, timed out, crashed (an isolated
+    check's process died) or skipped (after a time-out); an exercise is passed, failed, not
+    implemented or wrong kind (not a function/class of the learner's), and ``kvlab grade`` says
+    not run for one whose check cell never ran."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    ERROR = "error"
+    NOT_IMPLEMENTED = "not implemented"
+    TIMED_OUT = "timed out"
+    CRASHED = "crashed"
+    SKIPPED = "skipped"
+    WRONG_KIND = "wrong kind"
+    NOT_RUN = "not run"
+
+
+@dataclass
+class Outcome:
+    name: str
+    status: Status
+    details: list[str] = field(default_factory=list)
+    cause: str | None = None  # the diagnosed mistake, to fold later failures with the same cause
+    unimplemented: str | None = None  # the learner's function that still raises NotImplementedError
+    warnings: list[str] = field(default_factory=list)  # warnings raised while it ran (hidden)
+
+    @property
+    def passed(self) -> bool:
+        return self.status is Status.PASSED
+
+
+@dataclass
+class CheckResult:
+    """What ``check`` returns. It shows nothing when it is a cell's last value: the report was
+    already printed."""
+
+    exercise: str
+    title: str
+    status: Status  # PASSED, FAILED, NOT_IMPLEMENTED or WRONG_KIND
+    outcomes: list[Outcome]
+    total: int
+    printed_chars: int = 0
+
+    @property
+    def passed(self) -> int:
+        return sum(o.passed for o in self.outcomes)
+
+    @property
+    def score(self) -> float:
+        return self.passed / self.total if self.total else 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.PASSED
+
+    @property
+    def unwritten(self) -> list[str]:
+        """The learner's methods (or function) that still raise NotImplementedError."""
+        names = [o.unimplemented for o in self.outcomes if o.unimplemented]
+        return list(dict.fromkeys(names))
+
+    def __repr__(self):
+        return f"<CheckResult {self.exercise}: {self.passed}/{self.total} {self.status.value}>"
+
+    def _ipython_display_(self):
+        pass
+
+    def to_dict(self) -> dict:
+        return {
+            "exercise": self.exercise,
+            "title": self.title,
+            "status": self.status.value,
+            "passed": self.passed,
+            "total": self.total,
+        }
+
+    @property
+    def warnings(self) -> list[str]:
+        """Distinct warnings raised during the checks (by the learner's code or the libraries
+        it calls, e.g. NumPy inside Triton's interpreter)."""
+        return list(dict.fromkeys(w for o in self.outcomes for w in o.warnings))
+
+    def report(self) -> str:
+        head = f"{self.exercise} · {self.title}"
+        unwritten = [n for n in self.unwritten if n != "?"]
+        names = ", ".join(f"`{n}`" for n in unwritten)
+        if self.status is Status.NOT_IMPLEMENTED:
+            verb = "raise" if len(unwritten) > 1 else "raises"
+            where = f" ({names} still {verb} NotImplementedError)" if names else ""
+            return (
+                f"{head}: not implemented yet (0/{self.total}){where}\n"
+                "→ Replace `raise NotImplementedError` in the exercise cell above with your code,\n"
+                "  run that cell, then run this one again."
+            )
+        lines = [f"{head}: {self.passed}/{plural(self.total, 'check')} passed"]
+        if unwritten:
+            lines[0] += f" (still to write: {names})"
+        for o in self.outcomes:
+            lines.append(f"{PASS_MARK if o.passed else FAIL_MARK} {o.name}")
+            lines.extend(f"   {d}" for d in o.details)
+        if self.printed_chars:
+            lines.append(
+                f"note: your code printed {plural(self.printed_chars, 'character')} during the checks (hidden)"
+            )
+        if self.warnings:
+            first = (
+                self.warnings[0] if len(self.warnings[0]) <= 120 else self.warnings[0][:119] + "…"
+            )
+            lines.append(
+                f"note: {plural(len(self.warnings), 'warning')} during the checks (hidden), "
+                f"e.g. {first}"
+            )
+        if self.status is Status.PASSED:
+            lines.append("All checks passed. Well done!")
+        return "\n".join(lines)
+
+
+def failure_details(failure: CheckFailed) -> list[str]:
+    """The report's lines for a wrong answer: message, input, replay, expected, got, then the
+    hint, or the neutral note when the mistake was not recognised."""
+    details = [failure.message] if failure.message else []
+    if failure.input is not None:
+        details.append(f"input:    {failure.input}")
+    if failure.replay is not None:
+        details.append(f"replay:   {failure.replay}")
+    if failure.expected is not None:
+        details.append(f"expected: {failure.expected}")
+    if failure.got is not None:
+        details.append(f"got:      {failure.got}")
+    if failure.hint:
+        details.append(f"hint:     {failure.hint}")
+    elif failure.expected is not None and failure.got is not None:
+        details.append(f"note:     {NO_DIAGNOSIS}: compare expected with got")
+    else:
+        details.append(f"note:     {NO_DIAGNOSIS}")
+    return details
