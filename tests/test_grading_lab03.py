@@ -123,8 +123,8 @@ def test_refused_append_that_counted_the_token_first_is_named():
         "        t = self.tokens[seq_id]\n"
         "        self.tokens[seq_id] = t + 1\n"
         "        if t % self.block_size == 0:  # last room full",
-        "            card.append(self.free_rooms.pop())\n        self.tokens[seq_id] += 1 => "
-        "            card.append(self.free_rooms.pop())",
+        "            card.append(self.free_blocks.pop())\n        self.tokens[seq_id] += 1 => "
+        "            card.append(self.free_blocks.pop())",
     )
     result = run_checks("03.block_manager", counts_first)
     (only,) = failures(result)
@@ -160,13 +160,13 @@ def test_an_attribute_kvlabs_manager_lacks_is_named_with_the_input():
         "lab03-08",
         "beds_report",
         "manager.num_free_blocks * manager.block_size => "
-        "len(manager.free_rooms) * manager.block_size",
+        "len(manager.free_blocks) * manager.block_size",
     )
     result = run_checks("03.beds_report", own_attribute)
     first = failures(result)[0]
     assert first.details[0].startswith("AttributeError: 'BlockManager' object has no attribute")
     assert "input:    BlockManager(10, 4) with a: 5 tokens, b: 8 tokens" in first.details
-    assert "hands in kvlab's BlockManager, which has no `free_rooms`" in hints(first)[0]
+    assert "hands in kvlab's BlockManager, which has no `free_blocks`" in hints(first)[0]
     assert "block_table, num_tokens, num_free_blocks and block_size" in hints(first)[0]
     assert result.passed == 0 and folded(result)
     later = failures(result)[1:]

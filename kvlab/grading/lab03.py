@@ -318,7 +318,7 @@ class _Judge(ClassDriver):
                 f"{seq!r} checked out, yet {reader}({seq!r}) still answers",
                 expected="KeyError",
                 got=short(value),
-                hint="free must forget the guest: remove it from key_cards and tokens, so the "
+                hint="free must forget the guest: remove it from block_tables and tokens, so the "
                 "id is unknown again (and may check in later)",
             )
 
@@ -374,7 +374,7 @@ class _Judge(ClassDriver):
 # a call with an id nobody checked in with: why it must be refused, and the fix when it is not
 UNKNOWN_ID = {
     "why": "'nobody' never checked in",
-    "missing": "an unknown id raises KeyError (reading key_cards[seq_id] does)",
+    "missing": "an unknown id raises KeyError (reading block_tables[seq_id] does)",
 }
 
 
