@@ -165,20 +165,23 @@ def paged_decode_attention_ref(
 
 def write_kv(k_cache, v_cache, slot_mapping, k, v) -> None:
     """Store new tokens' K and V (``[n, kv_heads, head_dim]``) at flat slots
-    ``room * block_size + offset`` (vLLM's reshape-and-cache), in place."""
+    ``room * block_size + offset`` (vLLM's reshape-and-cache), in place. The caches may have any
+    strides (vLLM's flash layout hands over ``kv_cache[:, 0]``), so slots are split into
+    (room, bed) rather than flattened through a view."""
     if k.shape != v.shape or k.dim() != 3 or k.shape[1:] != k_cache.shape[2:]:
         raise ValueError(
             f"k and v must be [n, {k_cache.shape[2]}, {k_cache.shape[3]}], got {tuple(k.shape)}, {tuple(v.shape)}"
         )
     if slot_mapping.shape != (k.shape[0],):
         raise ValueError(f"slot_mapping must be [n={k.shape[0]}], got {tuple(slot_mapping.shape)}")
-    flat_k = k_cache.view(-1, *k_cache.shape[2:])
-    flat_v = v_cache.view(-1, *v_cache.shape[2:])
+    block_size = k_cache.shape[1]
+    capacity = k_cache.shape[0] * block_size
     slots = slot_mapping.long()
-    if len(slots) and (int(slots.min()) < 0 or int(slots.max()) >= flat_k.shape[0]):
-        raise ValueError(f"slot_mapping must be in 0..{flat_k.shape[0] - 1}")
-    flat_k[slots] = k.to(k_cache.dtype)
-    flat_v[slots] = v.to(v_cache.dtype)
+    if len(slots) and (int(slots.min()) < 0 or int(slots.max()) >= capacity):
+        raise ValueError(f"slot_mapping must be in 0..{capacity - 1}")
+    rooms, beds = slots // block_size, slots % block_size
+    k_cache[rooms, beds] = k.to(k_cache.dtype)
+    v_cache[rooms, beds] = v.to(v_cache.dtype)
 
 
 class TinyAttention:

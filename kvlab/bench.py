@@ -1,12 +1,19 @@
-"""``kvlab bench``: figures, not asserts. Each benchmark prints a table and writes JSON."""
+"""``kvlab bench``: figures, not asserts. Each benchmark prints a table and writes JSON.
+
+``kvlab bench allocator`` and ``kvlab bench attention``; the launch-option sweep of the attention
+kernel (GPU only, a few minutes) runs as ``python -m kvlab.bench attention-sweep [--out PATH]
+[--budget SECONDS]``.
+"""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import platform
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 from kvlab.paged import BlockManager
@@ -72,64 +79,106 @@ def allocator(n: int = 1_000_000) -> dict:
     }
 
 
-def main(name: str, out: str | None) -> int:
-    benchmarks = {"allocator": allocator, "attention": attention}
+def main(name: str, out: str | None, budget_s: float | None = None) -> int:
+    benchmarks = {
+        "allocator": allocator,
+        "attention": attention,
+        "attention-sweep": attention_sweep,
+    }
     if name not in benchmarks:
         print(f"kvlab bench: unknown benchmark {name!r}; choose from {', '.join(benchmarks)}")
         return 2
+    path = Path(out) if out else BENCH_DIR / f"{name}.json"
     try:
-        report = benchmarks[name]()
+        if name == "attention-sweep":
+            options = {} if budget_s is None else {"budget_s": budget_s}
+            report = attention_sweep(checkpoint=lambda r: _write_json(path, r), **options)
+        else:
+            report = benchmarks[name]()
     except RuntimeError as e:
         print(f"kvlab bench {name}: {e}")
         return 2
     for label, value in report.get("results", {}).items():
         print(f"{label:48s} {value:>14,}")
-    if "device" in report:
+    if "rows" in report:
         print(f"{report['device']} | torch {report['torch']} | triton {report['triton']}")
         print(f"device-to-device copy: {report['copy_GB_per_s']:,} GB/s")
     for row in report.get("rows", []):
         print("  ".join(f"{k}={v}" for k, v in row.items()))
     for label, (value, met) in report.get("targets", {}).items():
         print(f"target {label}: {value} ({'met' if met else 'NOT met'})")
-    path = Path(out) if out else BENCH_DIR / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    _write_json(path, report)
     print(f"wrote {path}", file=sys.stderr)
     return 0
 
 
-def attention(device: str | None = None) -> dict:
-    """Paged decode attention on a GPU: achieved bandwidth against the device's peak and its
-    measured copy bandwidth, the ratio to torch's SDPA on a contiguous cache of the same tokens,
-    split-K at batch 1, and the Lab 05 teaching kernel for comparison."""
-    import torch
-    import triton
+def _write_json(path: Path, report: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
 
-    from kvlab.roofline import GPUS
+
+# --- paged decode attention on a GPU -------------------------------------------------------------
+
+# The course's target: Llama-3-8B's attention (32 query heads on 8 KV heads, head_dim 128) in bf16,
+# rooms of 16 beds, 32 guests of 8,192 tokens.
+HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
+TARGET = (32, 8192)  # (batch, context)
+SHAPES = [(1, 8192), (8, 8192), TARGET, (32, 2048), (1, 32768)]
+
+
+def _need_gpu() -> None:
+    import torch
 
     if not torch.cuda.is_available():
         raise RuntimeError(
             "the attention benchmark needs a CUDA GPU; in Triton's interpreter timings mean nothing"
         )
+
+
+def _header(device, copy: float) -> dict:
+    import torch
+    import triton
+
+    from kvlab.kernels.dtypes import gpu_arch
+
+    return {
+        "device": torch.cuda.get_device_name(device),
+        "arch": gpu_arch(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "copy_GB_per_s": round(copy / 1e9, 1),
+    }
+
+
+def attention(device: str | None = None) -> dict:
+    """Paged decode attention on a GPU: achieved bandwidth against the device's peak and its
+    measured copy bandwidth, the ratio to torch's SDPA on a contiguous cache of the same tokens,
+    split-K at batch 1, and the Lab 05 teaching kernel for comparison. Kernels are timed as a
+    server launches them: planned once (``prepare_paged_decode``), then launched."""
+    import torch
+
+    from kvlab.kernels.tiled import launch_defaults
+    from kvlab.roofline import GPUS
+
+    _need_gpu()
     device = device or "cuda"
-    name = torch.cuda.get_device_name(device)
+    copy = copy_bandwidth(device)
+    header = _header(device, copy)
+    name = header["device"]
     peak = next(
         (g.hbm_bytes_per_s for key, g in GPUS.items() if key.split()[0].split("-")[0] in name), None
     )
-    copy = copy_bandwidth(device)
-    hq, hkv, d, bs, dtype = 32, 8, 128, 16, torch.bfloat16
+    hq, hkv, d, bs, dtype = HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, torch.bfloat16
     rows = [
         _attention_row(batch, context, hq, hkv, d, bs, dtype, device, peak, copy)
-        for batch, context in [(1, 8192), (8, 8192), (32, 8192), (32, 2048), (1, 32768)]
+        for batch, context in SHAPES
     ]
     return {
         "benchmark": "attention",
-        "device": name,
+        **header,
+        "launch_defaults": _config_dict(launch_defaults(d, dtype)),
         "launch_options_at_B32_ctx8192": launch_sweep(hq, hkv, d, bs, dtype, device),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
         "peak_GB_per_s": peak / 1e9 if peak else None,
-        "copy_GB_per_s": round(copy / 1e9, 1),
         "shape": {"q_heads": hq, "kv_heads": hkv, "head_dim": d, "block_size": bs, "dtype": "bf16"},
         "rows": rows,
         "targets": attention_targets(rows),
@@ -138,18 +187,15 @@ def attention(device: str | None = None) -> dict:
 
 def launch_sweep(hq, hkv, d, bs, dtype, device) -> list[dict]:
     """Milliseconds of the tiled kernel at 32 guests of 8,192 tokens for a few (num_warps,
-    num_stages): 5 stages let Triton 3.6 double-buffer K and V, fewer load one tile at a time."""
+    num_stages); ``attention_sweep`` tries every launch option."""
     import triton.testing
 
-    from kvlab.kernels import paged_decode_attention
+    from kvlab.kernels import prepare_paged_decode
 
-    args = _attention_inputs(32, 8192, hq, hkv, d, bs, dtype, device)
+    args = _attention_inputs(*TARGET, hq, hkv, d, bs, dtype, device)
     results = []
     for warps, stages in [(4, 3), (4, 5), (8, 3), (8, 5)]:
-
-        def run(warps=warps, stages=stages):
-            return paged_decode_attention(*args, num_warps=warps, num_stages=stages)
-
+        run = prepare_paged_decode(*args, num_warps=warps, num_stages=stages)
         ms = triton.testing.do_bench(run)
         results.append({"num_warps": warps, "num_stages": stages, "ms": round(ms, 4)})
     return results
@@ -157,16 +203,11 @@ def launch_sweep(hq, hkv, d, bs, dtype, device) -> list[dict]:
 
 def _attention_inputs(batch, context, hq, hkv, d, bs, dtype, device):
     """q, a paged cache with every guest's rooms scattered at random, tables and lengths."""
-    import torch
+    from kvlab.testing import uniform_case
 
-    blocks = batch * context // bs
-    g = torch.Generator(device=device).manual_seed(0)
-    k_cache = torch.randn(blocks, bs, hkv, d, device=device, dtype=dtype, generator=g)
-    v_cache = torch.randn_like(k_cache)
-    tables = torch.randperm(blocks, device=device, generator=g).to(torch.int32).view(batch, -1)
-    lens = torch.full((batch,), context, device=device, dtype=torch.int32)
-    q = torch.randn(batch, hq, d, device=device, dtype=dtype, generator=g)
-    return q, k_cache, v_cache, tables, lens
+    return uniform_case(
+        batch, context, bs, q_heads=hq, kv_heads=hkv, head_dim=d, dtype=dtype, device=device
+    )
 
 
 def copy_bandwidth(device, nbytes: int = 2**30) -> float:
@@ -183,7 +224,7 @@ def copy_bandwidth(device, nbytes: int = 2**30) -> float:
 def attention_targets(rows: list[dict]) -> dict:
     """The course's targets for the kernel, each with the measured figure and whether it was met."""
     at = {(r["batch"], r["context"]): r for r in rows}
-    big, long = at[(32, 8192)], at[(1, 32768)]
+    big, long = at[TARGET], at[(1, 32768)]
     return {
         "B=32 ctx 8192: >= 0.8 of copy bandwidth": [
             big["fraction_of_copy"],
@@ -200,20 +241,13 @@ def attention_targets(rows: list[dict]) -> dict:
     }
 
 
-def _attention_row(batch, context, hq, hkv, d, bs, dtype, device, peak, copy) -> dict:
-    """One configuration: the kernel (auto and single split), the teaching kernel, and SDPA on a
-    contiguous copy of the same tokens."""
+def _contiguous_sdpa(args):
+    """SDPA on a contiguous copy of the same tokens: what attention without pages costs."""
     import torch
-    import triton.testing
 
-    from kvlab.kernels import launch_paged_decode, paged_decode_attention, paged_decode_kernel
-
-    args = _attention_inputs(batch, context, hq, hkv, d, bs, dtype, device)
     q, k_cache, v_cache, tables, lens = args
-    kv_bytes = 2 * batch * context * hkv * d * k_cache.element_size()
-    ms = triton.testing.do_bench(lambda: paged_decode_attention(*args))
-    one_split = triton.testing.do_bench(lambda: paged_decode_attention(*args, num_splits=1))
-    teaching = triton.testing.do_bench(lambda: launch_paged_decode(paged_decode_kernel, *args))
+    batch, context = q.shape[0], int(lens[0])
+    hkv, d = k_cache.shape[2:]
     k = k_cache[tables.long()].reshape(batch, context, hkv, d).transpose(1, 2).contiguous()
     v = v_cache[tables.long()].reshape(batch, context, hkv, d).transpose(1, 2).contiguous()
     sdpa_args = (q.unsqueeze(2), k, v)
@@ -221,9 +255,30 @@ def _attention_row(batch, context, hq, hkv, d, bs, dtype, device, peak, copy) ->
     def sdpa():
         return torch.nn.functional.scaled_dot_product_attention(*sdpa_args, enable_gqa=True)
 
+    return sdpa
+
+
+def _kv_bytes(args) -> int:
+    q, k_cache, _, _, lens = args
+    return 2 * int(lens.sum()) * k_cache.shape[2] * k_cache.shape[3] * k_cache.element_size()
+
+
+def _attention_row(batch, context, hq, hkv, d, bs, dtype, device, peak, copy) -> dict:
+    """One configuration: the kernel (auto and single split), the teaching kernel, and SDPA on a
+    contiguous copy of the same tokens."""
+    import triton.testing
+
+    from kvlab.kernels import launch_paged_decode, paged_decode_kernel, prepare_paged_decode
+
+    args = _attention_inputs(batch, context, hq, hkv, d, bs, dtype, device)
+    run = prepare_paged_decode(*args)
+    ms = triton.testing.do_bench(run)
+    one_split = triton.testing.do_bench(prepare_paged_decode(*args, num_splits=1))
+    teaching = triton.testing.do_bench(lambda: launch_paged_decode(paged_decode_kernel, *args))
+    sdpa = _contiguous_sdpa(args)
     sdpa_ms = triton.testing.do_bench(sdpa)
-    error = (paged_decode_attention(*args).float() - sdpa().squeeze(2).float()).abs().max().item()
-    bytes_per_s = kv_bytes / (ms * 1e-3)
+    error = (run().float() - sdpa().squeeze(2).float()).abs().max().item()
+    bytes_per_s = _kv_bytes(args) / (ms * 1e-3)
     return {
         "batch": batch,
         "context": context,
@@ -236,3 +291,247 @@ def _attention_row(batch, context, hq, hkv, d, bs, dtype, device, peak, copy) ->
         "speed_vs_room_by_room": round(teaching / ms, 2),
         "max_error_vs_sdpa": float(f"{error:.2g}"),
     }
+
+
+# --- the launch-option sweep ---------------------------------------------------------------------
+
+# Every combination is timed at the target, nearest today's defaults first (each value's first
+# entry is tried first). Split counts share one compiled kernel, so they cost only timing.
+SWEEP = {
+    "tile": (64, 32, 128),
+    "num_warps": (4, 8),
+    "num_stages": (3, 2, 4, 5),
+    "prefetch_table": (False, True),
+}
+SWEEP_SPLITS = (1, 2, 3, 4, None)  # None: the launcher's own choice ("auto")
+RERUN_BEST = 5  # the best launch options, timed again at every shape of SHAPES
+TARGET_SHARE = 0.8  # of the time budget, for the target; the rest for the other shapes
+SPLIT_SHAPES = {(1, 32768): (16, 32, 48, 64, 96, 128, None), (8, 8192): (1, 2, 4, 8, None)}
+
+
+def sweep_variants(default) -> list:
+    """Every ``LaunchConfig`` the sweep tries: the defaults, then one change away, then two..."""
+    from kvlab.kernels import LaunchConfig
+
+    variants = [
+        LaunchConfig(**dict(zip(SWEEP, values, strict=True)))
+        for values in itertools.product(*SWEEP.values())
+    ]
+    return sorted(variants, key=lambda c: sum(getattr(c, k) != getattr(default, k) for k in SWEEP))
+
+
+def _config_dict(config) -> dict:
+    return {k: getattr(config, k) for k in SWEEP}
+
+
+def _median_ms(fn) -> float:
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+
+
+class _Timer:
+    """Times one launch option on one batch: its first call (any compile included), then the
+    median of many, as a row of the sweep's table. Failures become rows too."""
+
+    def __init__(self, args, copy: float, sdpa_ms=None, reference=None):
+        self.args, self.copy, self.sdpa_ms, self.reference = args, copy, sdpa_ms, reference
+
+    def row(self, config: dict, num_splits) -> dict:
+        import torch
+
+        from kvlab.kernels import prepare_paged_decode
+
+        row = {**config, "num_splits": "auto" if num_splits is None else num_splits}
+        try:
+            begin = time.perf_counter()
+            run = prepare_paged_decode(*self.args, num_splits=num_splits, **config)
+            out = run()
+            torch.cuda.synchronize()
+            row["first_call_s"] = round(time.perf_counter() - begin, 2)
+            ms = _median_ms(run)
+        except Exception as error:  # a launch the GPU refuses (shared memory, ...): say which
+            row["error"] = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"
+            return row
+        bytes_per_s = _kv_bytes(self.args) / (ms * 1e-3)
+        row.update(ms=round(ms, 4), GB_per_s=round(bytes_per_s / 1e9, 1))
+        row["fraction_of_copy"] = round(bytes_per_s / self.copy, 3)
+        if self.sdpa_ms is not None:
+            row["speed_vs_sdpa_contiguous"] = round(self.sdpa_ms / ms, 3)
+        if self.reference is not None:
+            row["max_diff_vs_defaults"] = float(f"{(out.float() - self.reference).abs().max():.2g}")
+        return row
+
+
+def attention_sweep(budget_s: float = 200.0, device: str | None = None, checkpoint=None) -> dict:
+    """Every launch option of the tiled kernel at the target shape (tile, num_warps, num_stages,
+    prefetch_table, split count), ranked; then the best few at the other shapes and split counts
+    at long contexts: the figures to set ``LAUNCH_DEFAULTS`` and the split heuristic from.
+
+    Stops starting new timings at the target after ``TARGET_SHARE`` of ``budget_s`` seconds, and
+    at the other shapes after ``budget_s`` (compiles included), and lists what it did not run. ``checkpoint(report)`` is called as results come in, so a run cut short keeps
+    them."""
+    import torch
+
+    from kvlab.kernels import paged_decode_attention, plan_splits
+    from kvlab.kernels.tiled import _multiprocessors, launch_defaults
+
+    _need_gpu()
+    start = time.perf_counter()
+    device = device or "cuda"
+    dtype = torch.bfloat16
+    sms = _multiprocessors(torch.device(device))
+    copy = copy_bandwidth(device)
+    default = launch_defaults(HEAD_DIM, dtype)
+    args = _attention_inputs(*TARGET, HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, dtype, device)
+    sdpa_ms = _median_ms(_contiguous_sdpa(args))
+    torch.cuda.empty_cache()  # drop the contiguous copy
+    reference = paged_decode_attention(*args).float()
+    report = {
+        "benchmark": "attention-sweep",
+        **_header(device, copy),
+        "multiprocessors": sms,
+        "shape": {
+            "q_heads": HEADS,
+            "kv_heads": KV_HEADS,
+            "head_dim": HEAD_DIM,
+            "block_size": BLOCK_SIZE,
+            "dtype": "bf16",
+        },  # fmt: skip
+        "target": {"batch": TARGET[0], "context": TARGET[1]},
+        "sdpa_contiguous_ms": round(sdpa_ms, 4),
+        # the same launch through paged_decode_attention, whose checks wait for the GPU
+        "defaults_with_checks_ms": round(_median_ms(partial(paged_decode_attention, *args)), 4),
+        "launch_defaults": _config_dict(default),
+        "budget_s": budget_s,
+        "configs": [],
+        "other_shapes": [],
+        "splits": [],
+        "not_run": [],
+    }
+
+    def out_of_time(share: float = 1.0) -> bool:
+        return time.perf_counter() - start > share * budget_s
+
+    print(f"sweep at B={TARGET[0]} ctx {TARGET[1]}: SDPA on a contiguous cache {sdpa_ms:.4f} ms")
+    timer = _Timer(args, copy, sdpa_ms, reference)
+    for config in map(_config_dict, sweep_variants(default)):
+        timed = {}  # split plan -> row, so that "auto" is not timed again under another name
+        for num_splits in SWEEP_SPLITS:
+            if out_of_time(TARGET_SHARE):
+                report["not_run"].append({**config, "num_splits": num_splits})
+                continue
+            plan = plan_splits(TARGET[0], KV_HEADS, TARGET[1], config["tile"], num_splits, sms)
+            if plan in timed:  # the launcher's choice was timed already: say so, time once
+                timed[plan]["auto_is_the_same"] = True
+                row = {**timed[plan], "num_splits": "auto", "same_as": timed[plan]["num_splits"]}
+            else:
+                row = timed[plan] = timer.row(config, num_splits)
+            row["splits_run"] = plan.num_splits
+            report["configs"].append(row)
+            print(_sweep_line(row), flush=True)
+            if "error" in row:
+                break  # the other split counts build the same kernel
+        if checkpoint:
+            checkpoint(report)
+    del args, timer, reference
+    torch.cuda.empty_cache()
+
+    ranked = sorted(
+        (r for r in report["configs"] if "ms" in r and "same_as" not in r), key=lambda r: r["ms"]
+    )
+    best = []  # the best distinct launch options, then today's defaults
+    for config in [{k: r[k] for k in SWEEP} for r in ranked] + [_config_dict(default)]:
+        if config not in best and (len(best) < RERUN_BEST or config == _config_dict(default)):
+            best.append(config)
+    for batch, context in [s for s in SHAPES if s != TARGET]:
+        shape_args = _attention_inputs(batch, context, HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, dtype, device)  # fmt: skip
+        timer, at = _Timer(shape_args, copy), {"batch": batch, "context": context}
+        for config in best:
+            if out_of_time():
+                report["not_run"].append({**at, **config})
+            else:
+                report["other_shapes"].append({**at, **timer.row(config, None)})
+        for num_splits in SPLIT_SHAPES.get((batch, context), ()) if ranked else ():
+            if not out_of_time():
+                report["splits"].append({**at, **timer.row(best[0], num_splits)})
+        del shape_args, timer
+        torch.cuda.empty_cache()
+        if checkpoint:
+            checkpoint(report)
+
+    report["ranked"] = ranked
+    report["best"] = ranked[0] if ranked else None
+    report["elapsed_s"] = round(time.perf_counter() - start, 1)
+    print_sweep(report)
+    return report
+
+
+def _sweep_line(row: dict) -> str:
+    splits = str(row["num_splits"])
+    if "splits_run" in row and splits != str(row["splits_run"]):
+        splits += f"={row['splits_run']}"
+    if row.get("auto_is_the_same"):
+        splits += "=auto"
+    text = (
+        f"tile {row['tile']:3d}  warps {row['num_warps']}  stages {row['num_stages']}  "
+        f"prefetch {'yes' if row['prefetch_table'] else 'no ':3s}  splits {splits:7s}"
+    )
+    if "error" in row:
+        return f"{text}  FAILED {row['error']}"
+    text += (
+        f"  {row['ms']:.4f} ms  {row['GB_per_s']:7.1f} GB/s  {row['fraction_of_copy']:.3f} of copy"
+    )
+    if "speed_vs_sdpa_contiguous" in row:
+        text += f"  {row['speed_vs_sdpa_contiguous']:.3f}x SDPA"
+    if "first_call_s" in row:
+        text += f"  (first call {row['first_call_s']:.1f} s)"
+    return text
+
+
+def print_sweep(report: dict) -> None:
+    """The ranked table, the best options at the other shapes, and the line to paste as the
+    default."""
+    ranked = report["ranked"]
+    print(f"\n{report['device']} (sm_{report['arch']}, {report['multiprocessors']} SMs) | torch "
+          f"{report['torch']} | triton {report['triton']} | copy {report['copy_GB_per_s']:,} GB/s")  # fmt: skip
+    print(f"ranked at B={TARGET[0]} ctx {TARGET[1]}: {len(ranked)} timed, "
+          f"{len(report['not_run'])} not run within {report['budget_s']:.0f} s")  # fmt: skip
+    for i, row in enumerate(ranked, 1):
+        print(f"{i:4d}  {_sweep_line(row)}")
+    for row in report["configs"]:
+        if "error" in row:
+            print(f"   -  {_sweep_line(row)}")
+    for row in ranked:
+        is_auto = row["num_splits"] == "auto" or row.get("auto_is_the_same")
+        if is_auto and {k: row[k] for k in SWEEP} == report["launch_defaults"]:
+            print(f"today's defaults: {_sweep_line(row)}")
+    print(f"today's defaults through paged_decode_attention (checks included): "
+          f"{report['defaults_with_checks_ms']:.4f} ms")  # fmt: skip
+    if report["other_shapes"]:
+        print("the best launch options at the other shapes (splits: the launcher's choice):")
+        for row in sorted(report["other_shapes"], key=lambda r: (r["batch"], r["context"], r.get("ms", 1e9))):  # fmt: skip
+            print(f"  B={row['batch']:<3d} ctx {row['context']:<6d} {_sweep_line(row)}")
+    if report["splits"]:
+        print("split counts with the best launch options:")
+        for row in report["splits"]:
+            print(f"  B={row['batch']:<3d} ctx {row['context']:<6d} {_sweep_line(row)}")
+    best = report["best"]
+    if best:
+        fields = ", ".join(f"{k}={best[k]!r}" for k in SWEEP)
+        print(f"best: {_sweep_line(best)}")
+        print(f"as the default, in kvlab/kernels/tiled.py: (128, 2): LaunchConfig({fields})")
+        print(f"targets at the best: {best['fraction_of_copy']:.3f} of copy bandwidth (>= 0.8), "
+              f"{best.get('speed_vs_sdpa_contiguous', 0):.3f}x SDPA (>= 0.9)")  # fmt: skip
+    print(f"sweep took {report['elapsed_s']} s")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("name", help="allocator, attention or attention-sweep")
+    parser.add_argument("--out", help="JSON path (default: benchmarks/NAME.json)")
+    parser.add_argument("--budget", type=float, help="attention-sweep: seconds before it stops")
+    cli = parser.parse_args()
+    sys.exit(main(cli.name, cli.out, cli.budget))

@@ -58,8 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--prefix", help="under this prefix (default: this environment)")
 
     bench = sub.add_parser("bench", help="run a benchmark, print figures, write JSON")
-    bench.add_argument("name", choices=["allocator", "attention"], help="what to measure")
+    bench.add_argument(
+        "name", choices=["allocator", "attention", "attention-sweep"], help="what to measure"
+    )
     bench.add_argument("--out", help="JSON path (default: benchmarks/NAME.json)")
+    bench.add_argument("--budget", type=float, help="attention-sweep: seconds before it stops")
 
     labs = sub.add_parser("labs", help="write learner notebooks from the solutions")
     labs.add_argument("--solutions", type=Path, help="default: the course's solutions/")
@@ -86,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         from kvlab.bench import main as bench
 
-        return bench(args.name, args.out)
+        return bench(args.name, args.out, args.budget)
     return _labs(args)
 
 

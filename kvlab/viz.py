@@ -126,9 +126,12 @@ def _floor_plan_style(trace, index: int, beds_per_floor: int | None):
     """Checked arguments: frame index, beds per floor, and whether the plan is small enough to
     label every room (a dozen rooms, as in Lab 03) or every booking (a few hundred beds)."""
     from kvlab.validate import positive_int
+    from kvlab.widgets.frames import RECORD_HOW
 
+    if trace is None:
+        raise TypeError(f"trace is None: {RECORD_HOW}")
     if not trace.frames:
-        raise ValueError("trace has no frames: record a cache (kvlab.recorder) before drawing it")
+        raise ValueError(f"trace has no frames: {RECORD_HOW}")
     count = len(trace.frames)
     if isinstance(index, bool) or not isinstance(index, int) or not -count <= index < count:
         raise ValueError(f"index must be a frame in -{count}..{count - 1}, got {index!r}")

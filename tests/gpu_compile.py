@@ -5,7 +5,9 @@ in a driver that names a target architecture, turns every ``kernel[grid](...)`` 
 kvlab's own launchers into a compile-only warm-up, and prints one JSON line per compiled kernel.
 Run it in a process of its own (``TRITON_INTERPRET`` must be off before any kernel is defined):
 
-    python tests/gpu_compile.py 90      # sm_90: H100 / H200
+    python tests/gpu_compile.py 90      # sm_90: H100 / H200, every kernel and launch option
+    python tests/gpu_compile.py 80      # sm_80: A100, the defaults of every dtype and head size
+    python tests/gpu_compile.py 75      # sm_75: T4 (no bf16 tensor cores), the same
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import torch  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
 
 class CompileOnlyDriver:
@@ -42,37 +46,67 @@ class CompileOnlyDriver:
         return torch.cuda
 
 
-def cases():
-    """(label, zero-argument call of a kvlab launcher): every kernel and constexpr variant."""
+def cases(arch: int):
+    """(label, zero-argument call of a kvlab launcher): on sm_90 every kernel and launch option
+    the sweep tries one at a time; on older GPUs the launchers' defaults for each dtype and head
+    size (what a learner's T4 or a rented A100 runs)."""
     from kvlab.kernels import (
         launch_paged_decode,
         paged_decode_attention,
         paged_decode_kernel,
         write_kv,
     )
+    from kvlab.testing import flash_layout, uniform_case
 
-    def paged(seqs, q_heads, kv_heads, head_dim, block_size, context, dtype):
-        q = torch.zeros(seqs, q_heads, head_dim, dtype=dtype)
-        cache = torch.zeros(4, block_size, kv_heads, head_dim, dtype=dtype)
-        tables = torch.zeros(seqs, -(-context // block_size), dtype=torch.int32)
-        lens = torch.full((seqs,), context, dtype=torch.int32)
-        return q, cache, cache.clone(), tables, lens
+    def paged(seqs, context, block_size, q_heads, kv_heads, head_dim, dtype):
+        """A batch's shapes and strides over a cache of four rooms: compiling needs no more."""
+        return uniform_case(
+            seqs, context, block_size, q_heads, kv_heads, head_dim, dtype, num_blocks=4
+        )
 
-    llama = (32, 32, 8, 128, 16, 8192)
-    return [
-        ("tiled bf16 llama", lambda: paged_decode_attention(*paged(*llama, torch.bfloat16), num_splits=1)),
-        ("tiled bf16 llama split", lambda: paged_decode_attention(*paged(*llama, torch.bfloat16), num_splits=3)),
-        ("tiled fp16 llama", lambda: paged_decode_attention(*paged(*llama, torch.float16), num_splits=1)),
-        ("tiled fp32 llama", lambda: paged_decode_attention(*paged(*llama, torch.float32), num_splits=1)),
-        ("tiled fp32 head_dim 40", lambda: paged_decode_attention(*paged(3, 8, 2, 40, 16, 17, torch.float32), num_splits=1)),
-        ("tiled bf16 head_dim 256 rooms 256", lambda: paged_decode_attention(*paged(2, 4, 1, 256, 256, 257, torch.bfloat16), num_splits=1)),
-        ("tiled fp32 head_dim 256 rooms 256", lambda: paged_decode_attention(*paged(2, 4, 1, 256, 256, 257, torch.float32), num_splits=1)),
-        ("tiled bf16 MQA group 32", lambda: paged_decode_attention(*paged(2, 32, 1, 128, 16, 64, torch.bfloat16), num_splits=1)),
-        ("tiled fp32 rooms of 1", lambda: paged_decode_attention(*paged(3, 2, 1, 32, 1, 65, torch.float32), num_splits=1)),
-        ("tiled bf16 5 stages", lambda: paged_decode_attention(*paged(*llama, torch.bfloat16), num_splits=1, num_stages=5)),
-        ("room_by_room bf16 llama", lambda: launch_paged_decode(paged_decode_kernel, *paged(*llama, torch.bfloat16))),
-        ("room_by_room fp32 head_dim 40", lambda: launch_paged_decode(paged_decode_kernel, *paged(3, 8, 2, 40, 4, 17, torch.float32))),
-        ("write_kv bf16", lambda: write_kv(*[torch.zeros(4, 16, 8, 128, dtype=torch.bfloat16)] * 2, torch.zeros(3, dtype=torch.int64), *[torch.zeros(3, 8, 128, dtype=torch.bfloat16)] * 2)),
+    def tiled(shape, dtype, **options):
+        options.setdefault("num_splits", 1)
+        return lambda: paged_decode_attention(*paged(*shape, dtype), **options)
+
+    def room_by_room(shape, dtype):
+        return lambda: launch_paged_decode(paged_decode_kernel, *paged(*shape, dtype))
+
+    def write(dtype):
+        caches = flash_layout(*[torch.zeros(4, 16, 8, 128, dtype=dtype)] * 2)
+        new = [torch.zeros(3, 8, 128, dtype=dtype)] * 2
+        return lambda: write_kv(*caches, torch.zeros(3, dtype=torch.int64), *new)
+
+    llama = (32, 8192, 16, 32, 8, 128)  # seqs, context, block_size, q_heads, kv_heads, head_dim
+    head_40, head_256, mqa = (
+        (3, 17, 16, 8, 2, 40),
+        (2, 257, 256, 4, 1, 256),
+        (2, 64, 16, 32, 1, 128),
+    )
+    defaults = [
+        ("tiled bf16 llama", tiled(llama, BF16)),
+        ("tiled fp16 llama", tiled(llama, FP16)),
+        ("tiled fp32 llama", tiled(llama, FP32)),
+        ("tiled bf16 head_dim 256 rooms 256", tiled(head_256, BF16)),
+        ("tiled fp32 head_dim 256 rooms 256", tiled(head_256, FP32)),
+        ("tiled bf16 MQA group 32", tiled(mqa, BF16)),
+        ("room_by_room bf16 llama", room_by_room(llama, BF16)),
+        ("write_kv bf16 flash layout", write(BF16)),
+    ]
+    if arch != 90:
+        return defaults
+    return defaults + [
+        ("tiled bf16 llama split", tiled(llama, BF16, num_splits=3)),
+        ("tiled fp32 head_dim 40", tiled(head_40, FP32)),
+        ("room_by_room fp32 head_dim 40", room_by_room((3, 17, 4, 8, 2, 40), FP32)),
+        ("tiled fp32 rooms of 1", tiled((3, 65, 1, 2, 1, 32), FP32)),
+        ("tiled fp32 rooms of 5", tiled((3, 65, 5, 2, 1, 32), FP32)),
+        ("tiled bf16 prefetch", tiled(llama, BF16, prefetch_table=True)),
+        ("tiled bf16 prefetch split", tiled(llama, BF16, prefetch_table=True, num_splits=2)),
+        ("tiled bf16 tile 32 stages 2", tiled(llama, BF16, tile=32, num_stages=2)),
+        ("tiled bf16 5 stages", tiled(llama, BF16, num_stages=5)),
+        ("tiled bf16 8 warps", tiled(llama, BF16, num_warps=8)),
+        # the sweep's largest: three K/V buffers of 128 tokens
+        ("tiled bf16 tile 128 stages 4 prefetch", tiled(llama, BF16, tile=128, num_stages=4, prefetch_table=True)),
     ]  # fmt: skip
 
 
@@ -90,7 +124,7 @@ def main(arch: int) -> int:
 
     JITFunction.__getitem__ = compile_only
     failed = 0
-    for label, call in cases():
+    for label, call in cases(arch):
         compiled.clear()
         try:
             call()
@@ -105,9 +139,11 @@ def main(arch: int) -> int:
                     {
                         "case": label,
                         "kernel": name,
+                        "arch": arch,
                         "shared_bytes": kernel.metadata.shared,
                         "num_warps": kernel.metadata.num_warps,
                         "tensor_core_mma": ptx.count("mma.sync") + ptx.count("wgmma.mma_async"),
+                        "async_copies": ptx.count("cp.async.cg") + ptx.count("cp.async.ca"),
                         "cubin_bytes": len(kernel.asm["cubin"]),
                     }
                 )

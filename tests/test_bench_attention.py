@@ -1,29 +1,44 @@
 """The attention benchmark's bookkeeping, run on CPU with a stand-in timer (its timings need a GPU:
-here only the arithmetic, the SDPA comparison and the report's shape are checked)."""
+here only the arithmetic, the SDPA comparison and the report's shape are checked). Triton is
+reached only through kvlab, which must choose the interpreter before Triton is imported."""
+
+import json
 
 import pytest
 import torch
-import triton.testing
 
 from kvlab import bench
+from kvlab.kernels import LAUNCH_DEFAULTS, LaunchConfig
+from kvlab.runtime import kernel_mode
+from kvlab.testing import make_case, uniform_case
+
+# these run kernels on CPU tensors, which only Triton's interpreter takes
+cpu_only = pytest.mark.skipif(
+    kernel_mode() != "interpreter", reason="kernels on CPU tensors need Triton's interpreter"
+)
 
 
 def test_attention_refuses_without_a_gpu(capsys):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the benchmark runs for real")
-    assert bench.main("attention", None) == 2
-    assert "needs a CUDA GPU" in capsys.readouterr().out
+    for name in ("attention", "attention-sweep"):
+        assert bench.main(name, None) == 2
+        assert "needs a CUDA GPU" in capsys.readouterr().out
 
 
-def test_attention_row_arithmetic(monkeypatch):
-    calls = []
-
-    def one_ms(fn):
+def _counting(calls, ms=1.0):
+    def do_bench(fn, **options):
         fn()
         calls.append(fn)
-        return 1.0
+        return ms
 
-    monkeypatch.setattr(triton.testing, "do_bench", one_ms)
+    return do_bench
+
+
+@cpu_only
+def test_attention_row_arithmetic(monkeypatch):
+    calls = []
+    monkeypatch.setattr("triton.testing.do_bench", _counting(calls))
     row = bench._attention_row(2, 48, 4, 2, 32, 16, torch.float32, "cpu", 2e12, 1e12)
     kv_bytes = 2 * 2 * 48 * 2 * 32 * 4
     assert len(calls) == 4  # auto splits, one split, the teaching kernel, SDPA
@@ -42,22 +57,93 @@ def test_targets_read_the_right_rows():
     assert [met for _, met in targets.values()] == [True, False, True]
 
 
+@cpu_only
 def test_launch_sweep_runs_each_option(monkeypatch):
     seen = []
-
-    def fake_bench(fn):
-        fn()
-        seen.append(fn)
-        return 2.0
-
-    monkeypatch.setattr(triton.testing, "do_bench", fake_bench)
+    monkeypatch.setattr("triton.testing.do_bench", _counting(seen, ms=2.0))
     monkeypatch.setattr(bench, "_attention_inputs", lambda *a: _small_inputs())
     sweep = bench.launch_sweep(4, 2, 32, 16, torch.float32, "cpu")
     assert [(r["num_warps"], r["num_stages"]) for r in sweep] == [(4, 3), (4, 5), (8, 3), (8, 5)]
     assert len(seen) == 4 and all(r["ms"] == 2.0 for r in sweep)
 
 
-def _small_inputs():
-    from kvlab.grading.lab04 import make_case
+def test_sweep_starts_at_the_defaults_and_tries_every_combination():
+    default = LAUNCH_DEFAULTS[(128, 2)]
+    variants = bench.sweep_variants(default)
+    assert variants[0] == default and len(set(variants)) == len(variants) == 48
+    changes = [sum(getattr(v, k) != getattr(default, k) for k in bench.SWEEP) for v in variants]
+    assert changes == sorted(changes)  # one change away before two
 
+
+@cpu_only
+def test_attention_sweep_report(monkeypatch, tmp_path, capsys):
+    """The whole sweep on CPU tensors with a fake clock: every row timed or refused, "auto"
+    not timed twice, the best few again at the other shapes, the JSON checkpointed."""
+    sweep = {"tile": (64, 32), "num_warps": (4,), "num_stages": (3,), "prefetch_table": (False,)}
+    monkeypatch.setattr(bench, "SWEEP", sweep)
+    monkeypatch.setattr(bench, "SWEEP_SPLITS", (1, 2, None))
+    monkeypatch.setattr(bench, "SHAPES", [(1, 8), bench.TARGET])
+    monkeypatch.setattr(bench, "SPLIT_SHAPES", {(1, 8): (1, 2)})
+    monkeypatch.setattr(bench, "_need_gpu", lambda: None)
+    monkeypatch.setattr(bench, "copy_bandwidth", lambda device: 1e12)
+    monkeypatch.setattr(bench, "_attention_inputs", lambda *a: _uniform_inputs())
+    monkeypatch.setattr(bench, "_header", lambda device, copy: {"device": "cpu", "arch": None,
+                        "torch": "t", "triton": "tr", "copy_GB_per_s": 1000.0})  # fmt: skip
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    from kvlab.kernels import tiled
+
+    monkeypatch.setattr(tiled, "_multiprocessors", lambda device: 132)  # "auto" is 2 splits
+    timings = iter(range(1, 1000))
+    monkeypatch.setattr(bench, "_median_ms", lambda fn: (fn(), float(next(timings)))[1])
+    original = tiled.prepare_paged_decode
+
+    def refuse_tile_32(*args, tile=None, **options):
+        if tile == 32:
+            raise RuntimeError("out of resource: shared memory\nmore")
+        return original(*args, tile=tile, **options)
+
+    monkeypatch.setattr("kvlab.kernels.prepare_paged_decode", refuse_tile_32)
+    path = tmp_path / "sweep.json"
+    assert bench.main("attention-sweep", str(path), budget_s=600) == 0
+    report = json.loads(path.read_text())
+    configs = report["configs"]
+    assert [(r["tile"], r["num_splits"]) for r in configs] == [
+        (64, 1),
+        (64, 2),
+        (64, "auto"),
+        (32, 1),
+    ]
+    assert configs[2]["same_as"] == 2 and configs[2]["ms"] == configs[1]["ms"]  # timed once
+    assert configs[3]["error"] == "RuntimeError: out of resource: shared memory"
+    assert [r["ms"] for r in report["ranked"]] == sorted(r["ms"] for r in report["ranked"])
+    assert report["best"]["tile"] == 64 and report["not_run"] == []
+    assert [(r["batch"], r["num_splits"]) for r in report["other_shapes"]] == [(1, "auto")]
+    assert [r["num_splits"] for r in report["splits"]] == [1, 2]
+    out = capsys.readouterr().out
+    assert "ranked at B=32 ctx 8192" in out and "LaunchConfig(tile=64, num_warps=4" in out
+    assert "FAILED RuntimeError: out of resource" in out
+
+
+@cpu_only
+def test_sweep_stops_at_its_budget(monkeypatch):
+    monkeypatch.setattr(bench, "SHAPES", [bench.TARGET])
+    monkeypatch.setattr(bench, "_need_gpu", lambda: None)
+    monkeypatch.setattr(bench, "copy_bandwidth", lambda device: 1e12)
+    monkeypatch.setattr(bench, "_attention_inputs", lambda *a: _uniform_inputs())
+    monkeypatch.setattr(bench, "_header", lambda device, copy: {"device": "cpu", "arch": None,
+                        "torch": "t", "triton": "tr", "copy_GB_per_s": 1000.0})  # fmt: skip
+    monkeypatch.setattr(bench, "_median_ms", lambda fn: 1.0)
+    report = bench.attention_sweep(budget_s=0)
+    assert report["configs"] == [] and len(report["not_run"]) == 48 * len(bench.SWEEP_SPLITS)
+    assert (
+        LaunchConfig(**{k: report["not_run"][0][k] for k in bench.SWEEP})
+        == (LAUNCH_DEFAULTS[(128, 2)])
+    )
+
+
+def _small_inputs():
     return make_case([20, 3], 16, q_heads=4, kv_heads=2, head_dim=32)
+
+
+def _uniform_inputs():
+    return uniform_case(2, 48, 16, q_heads=4, kv_heads=2, head_dim=32, dtype=torch.float32)

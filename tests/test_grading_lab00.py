@@ -93,7 +93,10 @@ def test_kvlab_answer_reached_through_the_spec_is_not_the_learners():
     for handover in (lambda s: s.kv_bytes_per_token, lambda s: s.kv_bytes(1)):
         result = run_checks("00.kv_bytes", handover)
         assert result.passed == 0
-        assert "hands the work to kvlab's `ModelSpec.kv_bytes" in result.outcomes[0].details[0]
+        assert (
+            "hands the work to kvlab's `kvlab.models.ModelSpec.kv_bytes"
+            in result.outcomes[0].details[0]
+        )
     assert run_checks("00.kv_bytes", good_kv_bytes).ok  # the guard leaves ModelSpec as it was
     assert TinyAttention.decode_step.__module__ == "kvlab.attention"
 
@@ -266,7 +269,10 @@ def test_kvlab_decode_step_reached_through_the_layer_is_not_the_learners():
     ):
         result = run_checks("00.decode_step", handover)
         assert result.passed == 0
-        assert "hands the work to kvlab's `TinyAttention.decode_step`" in first_failure(result)
+        assert (
+            "hands the work to kvlab's `kvlab.attention.TinyAttention.decode_step`"
+            in first_failure(result)
+        )
         assert all(o.details[0].startswith(SAME_PROBLEM) for o in result.outcomes[1:])
     layer = TinyAttention(16, 2, seed=1)  # the guard is gone again: kvlab's own method works
     y, k, _ = layer.decode_step(torch.ones(16), *layer.empty_cache())

@@ -70,7 +70,10 @@ def test_a_subclass_of_kvlabs_manager_is_refused():
     result = run_checks("03.block_manager", inherits)
     assert result.passed == 0 and result.status is Status.FAILED
     first = failures(result)[0]
-    assert first.details[0] == "your code hands the work to kvlab's `BlockManager.allocate`"
+    assert (
+        first.details[0]
+        == "your code hands the work to kvlab's `kvlab.paged.BlockManager.allocate`"
+    )
     assert any(
         d.startswith("input:    BlockManager(32, 4); → .allocate('one', 1)") for d in first.details
     )
@@ -111,7 +114,10 @@ class BlockManager:
     )
     result = run_checks("03.block_manager", wrapper)
     assert result.passed == 0
-    assert "hands the work to kvlab's `BlockManager.allocate`" in failures(result)[0].details[0]
+    assert (
+        "hands the work to kvlab's `kvlab.paged.BlockManager.allocate`"
+        in failures(result)[0].details[0]
+    )
     assert folded(result)
 
 
@@ -181,6 +187,7 @@ def test_kvlabs_memory_report_is_not_the_learners_beds_report():
     result = run_checks("03.beds_report", handover)
     assert result.passed == 0
     assert (
-        "hands the work to kvlab's `BlockManager.memory_report`" in failures(result)[0].details[0]
+        "hands the work to kvlab's `kvlab.paged.BlockManager.memory_report`"
+        in failures(result)[0].details[0]
     )
     assert folded(result)

@@ -57,7 +57,10 @@ def test_a_wrapper_around_kvlabs_split_is_not_the_learners():
     ):
         result = run_checks("01.waste_split", wrapper)
         assert result.passed == 0
-        assert "hands the work to kvlab's `split_waste`" in result.outcomes[0].details[0]
+        assert (
+            "hands the work to kvlab's `kvlab.accounting.split_waste`"
+            in result.outcomes[0].details[0]
+        )
         assert folded(result)
     assert split_waste(10, 2, 5) == (2, 3, 5)  # and the guard is gone again
 
@@ -368,7 +371,7 @@ def test_a_cache_built_on_kvlabs_is_not_the_learners():
 
     result = run_checks("01.max_length_cache", OnKvlab)
     assert result.passed == 0
-    assert "hands the work to kvlab's `ContiguousKVCache" in first_failure(result)
+    assert "hands the work to kvlab's `kvlab.contiguous.ContiguousKVCache" in first_failure(result)
     assert folded(result)
 
 
@@ -439,7 +442,10 @@ def test_first_fit_random_floor_is_cut_and_replayable():
 
 def test_kvlab_first_fit_behind_a_wrapper_is_not_the_learners():
     result = run_checks("02.first_fit", lambda extents, n: first_fit(extents, n))
-    assert result.passed == 0 and "hands the work to kvlab's `first_fit`" in first_failure(result)
+    assert (
+        result.passed == 0
+        and "hands the work to kvlab's `kvlab.contiguous.first_fit`" in first_failure(result)
+    )
 
 
 # --- 02.external_fragmentation ---------------------------------------------------------------
@@ -479,7 +485,10 @@ def test_external_fragmentation_diagnoses():
         result = run_checks("02.external_fragmentation", mistake)
         assert hint in first_failure(result), first_failure(result)
     result = run_checks("02.external_fragmentation", lambda e: external_fragmentation(e))
-    assert result.passed == 0 and "kvlab's `external_fragmentation`" in first_failure(result)
+    assert (
+        result.passed == 0
+        and "kvlab's `kvlab.contiguous.external_fragmentation`" in first_failure(result)
+    )
 
 
 # --- the notebooks' words agree with what they print and show ---------------------------------

@@ -16,8 +16,8 @@ import tempfile
 import pytest
 import torch
 
-from kvlab.grading import run_checks
-from kvlab.grading.core import NO_DIAGNOSIS, SAME_PROBLEM
+from kvlab.grading import Status, run_checks
+from kvlab.grading.report import NO_DIAGNOSIS, SAME_PROBLEM
 from kvlab.labgen import strip_solution
 
 ROOT = pathlib.Path(__file__).parents[1]
@@ -61,11 +61,11 @@ def solution_code(notebook: str, cell_id: str, name: str, edits=(), stub=None, h
 
 ROOMS = "needed = -(-num_tokens // self.block_size)"
 APPEND_BODY = """        if self.tokens[seq_id] % self.block_size == 0:  # last room full
-            if not self.free_rooms:
+            if not self.free_blocks:
                 raise OutOfBlocks(f"{seq_id!r} needs a new room and none is free")
-            card.append(self.free_rooms.pop())
+            card.append(self.free_blocks.pop())
         self.tokens[seq_id] += 1"""
-FREE_BODY = "self.free_rooms.extend(reversed(self.key_cards.pop(seq_id)))"
+FREE_BODY = "self.free_blocks.extend(reversed(self.block_tables.pop(seq_id)))"
 ALLOCATE_CHECK = "allocate: n tokens get a key card of ceil(n / block_size) rooms"
 
 
@@ -82,8 +82,9 @@ def manager(*edits, stub=None):
 
 def test_block_manager_solution_passes_and_the_stub_is_not_written_yet():
     assert run_checks("03.block_manager", manager()).ok
-    assert run_checks("03.block_manager", manager(stub="raise NotImplementedError")).status == (
-        "not implemented"
+    assert (
+        run_checks("03.block_manager", manager(stub="raise NotImplementedError")).status
+        is Status.NOT_IMPLEMENTED
     )
 
 
@@ -133,7 +134,7 @@ def test_a_long_transcript_is_cut_and_says_how_to_replay_it(capsys):
 
 
 def test_free_that_keeps_the_key_card_fails_the_forget_check_only():
-    keeps = manager(f"{FREE_BODY} => self.free_rooms.extend(reversed(self.key_cards[seq_id]))")
+    keeps = manager(f"{FREE_BODY} => self.free_blocks.extend(reversed(self.block_tables[seq_id]))")
     result = run_checks("03.block_manager", keeps)
     (only,) = [o for o in result.outcomes if not o.passed]
     assert only.name.startswith("free forgets the guest")
@@ -143,7 +144,7 @@ def test_free_that_keeps_the_key_card_fails_the_forget_check_only():
 
 def test_a_partly_written_class_gets_the_marks_for_its_methods():
     allocate_only = manager(
-        "card = self.key_cards[seq_id] => raise NotImplementedError",
+        "card = self.block_tables[seq_id] => raise NotImplementedError",
         f"{FREE_BODY} => raise NotImplementedError",
     )
     result = run_checks("03.block_manager", allocate_only)
@@ -179,14 +180,14 @@ def test_append_slot_slips_are_named_and_their_knock_ons_fold(edit, named):
 
 
 def test_refusal_slips_are_named():
-    no_count = manager("if needed > len(self.free_rooms): => if False:")
+    no_count = manager("if needed > len(self.free_blocks): => if False:")
     (outcome,) = [o for o in run_checks("03.block_manager", no_count).outcomes if not o.passed]
     assert "got:      IndexError: pop from empty list" in outcome.details
     assert "raise OutOfBlocks before taking any" in hints(outcome)[0]
 
     leaky = manager(
-        "if needed > len(self.free_rooms):\n            raise => "
-        "if needed > len(self.free_rooms):\n            self.free_rooms.pop()\n            raise"
+        "if needed > len(self.free_blocks):\n            raise => "
+        "if needed > len(self.free_blocks):\n            self.free_blocks.pop()\n            raise"
     )
     (outcome,) = [o for o in run_checks("03.block_manager", leaky).outcomes if not o.passed]
     assert "got:      changed free rooms 1 → 0" in outcome.details
@@ -195,7 +196,7 @@ def test_refusal_slips_are_named():
 
 def test_an_unknown_block_manager_mistake_gets_the_neutral_line():
     one_room_many_times = manager(
-        "[self.free_rooms.pop() for _ in range(needed)] => [self.free_rooms.pop()] * needed"
+        "[self.free_blocks.pop() for _ in range(needed)] => [self.free_blocks.pop()] * needed"
     )
     first = run_checks("03.block_manager", one_room_many_times).outcomes[0]
     assert "is twice on 'exact''s key card" in first.details[0]
@@ -441,9 +442,13 @@ def test_kernel_checks():
     from kvlab.kernels import paged_decode_kernel
 
     refused = run_checks("05.kernel", paged_decode_kernel)
-    assert refused.status == "wrong kind" and "kvlab's reference" in refused.outcomes[0].details[0]
-    assert run_checks("05.kernel", kernel(stub="raise NotImplementedError")).status == (
-        "not implemented"
+    assert (
+        refused.status is Status.WRONG_KIND
+        and "kvlab's reference" in refused.outcomes[0].details[0]
+    )
+    assert (
+        run_checks("05.kernel", kernel(stub="raise NotImplementedError")).status
+        is Status.NOT_IMPLEMENTED
     )
     zeros = kernel(
         stub="seq = tl.program_id(0)\n"
@@ -498,7 +503,7 @@ def test_kernel_that_corrupts_memory_fails_one_check_per_crash():
     so the report still comes back, one line per check."""
     crashing = kernel("out_ptr + seq => out_ptr + 2**40 + seq")  # far outside
     result = run_checks("05.kernel", crashing)
-    assert result.status == "failed" and result.passed == 0
+    assert result.status is Status.FAILED and result.passed == 0
     first, *rest = result.outcomes
     assert first.details[0].startswith("your code crashed the process (SIG"), first.details
     assert "mask every tl.load / tl.store" in first.details[1]
@@ -704,7 +709,7 @@ def test_kernel_checks_promise_nothing_about_one_room_too_many():
     """A loop to tl.cdiv(seq_len, BLOCK_SIZE) + 1 reads one more key-card entry and then only
     loads masked by the token mask, which is all false there: the answer and every tensor are
     unchanged, so no check can see it, and no check's title may say it does."""
-    from kvlab.grading.core import get_exercise
+    from kvlab.grading import get_exercise
 
     names = [c.name for c in get_exercise("05.kernel").checks]
     assert not any("stop at the last room" in n for n in names)

@@ -10,8 +10,8 @@ from kvlab.attention import (
     paged_decode_attention_ref,
     write_kv,
 )
-from kvlab.grading.lab04 import make_case
 from kvlab.paged import BlockManager, block_tables_tensor, flashinfer_page_table
+from kvlab.testing import make_case
 
 
 @settings(max_examples=30)
@@ -60,6 +60,20 @@ def test_write_kv_through_the_slot_mapping():
         write_kv(k_cache, v_cache, torch.tensor([8, 0, 1]), k, k)
     with pytest.raises(ValueError, match="k and v must be"):
         write_kv(k_cache, v_cache, torch.tensor([0]), torch.zeros(1, 2, 3), torch.zeros(1, 2, 3))
+
+
+def test_write_kv_into_any_strided_cache():
+    """vLLM's flash layout hands over kv_cache[:, 0] of a [num_blocks, 2, block_size, heads,
+    head_dim] tensor: not contiguous, so no flat view of its slots exists."""
+    kv = torch.zeros(4, 2, 2, 1, 3)
+    k_cache, v_cache = kv[:, 0], kv[:, 1]
+    k = torch.arange(9.0).reshape(3, 1, 3)
+    write_kv(k_cache, v_cache, torch.tensor([5, 0, 2]), k, -k)
+    assert torch.equal(kv[2, 0, 1, 0], k[0, 0]) and torch.equal(kv[0, 0, 0, 0], k[1, 0])
+    assert torch.equal(kv[1, 1, 0, 0], -k[2, 0])
+    assert int((kv != 0).sum()) == 16  # nothing else written: 18 values, two of them 0
+    with pytest.raises(ValueError, match="slot_mapping must be in 0..7"):
+        write_kv(k_cache, v_cache, torch.tensor([8, 0, 1]), k, k)
 
 
 def _inputs():

@@ -108,3 +108,14 @@ def test_bad_arguments_name_themselves():
         viz.plot_floor_plan(hotel.trace, 99)
     with pytest.raises(ValueError, match="beds_per_floor must be >= 1"):
         viz.plot_floor_plan(hotel.trace, beds_per_floor=-4)
+
+
+def test_drawing_nothing_says_how_to_record():
+    from kvlab.replay import replay
+    from kvlab.workload import Request
+
+    unrecorded = replay(ContiguousKVCache(1, 8), [Request(2, 2)])
+    with pytest.raises(
+        TypeError, match=r"trace is None: record one with replay\(..., record=True\)"
+    ):
+        viz.plot_floor_plan(unrecorded.trace)

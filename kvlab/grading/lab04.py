@@ -3,7 +3,8 @@
 A wrong answer is compared with what the usual slips would compute (every bed of the last room,
 the last room skipped, a missing scale, a softmax over the heads, the wrong KV head, fp16
 arithmetic, ...): a match names the mistake, and later checks broken by the same mistake say "the
-same problem". Lab 05 reuses the case builder and the diagnosis, with hints in kernel terms.
+same problem". Lab 05 reuses the diagnosis, with hints in kernel terms; both build their cases
+with ``kvlab.testing.make_case`` and judge them with its tolerances.
 """
 
 from __future__ import annotations
@@ -13,62 +14,13 @@ import math
 import torch
 
 from kvlab.attention import decode_attention, gather_kv, paged_decode_attention_ref
-from kvlab.grading.core import (
-    CheckFailed,
-    call_without_mutation,
-    exercise,
-    expect_type,
-    explain_exception,
-    preview,
-)
+from kvlab.grading.blame import explain_exception
+from kvlab.grading.expect import CheckFailed, call_without_mutation, expect_type, preview
 from kvlab.grading.own_code import refuse_reference
+from kvlab.grading.registry import exercise
+from kvlab.testing import FAR, NAN_ROOM, TOLERANCE, close, make_case
 
 paged = exercise("04.paged_attention", "decode attention through key cards")
-
-TOLERANCE = {torch.float32: (1e-5, 1e-4), torch.float16: (2e-3, 2e-3), torch.bfloat16: (2e-2, 2e-2)}
-FAR = 10**9  # a padding entry no hotel has a room for
-NAN_ROOM = "nan room"  # padding entries naming a real room whose keys and values are NaN
-SPARE_ROOM = "spare room"  # padding entries naming a real room nobody holds
-
-
-def make_case(
-    seq_lens,
-    block_size,
-    q_heads=4,
-    kv_heads=2,
-    head_dim=16,
-    dtype=torch.float32,
-    seed=0,
-    garbage=-1,
-    shared=False,
-    transposed=False,
-):
-    """Random q and a paged cache whose rooms are scattered; unused table entries hold ``garbage``:
-    a number, ``SPARE_ROOM`` (a room nobody holds) or ``NAN_ROOM`` (the same room, full of NaN).
-    ``transposed`` stores the key cards column by column (a transposed view), so their row
-    stride is not their length."""
-    g = torch.Generator().manual_seed(seed)
-    rooms_each = [-(-n // block_size) for n in seq_lens]
-    width = max(rooms_each) + 2
-    num_blocks = sum(rooms_each) + 5
-    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
-    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
-    order = torch.randperm(num_blocks, generator=g).tolist()
-    if garbage in (SPARE_ROOM, NAN_ROOM):
-        spare = order[-1]  # never on a key card: the cards use the first sum(rooms_each)
-        if garbage == NAN_ROOM:
-            k_cache[spare] = v_cache[spare] = float("nan")
-        garbage = spare
-    tables = torch.full((len(seq_lens), width), garbage, dtype=torch.int32)
-    for s, n in enumerate(rooms_each):
-        rooms = order[:n] if shared else order[sum(rooms_each[:s]) : sum(rooms_each[:s]) + n]
-        tables[s, :n] = torch.tensor(rooms, dtype=torch.int32)
-    if transposed:
-        tables = tables.t().contiguous().t()
-    q = torch.randn(len(seq_lens), q_heads, head_dim, generator=g).to(dtype)
-    lens = torch.tensor(seq_lens, dtype=torch.int32)
-    return q, k_cache, v_cache, tables, lens
-
 
 # --- diagnosing a wrong answer ---------------------------------------------------------------
 
@@ -345,7 +297,7 @@ def _expect_case(fn, what: str, padding=False, **case):
             again = fn(*variant)
         except Exception:
             return False
-        return close_enough(again, paged_decode_attention_ref(*variant))
+        return close(again, paged_decode_attention_ref(*variant))
 
     reference = "attention on its contiguous K and V"
     expect_attention(
@@ -359,14 +311,6 @@ def _expect_case(fn, what: str, padding=False, **case):
         replay=rebuild(case),
         right_on=right_on,
     )
-
-
-def close_enough(got, expected) -> bool:
-    """``got`` is a tensor of the expected shape, right within the dtype's tolerance."""
-    if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
-        return False
-    atol, rtol = TOLERANCE[expected.dtype]
-    return torch.allclose(got.float().cpu(), expected.float().cpu(), atol=atol, rtol=rtol)
 
 
 @paged.check("one guest in one room")

@@ -22,30 +22,22 @@ import re
 import torch
 
 from kvlab.attention import decode_attention, gather_kv, paged_decode_attention_ref
-from kvlab.grading.core import (
-    CheckFailed,
-    exception_chain,
-    exercise,
-    explain_exception,
-    plural,
-)
+from kvlab.grading.blame import exception_chain, explain_exception
+from kvlab.grading.expect import CheckFailed, plural
 from kvlab.grading.lab04 import (
     ANY,
-    FAR,
     HINTS,
-    NAN_ROOM,
     NAN_WHAT,
-    SPARE_ROOM,
     attend_beds,
-    close_enough,
     expect_attention,
-    make_case,
     read_far_padding,
     rebuild,
 )
+from kvlab.grading.registry import exercise
 from kvlab.kernels import launch_paged_decode
 from kvlab.kernels.sizes import pow2
 from kvlab.runtime import kernel_mode
+from kvlab.testing import FAR, NAN_ROOM, SPARE_ROOM, close, make_case
 
 # In the interpreter an unmasked load or store can corrupt the process: each check runs in a child.
 kernel = exercise(
@@ -426,7 +418,7 @@ def _expect_kernel(fn, what: str, padding=False, **case):
             again = Launch(fn, variant).got
         except Exception:
             return False
-        return close_enough(again, paged_decode_attention_ref(*variant))
+        return close(again, paged_decode_attention_ref(*variant))
 
     def rows_not_stored():
         if nothing.any():

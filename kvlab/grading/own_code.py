@@ -60,7 +60,7 @@ class refuse_reference:  # noqa: N801 (a context manager, named like contextlib'
 
     def _guard(self, reference):
         function = getattr(reference, "fget", reference)
-        name = function.__qualname__
+        name = f"{function.__module__}.{function.__qualname__}"  # not the learner's own class
 
         @functools.wraps(function)
         def guard(*args, **kwargs):

@@ -1,5 +1,8 @@
 """The teaching kernel of Lab 05: one program per (sequence, KV head) walks the key card one room
-at a time, folding each room into an online softmax. Clear rather than fast: see ``tiled``."""
+at a time, folding each room into an online softmax. Clear rather than fast: see ``tiled``.
+
+It is the lab's solution as a learner writes it, so it spells out the room lookup and the K/V
+addresses that ``tiled`` and ``write`` take from ``kvlab.kernels.slots``."""
 
 from __future__ import annotations
 
@@ -10,40 +13,22 @@ import triton
 import triton.language as tl
 
 from kvlab.attention import check_paged_inputs
-from kvlab.kernels.sizes import check_block_size, pow2
+from kvlab.kernels.dtypes import store_dtype
+from kvlab.kernels.sizes import check_block_size, pow2, strides
 
 
 @triton.jit
 def paged_decode_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    bt_ptr,
-    lens_ptr,
-    out_ptr,
-    stride_qs,
-    stride_qh,
-    stride_qd,
-    stride_kb,
-    stride_kt,
-    stride_kh,
-    stride_kd,
-    stride_vb,
-    stride_vt,
-    stride_vh,
-    stride_vd,
-    stride_bts,
-    stride_btb,
-    stride_os,
-    stride_oh,
-    stride_od,
+    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr,
+    stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_kt, stride_kh, stride_kd,
+    stride_vb, stride_vt, stride_vh, stride_vd,
+    stride_bts, stride_btb,
+    stride_os, stride_oh, stride_od,
     scale,
-    GROUP: tl.constexpr,
-    GROUP_P2: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    D_P2: tl.constexpr,
-):
+    GROUP: tl.constexpr, GROUP_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_P2: tl.constexpr,
+):  # fmt: skip
     """One program per (sequence, KV head): all the query heads that share the KV head."""
     seq = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
@@ -107,7 +92,9 @@ def launch_paged_decode(
     grid ``(num_seqs, num_kv_heads)`` and return its output.
 
     ``out`` (q's shape, dtype and device) receives the result instead of a new tensor: Lab 05's
-    checks hand over a view with guard regions around it, to see stores that miss it.
+    checks hand over a view with guard regions around it, to see stores that miss it. Without
+    it, a bf16 result goes through fp32 where Triton cannot round to nearest even itself (its
+    interpreter), so CPU and GPU give the same bits.
     """
     check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens)
     check_block_size(k_cache.shape[1])
@@ -116,34 +103,21 @@ def launch_paged_decode(
     group = num_q_heads // num_kv_heads
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        out = torch.empty(q.shape, dtype=store_dtype(q.dtype), device=q.device)
     elif not isinstance(out, torch.Tensor) or _layout(out) != _layout(q):
         raise ValueError(
             f"out must be a tensor of q's shape {tuple(q.shape)}, dtype {q.dtype} and device "
             f"{q.device}"
         )
-    if num_seqs == 0:
-        return out
-    kernel[(num_seqs, num_kv_heads)](
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq_lens,
-        out,
-        *q.stride(),
-        *k_cache.stride(),
-        *v_cache.stride(),
-        *block_tables.stride(),
-        *out.stride(),
-        scale,
-        GROUP=group,
-        GROUP_P2=pow2(group),
-        BLOCK_SIZE=k_cache.shape[1],
-        HEAD_DIM=head_dim,
-        D_P2=pow2(head_dim),
-    )
-    return out
+    if num_seqs > 0:
+        kernel[(num_seqs, num_kv_heads)](
+            q, k_cache, v_cache, block_tables, seq_lens, out,
+            *strides(q, k_cache, v_cache, block_tables, out),
+            scale,
+            GROUP=group, GROUP_P2=pow2(group), BLOCK_SIZE=k_cache.shape[1],
+            HEAD_DIM=head_dim, D_P2=pow2(head_dim),
+        )  # fmt: skip
+    return out.to(q.dtype)  # rounds to nearest even where the kernel stored fp32
 
 
 def _layout(t: torch.Tensor) -> tuple:

@@ -1,77 +1,92 @@
 """kvlab's fast paged decode attention: the Lab 05 kernel with the two steps towards production
 speed that the lab names, plus split-K.
 
-- **Tiles of several rooms.** Each loop step gathers ``TILE`` tokens (64 by default) from as many
+- **Tiles of several rooms.** Each loop step gathers ``tile`` tokens (64 by default) from as many
   rooms as that takes, so small rooms (block_size 1–8) do not mean tiny loads, and each program
   keeps more bytes in flight.
 - **Tensor cores.** The group's query heads are padded to 16 rows so that scores and outputs are
   ``tl.dot`` products. fp16/bf16 inputs multiply in their own type with fp32 accumulation (softmax
   weights are rounded to that type for the second product, as FlashAttention does); fp32 inputs
   use exact fp32 products (``input_precision="ieee"``), never TF32.
-- **Split-K (flash-decoding).** Program ``(sequence, KV head, split)`` folds one slice of the key
-  card and stores its partial output with the slice's max and sum; ``merge_splits_kernel`` combines
-  them with log-sum-exp weights.
+- **Split-K (flash-decoding).** Program ``(sequence, KV head, split)`` folds one slice of the
+  sequence's tokens and stores its partial output with the slice's max and sum;
+  ``merge_splits_kernel`` combines them with log-sum-exp weights. Slices and tiles start at token
+  counts, never at room boundaries, so the same tokens give the same bits whatever the block size.
+
+The launcher follows Triton's tutorials: check the inputs, plan the launch (``launch_config``,
+``plan_splits``), allocate, launch. Its defaults live in ``LAUNCH_DEFAULTS`` below, set from the
+GPU sweep (``python -m kvlab.bench attention-sweep``).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from kvlab.attention import check_paged_inputs
-from kvlab.kernels.sizes import check_block_size, pow2
+from kvlab.kernels.dtypes import BF16_MIN_ARCH, gpu_arch, store_dtype, tensor_core_dtypes
+from kvlab.kernels.sizes import pow2, strides
+from kvlab.kernels.slots import slot_offsets, token_slots
 from kvlab.runtime import kernel_mode
 
-TILE_TOKENS = 64
-MIN_TOKENS_PER_SPLIT = 256
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How ``paged_decode_attention`` launches when the call does not say otherwise."""
+
+    tile: int = 64  # tokens per loop step, from as many rooms as that takes
+    num_warps: int = 4
+    num_stages: int = 3
+    # read the next tile's key-card entries one step early: the K/V loads then depend on no load
+    # of their own step, and Triton's pipeliner gives them num_stages - 1 buffers (else one)
+    prefetch_table: bool = False
+
+
+# The defaults, by (largest head_dim, bytes per element): the first row that fits is used, and a
+# head_dim above every row takes the last row of its element size. Change them here, from the
+# ranked table of the GPU sweep. Larger heads take smaller tiles, so K and V fit shared memory.
+LAUNCH_DEFAULTS = {
+    (128, 2): LaunchConfig(tile=64, num_warps=4, num_stages=2, prefetch_table=True),
+    (128, 4): LaunchConfig(tile=64, num_warps=4, num_stages=3),
+    (256, 2): LaunchConfig(tile=32, num_warps=4, num_stages=3),
+    (256, 4): LaunchConfig(tile=32, num_warps=4, num_stages=3),
+}
+# Rows that differ on GPUs before sm_80 (a T4 gives a program 64 KB of shared memory, an A100
+# 163 KB, an H100 227 KB): fp32 tiles half as long.
+PRE_AMPERE_DEFAULTS = {
+    (128, 4): LaunchConfig(tile=32, num_warps=4, num_stages=2),
+    (256, 4): LaunchConfig(tile=16, num_warps=4, num_stages=2),
+}
+# Split-K when num_splits is None: about this many programs per multiprocessor, no slice shorter
+# than MIN_TOKENS_PER_SPLIT; at most MAX_SPLITS (the merge kernel holds every split of a head).
 PROGRAMS_PER_MULTIPROCESSOR = 4
-MAX_SPLITS = 128  # the merge kernel holds every split of a head at once
+MIN_TOKENS_PER_SPLIT = 256
+MAX_SPLITS = 128
+TILES = (16, 32, 64, 128, 256)  # tl.dot needs 16 or more along each axis
 LOG2E = 1.4426950408889634
 
 
-@triton.jit
+# the split plan changes with the batch: no recompile for each new slice length or count
+@triton.jit(do_not_specialize=["tokens_per_split", "num_splits"])
 def paged_decode_tiled_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    bt_ptr,
-    lens_ptr,
-    out_ptr,
-    part_acc_ptr,
-    part_ml_ptr,
-    stride_qs,
-    stride_qh,
-    stride_qd,
-    stride_kb,
-    stride_kt,
-    stride_kh,
-    stride_kd,
-    stride_vb,
-    stride_vt,
-    stride_vh,
-    stride_vd,
-    stride_bts,
-    stride_btb,
-    stride_os,
-    stride_oh,
-    stride_od,
-    scale,
-    rooms_per_split,
-    num_splits,
-    num_q_heads,
-    GROUP: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    TILE: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    D_P2: tl.constexpr,
-    LOW_PRECISION: tl.constexpr,
-    SPLIT: tl.constexpr,
-):
-    """Program (sequence, KV head, split): the group's query heads against one slice of rooms."""
+    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
+    stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_kt, stride_kh, stride_kd,
+    stride_vb, stride_vt, stride_vh, stride_vd,
+    stride_bts, stride_btb,
+    stride_os, stride_oh, stride_od,
+    scale, tokens_per_split, num_splits, num_q_heads,
+    GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_P2: tl.constexpr,
+    LOW_PRECISION: tl.constexpr, SPLIT: tl.constexpr, PREFETCH_TABLE: tl.constexpr,
+):  # fmt: skip
+    """Program (sequence, KV head, split): the group's query heads against one slice of tokens."""
     seq = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -80,49 +95,38 @@ def paged_decode_tiled_kernel(
     heads = kvh * GROUP + h
     hmask = h < GROUP
     dmask = d < HEAD_DIM
-    q = tl.load(
-        q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d[None, :] * stride_qd,
-        mask=hmask[:, None] & dmask[None, :],
-        other=0.0,
-    )
+    q_offsets = seq * stride_qs + heads[:, None] * stride_qh + d[None, :] * stride_qd
+    q = tl.load(q_ptr + q_offsets, mask=hmask[:, None] & dmask[None, :], other=0.0)
     if LOW_PRECISION:
         q = q.to(k_ptr.dtype.element_ty)
     else:
         q = q.to(tl.float32)
-    seq_len = tl.load(lens_ptr + seq)
-    first = split * rooms_per_split
-    # one past the slice's last token: key-card entries beyond it are never read
-    t_end = tl.minimum((first + rooms_per_split) * BLOCK_SIZE, seq_len)
+    table = bt_ptr + seq * stride_bts
+    first = split * tokens_per_split
+    t_end = tl.minimum(first + tokens_per_split, tl.load(lens_ptr + seq))  # the slice's end
     tok = tl.arange(0, TILE)
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, D_P2], tl.float32)
-    for t0 in range(first * BLOCK_SIZE, t_end, TILE):
+    if PREFETCH_TABLE:
+        slot = token_slots(table, stride_btb, first + tok, first + tok < t_end, BLOCK_SIZE)
+    for t0 in range(first, t_end, TILE):
         t = t0 + tok
         tmask = t < t_end
-        r = t // BLOCK_SIZE  # the key-card entry of token t, and its bed in that room
-        bed = t % BLOCK_SIZE
-        room = tl.load(bt_ptr + seq * stride_bts + r * stride_btb, mask=tmask, other=0)
-        room = room.to(tl.int64)
+        if PREFETCH_TABLE:
+            t_next = t + TILE
+            slot_next = token_slots(table, stride_btb, t_next, t_next < t_end, BLOCK_SIZE)
+        else:
+            slot = token_slots(table, stride_btb, t, tmask, BLOCK_SIZE)
         kv_mask = tmask[:, None] & dmask[None, :]
-        k = tl.load(
-            k_ptr
-            + room[:, None] * stride_kb
-            + bed[:, None] * stride_kt
-            + kvh * stride_kh
-            + d[None, :] * stride_kd,
-            mask=kv_mask,
-            other=0.0,
+        k_offsets = slot_offsets(
+            slot[:, None], kvh, d[None, :], stride_kb, stride_kt, stride_kh, stride_kd, BLOCK_SIZE
         )
-        v = tl.load(
-            v_ptr
-            + room[:, None] * stride_vb
-            + bed[:, None] * stride_vt
-            + kvh * stride_vh
-            + d[None, :] * stride_vd,
-            mask=kv_mask,
-            other=0.0,
+        v_offsets = slot_offsets(
+            slot[:, None], kvh, d[None, :], stride_vb, stride_vt, stride_vh, stride_vd, BLOCK_SIZE
         )
+        k = tl.load(k_ptr + k_offsets, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + v_offsets, mask=kv_mask, other=0.0)
         if LOW_PRECISION:
             scores = tl.dot(q, tl.trans(k))
         else:
@@ -139,6 +143,8 @@ def paged_decode_tiled_kernel(
             pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
         acc = acc * alpha[:, None] + pv
         m = m_new
+        if PREFETCH_TABLE:
+            slot = slot_next
     if SPLIT:
         row = (seq * num_q_heads + heads) * num_splits + split  # [BLOCK_H]
         tl.store(part_acc_ptr + row[:, None] * D_P2 + d[None, :], acc, mask=hmask[:, None])
@@ -146,29 +152,23 @@ def paged_decode_tiled_kernel(
         tl.store(part_ml_ptr + row * 2 + 1, denom, mask=hmask)
     else:
         out = acc / denom[:, None]
+        out_offsets = seq * stride_os + heads[:, None] * stride_oh + d[None, :] * stride_od
         tl.store(
-            out_ptr + seq * stride_os + heads[:, None] * stride_oh + d[None, :] * stride_od,
+            out_ptr + out_offsets,
             out.to(out_ptr.dtype.element_ty),
             mask=hmask[:, None] & dmask[None, :],
         )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def merge_splits_kernel(
-    part_acc_ptr,
-    part_ml_ptr,
-    out_ptr,
-    stride_os,
-    stride_oh,
-    stride_od,
-    num_splits,
-    num_q_heads,
-    SPLITS_P2: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    D_P2: tl.constexpr,
-):
+    part_acc_ptr, part_ml_ptr, out_ptr,
+    stride_os, stride_oh, stride_od,
+    num_splits, num_q_heads,
+    SPLITS_P2: tl.constexpr, HEAD_DIM: tl.constexpr, D_P2: tl.constexpr,
+):  # fmt: skip
     """Combine the splits of one (sequence, query head) with log-sum-exp weights (maxima in log2
-    units); a split that saw no room (max -inf) weighs nothing."""
+    units); a split that saw no token (max -inf) weighs nothing."""
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     s = tl.arange(0, SPLITS_P2)
@@ -181,29 +181,95 @@ def merge_splits_kernel(
     top = tl.max(m, axis=0)
     w = tl.where(smask & (m > float("-inf")), tl.exp2(m - top), 0.0)
     out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * denom, axis=0)
-    tl.store(
-        out_ptr + seq * stride_os + head * stride_oh + d * stride_od,
-        out.to(out_ptr.dtype.element_ty),
-        mask=d < HEAD_DIM,
+    out_offsets = seq * stride_os + head * stride_oh + d * stride_od
+    tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+# --- planning the launch -------------------------------------------------------------------------
+
+
+def launch_defaults(head_dim: int, dtype: torch.dtype, arch: int | None = None) -> LaunchConfig:
+    """The row of ``LAUNCH_DEFAULTS`` (or, before sm_80, ``PRE_AMPERE_DEFAULTS``) for this head
+    size and element type; ``arch`` None means the GPU kernels are compiled for, if any."""
+    arch = gpu_arch() if arch is None else arch
+    size = torch.empty((), dtype=dtype).element_size()
+    size = size if any(nbytes == size for _, nbytes in LAUNCH_DEFAULTS) else 2
+    rows = sorted(
+        (dim, config) for (dim, nbytes), config in LAUNCH_DEFAULTS.items() if nbytes == size
+    )
+    dim = next((dim for dim, _ in rows if head_dim <= dim), rows[-1][0])
+    if arch is not None and arch < BF16_MIN_ARCH and (dim, size) in PRE_AMPERE_DEFAULTS:
+        return PRE_AMPERE_DEFAULTS[(dim, size)]
+    return LAUNCH_DEFAULTS[(dim, size)]
+
+
+def tile_tokens(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Tokens per loop step by default, whatever the room size (a room of 128 beds takes two
+    steps of 64)."""
+    return launch_defaults(head_dim, dtype).tile
+
+
+def launch_config(
+    head_dim, dtype, *, tile=None, num_warps=None, num_stages=None, prefetch_table=None
+):
+    """The defaults for this shape with the caller's choices on top (None keeps a default)."""
+    _check_option("tile", tile, lambda n: n in TILES, ", ".join(map(str, TILES)))
+    _check_option("num_warps", num_warps, lambda n: n in (1, 2, 4, 8, 16, 32), "1, 2, 4 … 32")
+    _check_option("num_stages", num_stages, lambda n: n >= 1, ">= 1")
+    if prefetch_table is not None and not isinstance(prefetch_table, bool):
+        raise TypeError(f"prefetch_table must be True, False or None, got {prefetch_table!r}")
+    chosen = {
+        "tile": tile,
+        "num_warps": num_warps,
+        "num_stages": num_stages,
+        "prefetch_table": prefetch_table,
+    }
+    return replace(
+        launch_defaults(head_dim, dtype), **{k: v for k, v in chosen.items() if v is not None}
     )
 
 
-def tile_tokens(head_dim: int) -> int:
-    """Tokens per loop step, whatever the room size (a room of 128 beds takes two steps): 64, or 32
-    for head dims above 128, so a tile of K and V stays small enough for shared memory."""
-    return TILE_TOKENS if head_dim <= 128 else TILE_TOKENS // 2
+class SplitPlan(NamedTuple):
+    """How each sequence's tokens are cut across programs: slice i holds tokens
+    ``[i * tokens_per_split, (i + 1) * tokens_per_split)``."""
+
+    num_splits: int
+    tokens_per_split: int
 
 
 def choose_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, multiprocessors: int) -> int:
-    """Split-K slices so a GPU with ``multiprocessors`` SMs gets about four programs per SM, with
-    at least ``MIN_TOKENS_PER_SPLIT`` tokens in each slice: many splits for one long guest, one for
-    a large batch."""
+    """Split-K slices so a GPU with ``multiprocessors`` SMs gets about
+    ``PROGRAMS_PER_MULTIPROCESSOR`` programs per SM, with at least ``MIN_TOKENS_PER_SPLIT``
+    tokens in each slice: many splits for one long guest, one for a large batch."""
     programs = max(1, num_seqs * num_kv_heads)
     wanted = PROGRAMS_PER_MULTIPROCESSOR * multiprocessors // programs  # down: no partial wave
     return max(1, min(wanted, max_seq_len // MIN_TOKENS_PER_SPLIT, MAX_SPLITS))
 
 
-def _check_launch_option(name: str, value, ok, allowed: str) -> None:
+def plan_splits(
+    num_seqs, num_kv_heads, max_seq_len, tile, num_splits=None, multiprocessors=None
+) -> SplitPlan:
+    """Slices of the longest sequence's tokens: ``num_splits`` as asked (slices of
+    ceil(max_seq_len / num_splits) tokens), or, for None, ``choose_splits`` on a GPU of
+    ``multiprocessors`` SMs rounded to whole tiles (one slice without a GPU: the interpreter runs
+    programs one after another). Cuts are token counts, so they do not depend on the block size."""
+    if num_splits is None:
+        wanted = 1
+        if multiprocessors:
+            wanted = choose_splits(num_seqs, num_kv_heads, max_seq_len, multiprocessors)
+        tokens = math.ceil(math.ceil(max_seq_len / wanted) / tile) * tile
+    else:
+        tokens = math.ceil(max_seq_len / num_splits)
+    return SplitPlan(math.ceil(max_seq_len / tokens), tokens)  # no split without a token
+
+
+def _multiprocessors(device) -> int | None:
+    if kernel_mode() == "interpreter" or device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _check_option(name: str, value, ok, allowed: str) -> None:
     """None means "choose for me"; anything else must be an int in the allowed range."""
     if value is None:
         return
@@ -213,115 +279,89 @@ def _check_launch_option(name: str, value, ok, allowed: str) -> None:
         raise ValueError(f"{name} must be {allowed} (or None), got {value}")
 
 
-def _tensor_core_dtypes() -> tuple:
-    """Types tl.dot multiplies in directly. The interpreter gets bf16 products wrong (NumPy has no
-    bf16), so there bf16 takes the fp32 path; fp16 still exercises the low-precision one."""
-    if kernel_mode() == "interpreter":
-        return (torch.float16,)
-    return (torch.float16, torch.bfloat16)
-
-
-def _auto_splits(q, num_kv_heads: int, max_seq_len: int) -> int:
-    if kernel_mode() == "interpreter" or q.device.type != "cuda":
-        return 1  # the interpreter runs programs one after another: splitting only adds work
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    return choose_splits(q.shape[0], num_kv_heads, max_seq_len, sms)
+# --- the launcher ----------------------------------------------------------------------------------
 
 
 def paged_decode_attention(
-    q,
-    k_cache,
-    v_cache,
-    block_tables,
-    seq_lens,
-    *,
-    scale=None,
-    num_splits=None,
-    num_warps=None,
-    num_stages=None,
-) -> torch.Tensor:
+    q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, num_splits=None, tile=None,
+    num_warps=None, num_stages=None, prefetch_table=None,
+) -> torch.Tensor:  # fmt: skip
     """Decode attention reading K/V rooms in place through block tables.
 
-    q ``[num_seqs, num_q_heads, head_dim]`` (any strides); k/v_cache ``[num_blocks, block_size,
-    num_kv_heads, head_dim]``; block_tables int32 ``[num_seqs, max_blocks]`` (entries past
-    ceil(seq_len / block_size) are never read); seq_lens int32 ``[num_seqs]``. fp32 accumulation;
-    returns ``[num_seqs, num_q_heads, head_dim]`` in q's dtype. ``num_splits`` > 1 splits each
-    sequence's rooms across programs (flash-decoding); None chooses from the GPU's size.
-    ``num_warps`` and ``num_stages`` (Triton's launch options; None = Triton's defaults) are for
-    tuning on a GPU.
+    q ``[num_seqs, num_q_heads, head_dim]``; k/v_cache ``[num_blocks, block_size, num_kv_heads,
+    head_dim]`` (any block size, any strides); block_tables int32 ``[num_seqs, max_blocks]``
+    (entries past ceil(seq_len / block_size) are never read); seq_lens int32 ``[num_seqs]``. fp32
+    accumulation; returns ``[num_seqs, num_q_heads, head_dim]`` in q's dtype. ``num_splits`` > 1
+    cuts each sequence's tokens across programs (flash-decoding); None chooses from the GPU.
+    ``tile``, ``num_warps``, ``num_stages`` and ``prefetch_table`` override ``LAUNCH_DEFAULTS``
+    (see ``LaunchConfig``), for tuning on a GPU.
     """
+    return prepare_paged_decode(
+        q, k_cache, v_cache, block_tables, seq_lens, scale=scale, num_splits=num_splits,
+        tile=tile, num_warps=num_warps, num_stages=num_stages, prefetch_table=prefetch_table,
+    )()  # fmt: skip
+
+
+def prepare_paged_decode(
+    q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, num_splits=None, tile=None,
+    num_warps=None, num_stages=None, prefetch_table=None,
+):  # fmt: skip
+    """Check the inputs, plan the launch and allocate once; return ``run()``, which only launches
+    (FlashInfer's plan / run). The checks read ``seq_lens`` back from the GPU, a wait a server
+    does not pay each step and a benchmark must not time. Each ``run()`` writes the same output
+    tensor and returns it. Arguments as for :func:`paged_decode_attention`."""
     check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens)
-    block_size = k_cache.shape[1]
-    check_block_size(block_size)
-    _check_launch_option(
-        "num_splits", num_splits, lambda n: 1 <= n <= MAX_SPLITS, f"1..{MAX_SPLITS}"
-    )
-    _check_launch_option(
-        "num_warps", num_warps, lambda n: n in (1, 2, 4, 8, 16, 32), "1, 2, 4 … 32"
-    )
-    _check_launch_option("num_stages", num_stages, lambda n: n >= 1, ">= 1")
+    _check_option("num_splits", num_splits, lambda n: 1 <= n <= MAX_SPLITS, f"1..{MAX_SPLITS}")
     num_seqs, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    config = launch_config(
+        head_dim, q.dtype, tile=tile, num_warps=num_warps, num_stages=num_stages,
+        prefetch_table=prefetch_table,
+    )  # fmt: skip
+    out = torch.empty(q.shape, dtype=store_dtype(q.dtype), device=q.device)
     if num_seqs == 0:
-        return out
-    max_seq_len = int(seq_lens.max())
-    tile = tile_tokens(head_dim)
-    rooms_per_tile = max(1, tile // block_size)
-    rooms = math.ceil(max_seq_len / block_size)
-    if num_splits is None:
-        num_splits = _auto_splits(q, num_kv_heads, max_seq_len)
-        rooms_per_split = math.ceil(math.ceil(rooms / num_splits) / rooms_per_tile) * rooms_per_tile
-    else:  # as asked, down to single rooms: slices need not be whole tiles
-        rooms_per_split = math.ceil(rooms / num_splits)
-    num_splits = math.ceil(rooms / rooms_per_split)  # no split without a room to read
-    group = num_q_heads // num_kv_heads
+        return lambda: out.to(q.dtype)
+    plan = plan_splits(
+        num_seqs, num_kv_heads, int(seq_lens.max()), config.tile, num_splits,
+        _multiprocessors(q.device),
+    )  # fmt: skip
+    split = plan.num_splits > 1
     d_p2 = max(16, pow2(head_dim))
-    low_precision = q.dtype == k_cache.dtype == v_cache.dtype and q.dtype in _tensor_core_dtypes()
-    split = num_splits > 1
-    rows = num_seqs * num_q_heads * num_splits if split else 1
+    rows = num_seqs * num_q_heads * plan.num_splits if split else 1
     part_acc = torch.empty(rows, d_p2, dtype=torch.float32, device=q.device)
     part_ml = torch.empty(rows, 2, dtype=torch.float32, device=q.device)
-    paged_decode_tiled_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq_lens,
-        out,
-        part_acc,
-        part_ml,
-        *q.stride(),
-        *k_cache.stride(),
-        *v_cache.stride(),
-        *block_tables.stride(),
-        *out.stride(),
-        LOG2E * (1.0 / math.sqrt(head_dim) if scale is None else float(scale)),
-        rooms_per_split,
-        num_splits,
-        num_q_heads,
-        GROUP=group,
-        BLOCK_H=max(16, pow2(group)),
-        BLOCK_SIZE=block_size,
-        TILE=tile,
-        HEAD_DIM=head_dim,
-        D_P2=d_p2,
-        LOW_PRECISION=low_precision,
-        SPLIT=split,
-        **{
-            k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None
-        },
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    group = num_q_heads // num_kv_heads
+    low_precision = q.dtype == k_cache.dtype == v_cache.dtype and q.dtype in tensor_core_dtypes()
+
+    def run() -> torch.Tensor:
+        try:
+            paged_decode_tiled_kernel[(num_seqs, num_kv_heads, plan.num_splits)](
+                q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_ml,
+                *strides(q, k_cache, v_cache, block_tables, out),
+                LOG2E * scale, plan.tokens_per_split, plan.num_splits, num_q_heads,
+                GROUP=group, BLOCK_H=max(16, pow2(group)), BLOCK_SIZE=k_cache.shape[1],
+                TILE=config.tile, HEAD_DIM=head_dim, D_P2=d_p2,
+                LOW_PRECISION=low_precision, SPLIT=split, PREFETCH_TABLE=config.prefetch_table,
+                num_warps=config.num_warps, num_stages=config.num_stages,
+            )  # fmt: skip
+        except OutOfResources as error:
+            raise _too_large(error, config) from None
+        if split:
+            merge_splits_kernel[(num_seqs, num_q_heads)](
+                part_acc, part_ml, out, *strides(out), plan.num_splits, num_q_heads,
+                SPLITS_P2=pow2(plan.num_splits), HEAD_DIM=head_dim, D_P2=d_p2,
+            )  # fmt: skip
+        return out.to(q.dtype)  # rounds to nearest even where the kernel stored fp32
+
+    return run
+
+
+def _too_large(error: OutOfResources, config: LaunchConfig) -> ValueError:
+    """Triton's launch refusal, said in the launcher's terms."""
+    prefetch = ", prefetch_table=True" if config.prefetch_table else ""
+    return ValueError(
+        f"tile={config.tile}, num_stages={config.num_stages}{prefetch} need {error.required:,} "
+        f"bytes of {error.name} per program and this GPU (sm_{gpu_arch()}) has {error.limit:,}: "
+        "choose a smaller tile or fewer stages (LAUNCH_DEFAULTS fits every GPU from sm_75 on)"
     )
-    if split:
-        merge_splits_kernel[(num_seqs, num_q_heads)](
-            part_acc,
-            part_ml,
-            out,
-            *out.stride(),
-            num_splits,
-            num_q_heads,
-            SPLITS_P2=pow2(num_splits),
-            HEAD_DIM=head_dim,
-            D_P2=d_p2,
-        )
-    return out

@@ -84,8 +84,16 @@ def block_table_text(runs: list[int]) -> str:
     return ", ".join(parts)
 
 
+RECORD_HOW = (
+    "record one with replay(..., record=True) (then result.trace), recorded(cache) from kvlab.recorder "
+    "(then .trace), or Recorder(cache).trace for the cache as it is now"
+)
+
+
 def check_trace(trace: Trace, name: str = "trace") -> None:
     """Refuse what the browser could not draw, naming the argument."""
+    if trace is None:
+        raise TypeError(f"{name} is None: {RECORD_HOW}")
     if not isinstance(trace, Trace):
         raise TypeError(f"{name} must be a kvlab.trace.Trace, got {type(trace).__name__}")
     if not trace.frames:
