@@ -570,3 +570,28 @@ def test_lab02_prose_names_the_free_space_one_way():
     prose = "\n".join("".join(c["source"]) for c in cells["cells"] if c["cell_type"] == "markdown")
     assert "largest gap" not in prose and "free extent" in prose
     assert "free run" not in prose  # the pictures say "largest free extent" too
+
+
+def test_the_first_extent_is_not_mistaken_for_the_smallest():
+    """Where the first extent is also the smallest, two slips give the same answer: no hint then;
+    another floor tells them apart."""
+
+    def frag(free_extents):
+        total = sum(length for _, length in free_extents)
+        return 0.0 if total == 0 else 1 - free_extents[0][1] / total
+
+    result = run_checks("02.external_fragmentation", frag)
+    text = "\n".join(d for o in result.outcomes for d in o.details)
+    assert "not the smallest" not in text and "not the first one" in text
+
+
+def test_raising_where_nothing_fits_is_told_to_return_none():
+    def raises(free_extents, n):
+        for offset, length in free_extents:
+            if length >= n:
+                return offset
+        raise ValueError("no room")
+
+    failure = first_failure(run_checks("02.first_fit", raises))
+    assert "ValueError: no room" in failure and "expected: None" in failure
+    assert "when no extent fits, return None" in failure and "input:" in failure

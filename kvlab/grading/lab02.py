@@ -87,11 +87,24 @@ def _describe_extents(extents, limit: int = 6) -> str:
 
 def _expect_fit(fn, extents, n, replay=None):
     args = f"free_extents={_describe_extents(extents)}, n={n}"
-    with refuse_reference(
-        first_fit, best_fit, ArenaAllocator.allocate, learner=fn, task="placing the booking"
-    ):
-        got = call_without_mutation(fn, extents, n, names=("free_extents", "n"))
     expected = first_fit(extents, n)
+    try:
+        with refuse_reference(
+            first_fit, best_fit, ArenaAllocator.allocate, learner=fn, task="placing the booking"
+        ):
+            got = call_without_mutation(fn, extents, n, names=("free_extents", "n"))
+    except CheckFailed:
+        raise
+    except Exception as e:
+        if expected is not None:
+            raise
+        raise CheckFailed(
+            "\n   ".join(explain_exception(e)),
+            input=args,
+            replay=replay,
+            expected="None",
+            hint="when no extent fits, return None: the arena turns that into OutOfSpace itself",
+        ) from None
     if got is not None and (isinstance(got, bool) or not isinstance(got, numbers.Integral)):
         hint = None
         if isinstance(got, tuple) and len(got) == 2 and got[0] == expected:
@@ -175,6 +188,10 @@ FRAG_SLIPS = (
         lambda e: 1 - min(length for _, length in e) / _total(e),
     ),
     (
+        "use the largest free extent, not the first one: 1 - largest / total",
+        lambda e: 1 - e[0][1] / _total(e),
+    ),
+    (
         "that is largest / total, the share in one piece: fragmentation is 1 - largest / total",
         lambda e: max(length for _, length in e) / _total(e),
     ),
@@ -245,6 +262,11 @@ def _one(fn):
 @frag.check("two equal pieces: 0.5")
 def _two(fn):
     _expect_frag(fn, [(0, 10), (30, 10)])
+
+
+@frag.check("the largest piece last: 1 - 30 / 45")
+def _largest_last(fn):
+    _expect_frag(fn, [(0, 10), (20, 5), (40, 30)])
 
 
 @frag.check("no free space at all: 0 (nothing is scattered)")
