@@ -45,6 +45,11 @@ class FreeBlockQueue:
             raise IndexError("the free queue is empty")
         return self._blocks.popitem(last=False)[1]
 
+    def popleft_n(self, n: int) -> list[Block]:
+        """The first ``n`` blocks (there must be that many)."""
+        pop = self._blocks.popitem
+        return [pop(last=False)[1] for _ in range(n)]
+
     def append(self, block: Block) -> None:
         self._blocks[block.block_id] = block
 
@@ -77,8 +82,7 @@ class BlockPool:
         loses its hash: its old contents are about to be overwritten."""
         block = self.free_queue.popleft()
         if block.block_hash is not None:
-            del self.cached[block.block_hash]
-            block.block_hash = None
+            self._forget(block)
         block.ref_count = 1
         return block
 
@@ -86,7 +90,16 @@ class BlockPool:
         """``n`` blocks from the front of the free queue (all or none)."""
         if n > len(self.free_queue):
             raise ValueError(f"cannot take {n} blocks: only {len(self.free_queue)} are free")
-        return [self.get_new_block() for _ in range(n)]
+        blocks = self.free_queue.popleft_n(n)
+        for block in blocks:
+            if block.block_hash is not None:
+                self._forget(block)
+            block.ref_count = 1
+        return blocks
+
+    def _forget(self, block: Block) -> None:
+        del self.cached[block.block_hash]
+        block.block_hash = None
 
     def share(self, blocks: Iterable[Block]) -> None:
         """One more block table holds each block (a fork, or a cache hit on a free block)."""

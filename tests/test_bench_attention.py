@@ -93,6 +93,9 @@ def test_attention_sweep_report(monkeypatch, tmp_path, capsys):
     from kvlab.kernels import tiled
 
     monkeypatch.setattr(tiled, "_multiprocessors", lambda device: 132)  # "auto" is 2 splits
+    # the sweep times the launcher's defaults among its rows: pin them to a row of this sweep
+    monkeypatch.setitem(tiled.LAUNCH_DEFAULTS, (128, 2), tiled.LaunchConfig(64, 4, 3))
+    monkeypatch.setitem(tiled.LAUNCH_DEFAULTS, (128, 4), tiled.LaunchConfig(64, 4, 3))
     timings = iter(range(1, 1000))
     monkeypatch.setattr(bench, "_median_ms", lambda fn: (fn(), float(next(timings)))[1])
     original = tiled.prepare_paged_decode
