@@ -114,16 +114,3 @@ def usage(
 def _shares_blocks(block_tables: Mapping[Hashable, Sequence[int]]) -> bool:
     tables = [t for t in block_tables.values() if not isinstance(t, range)]
     return sum(len(t) for t in tables) != len({block for t in tables for block in t})
-
-
-def state_usage(state: CacheState, bytes_per_token: int | None = None) -> Usage:
-    """:func:`usage` of a recorded or current :class:`CacheState`."""
-    return usage(
-        state.capacity,
-        state.block_size,
-        state.booked,
-        state.tokens,
-        state.final,
-        state.block_tables,
-        bytes_per_token,
-    )

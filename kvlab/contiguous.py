@@ -90,6 +90,9 @@ class ArenaAllocator:
         """What :meth:`allocate` would raise for ``n`` beds now, or None (nothing changes)."""
         if self._choose(positive_int("n", n)) is not None:
             return None
+        return self._out_of_space(n)
+
+    def _out_of_space(self, n: int) -> OutOfSpace:
         total, largest = self.total_free, self.largest_free_extent
         return OutOfSpace(
             f"no free extent holds {n} beds (largest free extent {largest}, {total} free in total)",
@@ -114,12 +117,12 @@ class ArenaAllocator:
         positive_int("n", n)
         if request_id in self._bookings:
             raise ValueError(f"request_id {request_id!r} already holds a booking")
-        refusal = self.refusal(n)
-        if refusal is not None:
+        offset = self._choose(n)
+        if offset is None:
+            refusal = self._out_of_space(n)
             self.failed_allocations += 1
             self.impossible_allocations += refusal.impossible
             raise refusal
-        offset = self._choose(n)
         i = next(i for i, (start, _) in enumerate(self._free) if start == offset)
         start, length = self._free[i]
         if length == n:
@@ -293,17 +296,17 @@ class ContiguousKVCache:
         del self._tokens[request_id], self._final[request_id]
 
     def memory_report(self) -> Usage:
-        booked = {r: n for r, (_, n) in self.arena._bookings.items()}
+        booked = {r: n for r, (_, n) in self.arena.bookings.items()}
         per_token = self.spec.kv_bytes_per_token if self.spec is not None else None
         return usage(self.capacity, 1, booked, self._tokens, self._final, None, per_token)
 
     def state(self) -> CacheState:
         """Bookings, tokens and final lengths now (what a recorder keeps)."""
-        bookings = self.arena._bookings
-        tables = {r: range(o, o + n) for r, (o, n) in bookings.items()}
-        booked = {r: n for r, (_, n) in bookings.items()}
+        arena = self.arena.state()
         tokens, final = dict(self._tokens), dict(self._final)
-        return CacheState("contiguous", self.capacity, 1, tables, tokens, booked, final)
+        return CacheState(
+            "contiguous", self.capacity, 1, arena.block_tables, tokens, arena.booked, final
+        )
 
 
 __all__ = [

@@ -166,19 +166,21 @@ class BlockManager:
         """Slots split into used / reserved-for-future / internal / free (a block on several
         block tables counts once: see :func:`kvlab.accounting.usage`)."""
         size = self.block_size
-        booked = {s: len(t) * size for s, t in self._tables.items()}
         tables = self._block_ids() if self.pool.num_shared else None
-        return usage(self.num_blocks * size, size, booked, self._tokens, self.final, tables)
+        return usage(self.num_blocks * size, size, self._booked(), self._tokens, self.final, tables)
 
     def _block_ids(self) -> dict[Hashable, tuple[int, ...]]:
         return {s: tuple(b.block_id for b in t) for s, t in self._tables.items()}
 
+    def _booked(self) -> dict[Hashable, int]:
+        return {s: len(t) * self.block_size for s, t in self._tables.items()}
+
     def state(self) -> CacheState:
         """Block tables, tokens, bookings and final lengths now (what a recorder keeps)."""
-        size = self.block_size
-        booked = {s: len(t) * size for s, t in self._tables.items()}
         tables, tokens, final = self._block_ids(), dict(self._tokens), dict(self.final)
-        return CacheState("paged", self.num_blocks, size, tables, tokens, booked, final)
+        return CacheState(
+            "paged", self.num_blocks, self.block_size, tables, tokens, self._booked(), final
+        )
 
 
 class PagedCache:
