@@ -185,8 +185,10 @@ class ContiguousKVCache:
     Capacity is ``num_slots x max_seq_len`` beds. With the ``"max"`` policy every booking is a whole
     slot of ``max_seq_len`` beds (Orca-Max), so exactly ``num_slots`` requests fit. ``"pow2"`` and
     ``"exact"`` book less, placing the bookings in an :class:`ArenaAllocator` over the same memory.
-    With a ``spec``, real K and V tensors ``[num_slots, max_seq_len, kv_heads, head_dim]`` per layer
-    back the beds; without one the cache only keeps the accounts.
+    ``capacity_tokens`` (accounts only) sizes the memory in beds instead, for comparisons on equal
+    memory that is not a whole number of slots. With a ``spec``, real K and V tensors
+    ``[num_slots, max_seq_len, kv_heads, head_dim]`` per layer back the beds; without one the
+    cache only keeps the accounts.
     """
 
     def __init__(
@@ -196,16 +198,23 @@ class ContiguousKVCache:
         spec=None,
         policy: str = "max",
         placement: str = "first_fit",
+        *,
+        capacity_tokens: int | None = None,
     ):
         self.num_slots = positive_int("num_slots", num_slots)
         self.max_seq_len = positive_int("max_seq_len", max_seq_len)
+        if capacity_tokens is None:
+            capacity_tokens = num_slots * max_seq_len
+        elif spec is not None:
+            raise ValueError("capacity_tokens is for accounts only; with a spec give num_slots")
+        positive_int("capacity_tokens", capacity_tokens)
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         if placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
         self.policy = policy
         self.spec = spec
-        self.arena = ArenaAllocator(num_slots * max_seq_len, placement)
+        self.arena = ArenaAllocator(capacity_tokens, placement)
         self._tokens: dict[Hashable, int] = {}
         self._final: dict[Hashable, int | None] = {}
         self.k = self.v = None
@@ -220,6 +229,16 @@ class ContiguousKVCache:
     @property
     def capacity(self) -> int:
         return self.arena.capacity
+
+    @property
+    def allocated_tokens(self) -> int:
+        """Beds booked now, filled or not."""
+        return self.capacity - self.arena.total_free
+
+    @property
+    def held_tokens(self) -> int:
+        """Tokens held by every request."""
+        return sum(self._tokens.values())
 
     @property
     def request_ids(self) -> list:

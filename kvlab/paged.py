@@ -57,7 +57,10 @@ class BlockManager:
     def can_append(self, seq_id) -> bool:
         """Whether :meth:`append_slot` would succeed: the token fits in the last block, or a free
         block is there for it (a new block, or the copy of a shared one)."""
-        return self._needs_block(seq_id) <= self.num_free_blocks
+        table = self._table(seq_id)
+        if self._tokens[seq_id] % self.block_size and table[-1].ref_count == 1:
+            return True  # room in place (the hot path of every decode step)
+        return bool(self.pool.free_queue)
 
     def _needs_block(self, seq_id) -> int:
         table = self._table(seq_id)
@@ -195,6 +198,17 @@ class PagedCache:
     @property
     def capacity(self) -> int:
         return self.manager.num_blocks * self.manager.block_size
+
+    @property
+    def allocated_tokens(self) -> int:
+        """Slots in blocks handed out now, filled or not."""
+        manager = self.manager
+        return (manager.num_blocks - manager.num_free_blocks) * manager.block_size
+
+    @property
+    def held_tokens(self) -> int:
+        """Tokens held by every sequence (a shared block's tokens once per sequence)."""
+        return sum(self.manager._tokens.values())
 
     def refusal(self, prompt_len: int, output_len: int | None = None) -> OutOfBlocks | None:
         """What :meth:`admit` would raise now, or None when it would succeed (nothing changes)."""

@@ -32,10 +32,12 @@ class GPU:
 
 
 # Vendor data sheets (SXM parts, dense bf16).
+A100_40GB = GPU("A100-40GB", 1.555e12, 312e12, 40e9)  # the PagedAttention paper's OPT-13B GPU
 A100_80GB = GPU("A100-80GB", 2.0e12, 312e12, 80e9)
 H100_SXM = GPU("H100 SXM", 3.35e12, 989e12, 80e9)
 H200 = GPU("H200", 4.8e12, 989e12, 141e9)
-GPUS = {g.name: g for g in (A100_80GB, H100_SXM, H200)}
+# (bench matches a device to the first name here: an A100 of unknown size is taken for 80 GB)
+GPUS = {g.name: g for g in (A100_80GB, H100_SXM, H200, A100_40GB)}
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,44 @@ def step_cost(spec: ModelSpec, new_tokens: int, context: int = 0, batch: int = 1
     weight_bytes = spec.num_params * spec.dtype_bytes
     kv_bytes = batch * (context + new_tokens) * spec.kv_bytes_per_token
     return StepCost(flops, weight_bytes + kv_bytes)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """The roofline's estimate of one serving step, for :func:`kvlab.serve.simulate`.
+
+    A step reads every weight once, whatever the batch, and each running sequence's cached K and
+    V; it computes ``2 x params`` FLOPs per new token plus attention. Decode (one token per
+    sequence) is memory-bound, so adding sequences to the batch costs little until the KV reads or
+    the FLOPs catch up; a long prefill is compute-bound. Swapping moves K and V over PCIe
+    (``pcie_bytes_per_s``; about 25 GB/s for PCIe 4.0 x16 in practice). A lower bound: real
+    kernels reach a fraction of the peaks.
+    """
+
+    spec: ModelSpec
+    gpu: GPU
+    pcie_bytes_per_s: float = 25e9
+
+    def __post_init__(self):
+        if self.spec.num_params is None:
+            raise ValueError(
+                f"spec {self.spec.name!r} has no num_params; the weight cost is unknown"
+            )
+        if not self.pcie_bytes_per_s > 0:
+            raise ValueError(f"pcie_bytes_per_s must be > 0, got {self.pcie_bytes_per_s}")
+
+    def seconds(
+        self, new_tokens: int, attended: float, kv_tokens: int, swapped_tokens: int = 0
+    ) -> float:
+        """A step computing ``new_tokens`` tokens in all, which attend to ``attended`` positions in
+        all, reading and writing ``kv_tokens`` tokens of K and V, and swapping ``swapped_tokens``."""
+        spec = self.spec
+        flops = 2 * spec.num_params * new_tokens
+        flops += 4 * spec.num_layers * spec.num_q_heads * spec.head_dim * attended
+        moved = spec.num_params * spec.dtype_bytes + kv_tokens * spec.kv_bytes_per_token
+        compute = flops / self.gpu.peak_flops
+        swap = swapped_tokens * spec.kv_bytes_per_token / self.pcie_bytes_per_s
+        return max(compute, moved / self.gpu.hbm_bytes_per_s) + swap
 
 
 def measure_matmul_rate(

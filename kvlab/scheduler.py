@@ -1,10 +1,12 @@
-"""Sequences and the scheduler that admits, preempts and retires them (the seed of Lab 06).
+"""Sequences and the scheduler that admits, preempts and retires them (Lab 06).
 
-Each step the scheduler first checks in waiting sequences in arrival order while the cache has
-room (first come, first served: a sequence that does not fit blocks the queue), then makes room
-for one new token of every running sequence. When a token finds no room, the sequence admitted
-last is preempted: its blocks are freed and it returns to the front of the queue, to be
-recomputed when readmitted (vLLM's preemption by recomputation). The scheduler asks the cache
+Each step (:meth:`Scheduler.step`) the scheduler first retires the sequences that generated their
+last token, then checks in waiting sequences in arrival order while the cache has room (first
+come, first served: a sequence that does not fit blocks the queue), then makes room for one new
+token of every running sequence. When a token finds no room, the sequence admitted last is
+preempted: its blocks are freed and it returns to the front of the queue. By recomputation (vLLM's
+default) the tokens it had are computed again when it is readmitted, as if they were its prompt;
+by swapping they are copied out to CPU memory and back. The scheduler asks the cache
 (``refusal``, ``can_append``) before it changes anything, so the normal "not now" of scheduling
 raises nothing.
 
@@ -28,6 +30,7 @@ class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"  # waiting again, its tokens to be recomputed
+    SWAPPED = "swapped"  # waiting again, its K and V in CPU memory
     FINISHED = "finished"
 
 
@@ -42,6 +45,10 @@ class Sequence:
     token_ids: list[int] | None = None  # when the tokens themselves are known
     status: SequenceStatus = SequenceStatus.WAITING
     num_generated: int = 0
+    num_computed: int = 0  # tokens whose K and V are in the cache (0 again after a recompute)
+    num_preemptions: int = 0
+    first_token_time: float | None = None  # set by the engine, on its clock
+    finish_time: float | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -66,17 +73,59 @@ class ScheduledStep:
     preempted: list[Sequence] = field(default_factory=list)
     refused: Sequence | None = None  # the head of the queue, when it did not fit
     refusal: OutOfMemory | None = None  # why
+    finished: list[Sequence] = field(default_factory=list)  # retired at the start of the step
+    swapped_tokens: int = 0  # K/V moved between GPU and CPU memory (set by the engine)
+
+
+PREEMPTION_MODES = ("recompute", "swap")
+BATCHING_MODES = ("continuous", "static")
 
 
 class Scheduler:
-    """Admits, preempts and retires sequences on one cache. ``recorder`` (optional, owned by the
-    driver) gets a frame after every event."""
+    """Admits, preempts and retires sequences on one cache.
 
-    def __init__(self, cache, recorder=None):
+    ``max_batch`` caps the sequences running at once. ``preemption`` is ``"recompute"`` or
+    ``"swap"``; with swapping, ``swapper`` (the model's executor, optional) is told
+    ``swap_out(seq)`` before a sequence's memory is released and ``swap_in(seq)`` after it is
+    readmitted. ``batching="static"`` admits only into an empty cache, so a batch runs until its
+    longest member is done. ``preempt`` (a function of the scheduler) replaces :meth:`preempt`.
+    ``recorder`` (optional, owned by the driver) gets a frame after every
+    event.
+    """
+
+    def __init__(
+        self,
+        cache,
+        recorder=None,
+        *,
+        max_batch: int | None = None,
+        preemption: str = "recompute",
+        batching: str = "continuous",
+        swapper=None,
+        preempt=None,
+    ):
+        if max_batch is not None and (not isinstance(max_batch, int) or max_batch < 1):
+            raise ValueError(f"max_batch must be a positive int or None, got {max_batch!r}")
+        if preemption not in PREEMPTION_MODES:
+            raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
+        if batching not in BATCHING_MODES:
+            raise ValueError(f"batching must be one of {BATCHING_MODES}, got {batching!r}")
         self.cache = cache
         self.recorder = recorder
+        self.max_batch = max_batch
+        self.preemption = preemption
+        self.batching = batching
+        self.swapper = swapper
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in order of admission: the last is preempted first
+        self.num_preemptions = 0
+        self.swapped_out_tokens = 0  # K/V moved to CPU memory, in tokens
+        self.swapped_in_tokens = 0
+        self.recompute_tokens = 0  # K/V dropped by preemption, to be computed again
+        if preempt is not None:  # Lab 06: the learner's own choice of victim
+            if swapper is not None and preemption == "swap":
+                raise ValueError("a custom preempt cannot swap a model's K and V; use recompute")
+            self.preempt = lambda: self._counted(preempt)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -85,17 +134,43 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def step(self, now: float) -> ScheduledStep:
+        """One engine step: retire the sequences that are done, then :meth:`schedule`."""
+        finished = self.retire()
+        step = self.schedule(now)
+        step.finished = finished
+        return step
+
+    def retire(self) -> list[Sequence]:
+        """Every running sequence that has generated all its tokens leaves the cache."""
+        done = [seq for seq in self.running if seq.num_generated == seq.output_len]
+        for seq in done:
+            self.finish(seq)
+        return done
+
     def schedule(self, now: float) -> ScheduledStep:
         """Admit what arrived and fits, then make room for one token of every running sequence."""
         step = ScheduledStep()
-        self._admit(now, step)
+        if self.batching == "continuous" or not self.running:
+            self._admit_arrived(now, step)
+        can_append, append = self.cache.can_append, self.cache.append
+        scheduled = step.scheduled
         for seq in list(self.running):
-            if seq.status is SequenceStatus.RUNNING:  # not preempted earlier in this step
+            if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this step
+                continue
+            if can_append(seq.seq_id):  # the usual case, kept fast for long simulations
+                append(seq.seq_id)
+                seq.num_generated += 1
+                scheduled.append(seq)
+            else:
                 self._make_room(seq, step)
         return step
 
-    def _admit(self, now: float, step: ScheduledStep) -> None:
+    def _admit_arrived(self, now: float, step: ScheduledStep) -> None:
+        """First come, first served: stop at the first sequence that does not fit."""
         while self.waiting and self.waiting[0].arrival <= now:
+            if self.max_batch is not None and len(self.running) >= self.max_batch:
+                return
             seq = self.waiting[0]
             refusal = self.cache.refusal(seq.num_tokens, seq.remaining)
             if refusal is not None:
@@ -107,12 +182,25 @@ class Scheduler:
                         "an empty hotel"
                     )
                 return
-            self.waiting.popleft()
-            self.cache.admit(seq.seq_id, seq.num_tokens, seq.remaining)
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
+            self.admit(seq)
             step.admitted.append(seq)
-            self._record("check-in", seq.seq_id)
+
+    def admit(self, seq: Sequence) -> None:
+        """Check a waiting sequence in: book memory for the tokens it holds and run it. A sequence
+        that was swapped out gets its K and V back; one preempted by recompute will recompute
+        them (its prompt and what it generated so far) in its next step."""
+        if seq not in self.waiting:
+            raise ValueError(f"{seq.seq_id} is {seq.status.value}, not waiting")
+        self.cache.admit(seq.seq_id, seq.num_tokens, seq.remaining)
+        self.waiting.remove(seq)
+        swapped = seq.status is SequenceStatus.SWAPPED
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        self._record("check-in", seq.seq_id)
+        if swapped:
+            self.swapped_in_tokens += seq.num_computed
+            if self.swapper is not None:
+                self.swapper.swap_in(seq)
 
     def _make_room(self, seq: Sequence, step: ScheduledStep) -> None:
         while not self.cache.can_append(seq.seq_id):
@@ -134,12 +222,43 @@ class Scheduler:
         step.scheduled.append(seq)
 
     def preempt(self) -> Sequence:
-        """The sequence admitted last leaves (its blocks freed) and rejoins the front of the queue."""
+        """The sequence admitted last leaves (its blocks freed) and rejoins the front of the queue.
+
+        By recompute its K and V are dropped (``num_computed`` back to 0: what it generated so
+        far is recomputed with its prompt); by swap they are copied out first and kept.
+        """
+        if not self.running:
+            raise ValueError("no running sequence to preempt")
         victim = self.running.pop()
+        if self.preemption == "swap":
+            self.swapped_out_tokens += victim.num_computed
+            if self.swapper is not None:
+                self.swapper.swap_out(victim)
+            victim.status = SequenceStatus.SWAPPED
+        else:
+            self.recompute_tokens += victim.num_computed
+            victim.num_computed = 0
+            victim.status = SequenceStatus.PREEMPTED
         self.cache.release(victim.seq_id)
         self._record("check-out", victim.seq_id)
-        victim.status = SequenceStatus.PREEMPTED
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
         self.waiting.appendleft(victim)
+        self._record("preemption", victim.seq_id)
+        return victim
+
+    def _counted(self, preempt) -> Sequence:
+        """Run a custom ``preempt(scheduler)`` and keep the scheduler's counts for it."""
+        computed = {id(seq): seq.num_computed for seq in self.running}
+        victim = preempt(self)
+        if not isinstance(victim, Sequence):
+            raise TypeError(f"preempt must return the Sequence it preempted, got {victim!r}")
+        if self.preemption == "swap":
+            self.swapped_out_tokens += victim.num_computed
+        else:
+            self.recompute_tokens += computed.get(id(victim), 0)
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
         self._record("preemption", victim.seq_id)
         return victim
 

@@ -10,7 +10,7 @@ from kvlab.replay import replay
 from kvlab.scheduler import Scheduler, Sequence, SequenceStatus
 from kvlab.workload import Request, sharegpt_like
 
-WAITING, RUNNING, PREEMPTED, FINISHED = SequenceStatus
+WAITING, RUNNING, PREEMPTED, SWAPPED, FINISHED = SequenceStatus
 
 
 class AskedFirst(PagedCache):

@@ -1,0 +1,344 @@
+"""Serve a workload on a simulated GPU: the equal-memory comparison of Lab 06.
+
+:func:`simulate` runs the shared :class:`~kvlab.serve.engine.Engine` with an executor that only
+costs each step (one unit, or the roofline's seconds from :class:`kvlab.roofline.StepTime`), over
+one of four caches of the same size: the PagedAttention paper's three contiguous baselines
+(Orca-Max, Orca-Pow2, Orca-Oracle) and the paged cache. It measures what the paper measures: how
+many requests run at once, how much of the memory they hold is token states, throughput, and the
+latency each request sees.
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+from dataclasses import dataclass, field
+
+from kvlab.contiguous import ContiguousKVCache, booking_size
+from kvlab.paged import PagedCache
+from kvlab.recorder import Recorder
+from kvlab.scheduler import BATCHING_MODES, PREEMPTION_MODES, Sequence
+from kvlab.serve.engine import Engine
+from kvlab.trace import Trace
+from kvlab.validate import positive_int
+from kvlab.workload import Request
+
+# cache name -> the contiguous booking policy (None: paged)
+CACHES = {
+    "contiguous": "max",
+    "contiguous-pow2": "pow2",
+    "contiguous-oracle": "exact",
+    "paged": None,
+}
+PAPER_NAMES = {
+    "contiguous": "Orca (Max)",
+    "contiguous-pow2": "Orca (Pow2)",
+    "contiguous-oracle": "Orca (Oracle)",
+    "paged": "vLLM (paged)",
+}
+
+
+class CostedSteps:
+    """The simulator's executor: computes nothing, costs each step with ``step_time``."""
+
+    def __init__(self, step_time=None):
+        if step_time is not None and not callable(getattr(step_time, "seconds", None)):
+            raise TypeError(
+                "step_time must be None or a cost model with a seconds(new_tokens, attended, "
+                f"kv_tokens, swapped_tokens) method such as kvlab.roofline.StepTime, got {step_time!r}"
+            )
+        self.step_time = step_time
+        self.timed = step_time is not None
+
+    def execute(self, step) -> float | None:
+        if self.step_time is None:
+            return None
+        new = kv = 0
+        attended = 0.0
+        for seq in step.scheduled:
+            start, stop = seq.num_computed, seq.num_tokens - 1
+            new += stop - start
+            attended += (stop * (stop + 1) - start * (start + 1)) / 2
+            kv += stop
+        return self.step_time.seconds(new, attended, kv, step.swapped_tokens)
+
+
+def percentile(values: list[float], p: float) -> float:
+    """The ``p``-th percentile (0-100) with linear interpolation, as numpy's default."""
+    if not values:
+        raise ValueError("no values to take a percentile of")
+    if not 0 <= p <= 100:
+        raise ValueError(f"p must be in [0, 100], got {p}")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * p / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclass
+class SimResult:
+    """What a simulated day measured. Times are in steps, or seconds with a step-time model."""
+
+    cache: str
+    capacity_tokens: int
+    sequences: list[Sequence]  # one per request, in request order, with its timings
+    timed: bool
+    times: list[float] = field(default_factory=list)  # each step's start
+    batch: list[int] = field(default_factory=list)  # sequences running in each step
+    utilization: list[float] = field(default_factory=list)  # token states / memory handed out
+    occupancy: list[float] = field(default_factory=list)  # memory handed out / capacity
+    waiting: list[int] = field(default_factory=list)  # arrived and not running, per step
+    preemptions: int = 0
+    recompute_tokens: int = 0  # K/V dropped by preemption and computed again
+    swapped_tokens: int = 0  # K/V moved out to CPU memory (and as many back in)
+    end_time: float = 0.0
+    trace: Trace | None = None
+
+    @property
+    def completed(self) -> int:
+        return sum(seq.finish_time is not None for seq in self.sequences)
+
+    @property
+    def tokens_generated(self) -> int:
+        return sum(seq.num_generated for seq in self.sequences)
+
+    @property
+    def steps(self) -> int:
+        return len(self.times)
+
+    @property
+    def throughput(self) -> float:
+        """Generated tokens per step."""
+        return self.tokens_generated / self.steps
+
+    @property
+    def mean_batch(self) -> float:
+        """Requests running at once, averaged over the steps (the paper's Fig. 13)."""
+        return sum(self.batch) / self.steps
+
+    @property
+    def peak_batch(self) -> int:
+        return max(self.batch)
+
+    @property
+    def mean_utilization(self) -> float:
+        """Share of the memory handed out (blocks, or booked beds) that holds token states,
+        averaged over the steps: the paper's measure of waste."""
+        return sum(self.utilization) / self.steps
+
+    @property
+    def mean_occupancy(self) -> float:
+        """Share of the whole cache handed out, averaged over the steps."""
+        return sum(self.occupancy) / self.steps
+
+    @property
+    def seconds(self) -> float:
+        """From the first arrival to the last token (steps, without a step-time model)."""
+        return self.end_time - min(seq.arrival for seq in self.sequences)
+
+    @property
+    def tokens_per_second(self) -> float:
+        if not self.timed:
+            raise ValueError("tokens_per_second needs a step_time model; use throughput (per step)")
+        return self.tokens_generated / self.seconds
+
+    def swapped_bytes(self, spec) -> int:
+        """Bytes moved between GPU and CPU memory by swapping, for a model ``spec``."""
+        return 2 * self.swapped_tokens * spec.kv_bytes_per_token
+
+    def latencies(self) -> list[float]:
+        """Arrival to last token, per request."""
+        return [seq.finish_time - seq.arrival for seq in self.sequences]
+
+    def ttfts(self) -> list[float]:
+        """Arrival to first token (time to first token), per request."""
+        return [seq.first_token_time - seq.arrival for seq in self.sequences]
+
+    def tpots(self) -> list[float]:
+        """Time per output token after the first, per request with more than one."""
+        return [
+            (seq.finish_time - seq.first_token_time) / (seq.output_len - 1)
+            for seq in self.sequences
+            if seq.output_len > 1
+        ]
+
+    def latency(self, p: float = 50) -> float:
+        return percentile(self.latencies(), p)
+
+    def ttft(self, p: float = 50) -> float:
+        return percentile(self.ttfts(), p)
+
+    def tpot(self, p: float = 50) -> float:
+        return percentile(self.tpots(), p)
+
+    def summary(self) -> dict:
+        """The headline figures, for a table row."""
+        row = {
+            "cache": self.cache,
+            "completed": self.completed,
+            "steps": self.steps,
+            "throughput": self.throughput,
+            "mean_batch": self.mean_batch,
+            "peak_batch": self.peak_batch,
+            "mean_utilization": self.mean_utilization,
+            "preemptions": self.preemptions,
+            "latency_p50": self.latency(50),
+            "latency_p99": self.latency(99),
+        }
+        if self.timed:
+            row.update(
+                seconds=self.seconds,
+                tokens_per_second=self.tokens_per_second,
+                ttft_p50=self.ttft(50),
+                ttft_p99=self.ttft(99),
+                tpot_p50=self.tpot(50),
+                tpot_p99=self.tpot(99),
+            )
+        return row
+
+
+def make_cache(cache: str, kv_capacity_tokens: int, max_seq_len: int, block_size: int = 16):
+    """One of the four caches over ``kv_capacity_tokens`` token slots of memory."""
+    if cache not in CACHES:
+        raise ValueError(f"cache must be one of {tuple(CACHES)}, got {cache!r}")
+    positive_int("kv_capacity_tokens", kv_capacity_tokens)
+    positive_int("max_seq_len", max_seq_len)
+    positive_int("block_size", block_size)
+    policy = CACHES[cache]
+    if policy is None:
+        if kv_capacity_tokens < block_size:
+            raise ValueError(
+                f"kv_capacity_tokens ({kv_capacity_tokens}) holds no whole block of "
+                f"block_size={block_size}"
+            )
+        return PagedCache(kv_capacity_tokens // block_size, block_size)
+    num_slots = max(1, kv_capacity_tokens // max_seq_len)
+    return ContiguousKVCache(
+        num_slots, max_seq_len, policy=policy, capacity_tokens=kv_capacity_tokens
+    )
+
+
+def _check_fits(requests, cache: str, capacity: int, max_seq_len: int, block_size: int) -> None:
+    """Reject up front any request that could never run, naming it (never an endless loop)."""
+    policy = CACHES[cache]
+    for i, r in enumerate(requests):
+        if not isinstance(r, Request):
+            raise TypeError(f"requests[{i}] must be a kvlab.workload.Request, got {r!r}")
+        total = r.total_len
+        if total > max_seq_len:
+            raise ValueError(
+                f"requests[{i}] needs {total} tokens (prompt {r.prompt_len} + output "
+                f"{r.output_len}), more than max_seq_len={max_seq_len}"
+            )
+        if policy is None:
+            need = -(-total // block_size) * block_size
+            have = capacity // block_size * block_size
+        else:
+            need, have = booking_size(policy, r.prompt_len, r.output_len, max_seq_len), capacity
+        if need > have:
+            raise ValueError(
+                f"requests[{i}] needs {need} token slots in the {cache} cache, which holds only "
+                f"{have}: it cannot run even in an empty cache"
+            )
+
+
+def simulate(
+    requests: list[Request],
+    *,
+    cache: str,
+    kv_capacity_tokens: int,
+    max_seq_len: int,
+    block_size: int = 16,
+    max_batch: int | None = None,
+    preemption: str = "recompute",
+    step_time=None,
+    seed: int = 0,
+    batching: str = "continuous",
+    record: bool = False,
+    schedule=None,
+    preempt=None,
+    progress: bool = False,
+) -> SimResult:
+    """Serve ``requests`` to completion on one cache; return a :class:`SimResult`.
+
+    ``cache``: ``"contiguous"`` (every request books ``max_seq_len`` slots: Orca-Max),
+    ``"contiguous-pow2"``, ``"contiguous-oracle"`` or ``"paged"`` (blocks of ``block_size`` on
+    demand), each over ``kv_capacity_tokens`` token slots. Arrivals are in steps, or in seconds
+    with a ``step_time`` model (:class:`kvlab.roofline.StepTime`). ``batching="static"`` runs
+    each batch until its longest member is done. Requests arriving at the same time are served in
+    the given order; ``seed`` other than 0 shuffles such ties (a seeded, reproducible order).
+    ``record=True`` keeps a frame per event in ``result.trace`` (small days only).
+    ``schedule`` and ``preempt`` replace the scheduler's own (Lab 06's exercises). Deterministic.
+    """
+    if not isinstance(requests, list | tuple) or not requests:
+        raise ValueError("requests must be a non-empty list of kvlab.workload.Request")
+    if preemption not in PREEMPTION_MODES:
+        raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
+    if batching not in BATCHING_MODES:
+        raise ValueError(f"batching must be one of {BATCHING_MODES}, got {batching!r}")
+    if schedule is not None and batching != "continuous":
+        raise ValueError("a custom schedule decides admission itself: use batching='continuous'")
+    if not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {seed!r}")
+    kv_cache = make_cache(cache, kv_capacity_tokens, max_seq_len, block_size)
+    _check_fits(requests, cache, kv_capacity_tokens, max_seq_len, block_size)
+    executor = CostedSteps(step_time)
+    recorder = Recorder(kv_cache) if record else None
+    engine = Engine(
+        kv_cache,
+        executor,
+        max_batch=max_batch,
+        preemption=preemption,
+        batching=batching,
+        recorder=recorder,
+        schedule=schedule,
+        preempt=preempt,
+    )
+    tie = random.Random(seed).random if seed else (lambda: 0.0)
+    order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival, tie()))
+    sequences = [
+        Sequence(f"r{i}", r.prompt_len, r.output_len, r.arrival) for i, r in enumerate(requests)
+    ]
+    for i in order:
+        engine.add(sequences[i])
+    result = SimResult(cache, kv_cache.capacity, sequences, executor.timed)
+    result.trace = recorder and recorder.trace
+    _run(engine, result, progress)
+    scheduler = engine.scheduler
+    result.preemptions = scheduler.num_preemptions
+    result.recompute_tokens = scheduler.recompute_tokens
+    result.swapped_tokens = scheduler.swapped_out_tokens
+    result.end_time = engine.clock
+    return result
+
+
+def _run(engine: Engine, result: SimResult, progress: bool) -> None:
+    """Step to the end, measuring the memory after each step's scheduling."""
+    cache, scheduler = engine.cache, engine.scheduler
+    capacity = cache.capacity
+    arrivals = sorted(seq.arrival for seq in result.sequences)
+    retired = 0
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(arrivals), unit="request", desc=result.cache, mininterval=0.5)
+    while engine.has_unfinished():
+        step = engine.step()
+        retired += len(step.finished)
+        if bar is not None and step.finished:
+            bar.update(len(step.finished))
+        if not step.scheduled:
+            continue
+        now = engine.step_start
+        running = scheduler.running
+        allocated = cache.allocated_tokens
+        held = cache.held_tokens
+        result.times.append(now)
+        result.batch.append(len(step.scheduled))
+        result.utilization.append(held / allocated)
+        result.occupancy.append(allocated / capacity)
+        result.waiting.append(bisect.bisect_right(arrivals, now) - retired - len(running))
+    if bar is not None:
+        bar.close()
