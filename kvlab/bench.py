@@ -1,8 +1,8 @@
 """``kvlab bench``: figures, not asserts. Each benchmark prints a table and writes JSON.
 
-``kvlab bench allocator`` and ``kvlab bench attention``; the launch-option sweep of the attention
-kernel (GPU only, a few minutes) runs as ``python -m kvlab.bench attention-sweep [--out PATH]
-[--budget SECONDS]``.
+``kvlab bench allocator``, ``kvlab bench serve [--requests N]`` and ``kvlab bench attention``;
+the launch-option sweep of the attention kernel (GPU only, a few minutes) runs as
+``python -m kvlab.bench attention-sweep [--out PATH] [--budget SECONDS]``.
 """
 
 from __future__ import annotations
@@ -79,20 +79,154 @@ def allocator(n: int = 1_000_000) -> dict:
     }
 
 
-def main(name: str, out: str | None, budget_s: float | None = None) -> int:
+# --- serving: the simulator's speed, and the four caches of Lab 06 at equal memory --------------
+
+# OPT-13B with 12 GB of KV cache on an A100-40GB: the PagedAttention paper's 15.7K token slots
+SERVE_SLOTS, SERVE_MAX_LEN, SERVE_BLOCK = 15728, 2048, 16
+SERVE_GOAL_S = 10.0  # per 10,000 requests through the paged simulation, on one CPU core
+
+
+def serve(n: int = 10_000, day: int = 1_000, repeats: int = 2, progress: bool = True) -> dict:
+    """The paged simulation's speed on ``n`` ShareGPT-like requests, and the four caches on a
+    ``day`` of them, on the paper's memory (OPT-13B, 15,728 slots, max_seq_len 2048, 16-token
+    blocks). Every request arrives at t=0: the server is saturated from the first step, which is
+    what the throughput comparison measures and the slowest case to simulate (the largest
+    batches). The speed run counts steps (no cost model: the simulation itself is timed), and
+    reports the best of ``repeats`` runs (CPU time, so other programs on a shared machine count
+    less); the four caches are costed with the roofline of OPT-13B on an A100-40GB."""
+    from kvlab.models import OPT_13B
+    from kvlab.roofline import A100_40GB, StepTime
+    from kvlab.serve import CACHES, PAPER_NAMES, simulate
+    from kvlab.validate import positive_int
+    from kvlab.workload import mean_lengths, sharegpt_like
+
+    positive_int("n", n)
+    positive_int("day", day)
+    positive_int("repeats", repeats)
+    options = {
+        "kv_capacity_tokens": SERVE_SLOTS,
+        "max_seq_len": SERVE_MAX_LEN,
+        "block_size": SERVE_BLOCK,
+    }
+    requests = sharegpt_like(n, seed=0, max_total=SERVE_MAX_LEN)
+    wall = cpu = float("inf")
+    for _ in range(repeats):
+        start_wall, start_cpu = time.perf_counter(), time.process_time()
+        paged = simulate(requests, cache="paged", progress=progress, **options)
+        cpu = min(cpu, time.process_time() - start_cpu)
+        wall = min(wall, time.perf_counter() - start_wall)
+    per_10k = cpu * 10_000 / n
+
+    step_time = StepTime(OPT_13B, A100_40GB)
+    sample = requests[:day]
+    rows = []
+    for cache in CACHES:
+        start = time.perf_counter()
+        r = simulate(sample, cache=cache, step_time=step_time, progress=progress, **options)
+        rows.append(
+            {
+                "cache": cache,
+                "paper_name": PAPER_NAMES[cache],
+                "mean_batch": round(r.mean_batch, 2),
+                "peak_batch": r.peak_batch,
+                "tokens_per_step": round(r.throughput, 2),
+                "mean_utilization": round(r.mean_utilization, 3),
+                "preemptions": r.preemptions,
+                "steps": r.steps,
+                "simulated_s": round(r.seconds, 1),
+                "tokens_per_s": round(r.tokens_per_second),
+                "requests_per_s": round(r.completed / r.seconds, 3),
+                "latency_p50_s": round(r.latency(50), 1),
+                "wall_s": round(time.perf_counter() - start, 2),
+            }
+        )
+    base = rows[0]["tokens_per_s"]
+    for row in rows:
+        row["throughput_vs_contiguous"] = round(row["tokens_per_s"] / base, 2)
+    prompt, output = mean_lengths(requests)
+    return {
+        "benchmark": "serve",
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "goal": "10,000 ShareGPT-like requests through the paged simulation in <= 10 s on one "
+        "CPU core",
+        "workload": {
+            "requests": n,
+            "generator": "kvlab.workload.sharegpt_like(n, seed=0, max_total=2048)",
+            "arrivals": "all at t=0 (a saturated server)",
+            "mean_prompt_len": round(prompt, 1),
+            "mean_output_len": round(output, 1),
+            "kv_capacity_tokens": SERVE_SLOTS,
+            "max_seq_len": SERVE_MAX_LEN,
+            "block_size": SERVE_BLOCK,
+            "preemption": "recompute",
+            "timed_runs": repeats,
+        },
+        "results": {
+            "seconds (paged simulation, wall, best)": round(wall, 2),
+            "cpu_seconds (paged simulation, one core, best)": round(cpu, 2),
+            "requests_per_s (simulated per CPU second)": round(n / cpu),
+            "steps": paged.steps,
+            "steps_per_s": round(paged.steps / cpu),
+            "tokens_generated": paged.tokens_generated,
+            "preemptions": paged.preemptions,
+            "mean_batch": round(paged.mean_batch, 2),
+        },
+        "targets": {
+            f"<= {SERVE_GOAL_S:g} s of CPU per 10,000 requests (paged)": [
+                round(per_10k, 2),
+                per_10k <= SERVE_GOAL_S,
+            ]
+        },
+        "caches_day": {
+            "requests": len(sample),
+            "step_time": f"roofline: {OPT_13B.name} on {A100_40GB.name}",
+        },
+        "caches": rows,
+    }
+
+
+def print_caches(report: dict) -> None:
+    """The four caches on the same day, as a table."""
+    day = report["caches_day"]
+    print(f"the four caches on {day['requests']:,} requests ({day['step_time']}):")
+    header = ("cache", "mean batch", "used", "preempted", "tokens/s", "vs max", "p50 lat. s")
+    print(f"  {header[0]:18s}" + "".join(f"{h:>12s}" for h in header[1:]))
+    for row in report["caches"]:
+        figures = (
+            f"{row['mean_batch']:.2f}",
+            f"{row['mean_utilization']:.1%}",
+            f"{row['preemptions']:,}",
+            f"{row['tokens_per_s']:,}",
+            f"{row['throughput_vs_contiguous']:.2f}x",
+            f"{row['latency_p50_s']:,}",
+        )
+        print(f"  {row['cache']:18s}" + "".join(f"{f:>12s}" for f in figures))
+
+
+def main(
+    name: str, out: str | None, budget_s: float | None = None, requests: int | None = None
+) -> int:
     benchmarks = {
         "allocator": allocator,
+        "serve": serve,
         "attention": attention,
         "attention-sweep": attention_sweep,
     }
     if name not in benchmarks:
         print(f"kvlab bench: unknown benchmark {name!r}; choose from {', '.join(benchmarks)}")
         return 2
+    if requests is not None and (name != "serve" or requests < 1):
+        print(f"kvlab bench {name}: --requests takes a count >= 1, for serve only")
+        return 2
     path = Path(out) if out else BENCH_DIR / f"{name}.json"
     try:
         if name == "attention-sweep":
             options = {} if budget_s is None else {"budget_s": budget_s}
             report = attention_sweep(checkpoint=lambda r: _write_json(path, r), **options)
+        elif name == "serve" and requests is not None:
+            report = serve(n=requests, day=min(requests, 1_000), repeats=1)
         else:
             report = benchmarks[name]()
     except RuntimeError as e:
@@ -105,6 +239,8 @@ def main(name: str, out: str | None, budget_s: float | None = None) -> int:
         print(f"device-to-device copy: {report['copy_GB_per_s']:,} GB/s")
     for row in report.get("rows", []):
         print("  ".join(f"{k}={v}" for k, v in row.items()))
+    if "caches" in report:
+        print_caches(report)
     for label, (value, met) in report.get("targets", {}).items():
         print(f"target {label}: {value} ({'met' if met else 'NOT met'})")
     _write_json(path, report)
@@ -530,8 +666,9 @@ if __name__ == "__main__":
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("name", help="allocator, attention or attention-sweep")
+    parser.add_argument("name", help="allocator, serve, attention or attention-sweep")
     parser.add_argument("--out", help="JSON path (default: benchmarks/NAME.json)")
     parser.add_argument("--budget", type=float, help="attention-sweep: seconds before it stops")
+    parser.add_argument("--requests", type=int, help="serve: requests in the timed run (10,000)")
     cli = parser.parse_args()
-    sys.exit(main(cli.name, cli.out, cli.budget))
+    sys.exit(main(cli.name, cli.out, cli.budget, cli.requests))

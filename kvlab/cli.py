@@ -59,10 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="run a benchmark, print figures, write JSON")
     bench.add_argument(
-        "name", choices=["allocator", "attention", "attention-sweep"], help="what to measure"
+        "name",
+        choices=["allocator", "serve", "attention", "attention-sweep"],
+        help="what to measure",
     )
     bench.add_argument("--out", help="JSON path (default: benchmarks/NAME.json)")
     bench.add_argument("--budget", type=float, help="attention-sweep: seconds before it stops")
+    bench.add_argument(
+        "--requests", type=int, help="serve: requests in the timed run (default 10,000)"
+    )
 
     labs = sub.add_parser("labs", help="write learner notebooks from the solutions")
     labs.add_argument("--solutions", type=Path, help="default: the course's solutions/")
@@ -89,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         from kvlab.bench import main as bench
 
-        return bench(args.name, args.out, args.budget)
+        return bench(args.name, args.out, args.budget, args.requests)
     return _labs(args)
 
 

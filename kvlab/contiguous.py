@@ -80,6 +80,10 @@ class ArenaAllocator:
         """request_id -> (offset, length)."""
         return dict(self._bookings)
 
+    def booking(self, request_id) -> tuple[int, int]:
+        """(offset, length) of one booking (KeyError if there is none)."""
+        return self._bookings[request_id]
+
     def __contains__(self, request_id) -> bool:
         return request_id in self._bookings
 
@@ -250,7 +254,7 @@ class ContiguousKVCache:
     def booking(self, request_id) -> tuple[int, int]:
         """(offset, beds booked) of a request in the flat token layout."""
         self._known(request_id)
-        return self.arena.bookings[request_id]
+        return self.arena.booking(request_id)
 
     def num_tokens(self, request_id) -> int:
         self._known(request_id)
@@ -297,12 +301,12 @@ class ContiguousKVCache:
     def can_append(self, request_id) -> bool:
         """Whether the booking has a bed left for one more token."""
         self._known(request_id)
-        return self._tokens[request_id] < self.arena.bookings[request_id][1]
+        return self._tokens[request_id] < self.arena.booking(request_id)[1]
 
     def append(self, request_id) -> int:
         """Make room for one more token; return its flat slot (offset + position)."""
         self._known(request_id)
-        offset, size = self.arena.bookings[request_id]
+        offset, size = self.arena.booking(request_id)
         tokens = self._tokens[request_id]
         if tokens >= size:
             raise ReservationFull(f"request_id {request_id!r} already fills its {size} booked beds")

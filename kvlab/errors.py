@@ -30,9 +30,16 @@ class OutOfSpace(OutOfMemory):
         self.total_free = total_free
         self.largest_free = largest_free
 
+    def __reduce__(self):  # keyword-only arguments: copy and pickle need to be told them
+        return _out_of_space, (str(self), self.needed, self.total_free, self.largest_free)
+
     @property
     def impossible(self) -> bool:
         return self.total_free >= self.needed
+
+
+def _out_of_space(message: str, needed: int, total_free: int, largest_free: int) -> OutOfSpace:
+    return OutOfSpace(message, needed=needed, total_free=total_free, largest_free=largest_free)
 
 
 class ReservationFull(OutOfMemory):

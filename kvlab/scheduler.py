@@ -24,6 +24,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from kvlab.errors import OutOfMemory
+from kvlab.validate import positive_int
 
 
 class SequenceStatus(enum.Enum):
@@ -104,8 +105,8 @@ class Scheduler:
         swapper=None,
         preempt=None,
     ):
-        if max_batch is not None and (not isinstance(max_batch, int) or max_batch < 1):
-            raise ValueError(f"max_batch must be a positive int or None, got {max_batch!r}")
+        if max_batch is not None:
+            positive_int("max_batch", max_batch)
         if preemption not in PREEMPTION_MODES:
             raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
         if batching not in BATCHING_MODES:
@@ -122,10 +123,9 @@ class Scheduler:
         self.swapped_out_tokens = 0  # K/V moved to CPU memory, in tokens
         self.swapped_in_tokens = 0
         self.recompute_tokens = 0  # K/V dropped by preemption, to be computed again
-        if preempt is not None:  # Lab 06: the learner's own choice of victim
-            if swapper is not None and preemption == "swap":
-                raise ValueError("a custom preempt cannot swap a model's K and V; use recompute")
-            self.preempt = lambda: self._counted(preempt)
+        if preempt is not None and swapper is not None and preemption == "swap":
+            raise ValueError("a custom preempt cannot swap a model's K and V; use recompute")
+        self.custom_preempt = preempt  # Lab 06: the learner's own, a function of the scheduler
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -190,7 +190,7 @@ class Scheduler:
         that was swapped out gets its K and V back; one preempted by recompute will recompute
         them (its prompt and what it generated so far) in its next step."""
         if seq not in self.waiting:
-            raise ValueError(f"{seq.seq_id} is {seq.status.value}, not waiting")
+            raise ValueError(f"{seq.seq_id} is not in the queue (status {seq.status.value})")
         self.cache.admit(seq.seq_id, seq.num_tokens, seq.remaining)
         self.waiting.remove(seq)
         swapped = seq.status is SequenceStatus.SWAPPED
@@ -226,7 +226,10 @@ class Scheduler:
 
         By recompute its K and V are dropped (``num_computed`` back to 0: what it generated so
         far is recomputed with its prompt); by swap they are copied out first and kept.
+        A ``preempt`` given to the constructor decides instead (and is counted the same way).
         """
+        if self.custom_preempt is not None:
+            return self._counted(self.custom_preempt)
         if not self.running:
             raise ValueError("no running sequence to preempt")
         victim = self.running.pop()

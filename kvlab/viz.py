@@ -356,3 +356,66 @@ def plot_block_size_tradeoff(
     axes[1].set_title("key cards shrink with the room size", fontsize=9)
     axes[0].figure.tight_layout()
     return axes
+
+
+def plot_serving_day(results: dict, title: str = "One day of serving, four caches of equal memory"):
+    """Two panels over time, one line per cache: guests running at once, and the share of the
+    memory handed out that holds token states (each a :class:`~kvlab.serve.SimResult`)."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5), sharex=True)
+    for (name, result), color in zip(results.items(), SERIES_COLORS, strict=False):
+        top.plot(result.times, result.batch, color=color, lw=0.9, label=name)
+        bottom.plot(result.times, [u * 100 for u in result.utilization], color=color, lw=0.9)
+    unit = "s" if next(iter(results.values())).timed else "steps"
+    top.set_ylabel("guests in the hotel")
+    top.set_title(title)
+    top.legend(fontsize=7, loc="upper right", ncol=2)
+    bottom.set_ylabel("booked beds holding\ntokens (%)")
+    bottom.set_ylim(0, 105)
+    bottom.set_xlabel(f"time ({unit})")
+    fig.tight_layout()
+    return fig
+
+
+def plot_batch_vs_paper(measured: dict[str, dict[str, float]], paper: dict[str, dict[str, float]]):
+    """Mean guests at once per cache, ours beside the paper's, one panel per workload (Fig. 13)."""
+    import numpy as np
+
+    fig, axes = plt.subplots(1, len(measured), figsize=(4.2 * len(measured), 3.4), squeeze=False)
+    for ax, (day, ours) in zip(axes[0], measured.items(), strict=True):
+        names = list(ours)
+        x = np.arange(len(names))
+        theirs = [paper.get(day, {}).get(n, float("nan")) for n in names]
+        b1 = ax.bar(x - 0.2, list(ours.values()), 0.4, label="simulated here", color=COLORS["used"])
+        b2 = ax.bar(x + 0.2, theirs, 0.4, label="PagedAttention paper", color=COLORS["free"])
+        for bars in (b1, b2):
+            for bar in bars:
+                h = bar.get_height()
+                if h == h:  # not NaN
+                    ax.annotate(
+                        f"{h:.1f}",
+                        (bar.get_x() + bar.get_width() / 2, h),
+                        ha="center",
+                        va="bottom",
+                        fontsize=7,
+                    )
+        ax.set_xticks(x, [n.replace(" (", "\n(") for n in names], fontsize=7)
+        ax.set_title(day, fontsize=10)
+        ax.set_ylabel("guests in the hotel at once (mean)")
+        ax.set_ylim(0, max(max(ours.values()), np.nanmax(theirs)) * 1.18)
+    axes[0][0].legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def plot_throughput_sweep(budgets: list[int], throughput: dict[str, list[float]], ax=None):
+    """Generated tokens per second against the KV memory given, one line per cache."""
+    ax = _axes(ax, figsize=(7, 3.6))
+    for (name, values), color in zip(throughput.items(), SERIES_COLORS, strict=False):
+        ax.plot(budgets, values, marker="o", ms=3, color=color, label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("KV memory (token slots, log scale)")
+    ax.set_ylabel("generated tokens / s")
+    ax.set_title("Throughput against the size of the hotel")
+    ax.legend(fontsize=7)
+    ax.figure.tight_layout()
+    return ax

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import numbers
+import sys
 
 
 class CheckFailed(AssertionError):
@@ -52,17 +53,14 @@ def plural(n: int, word: str, many: str | None = None) -> str:
 
 def short(value, limit: int = 160) -> str:
     """A one-line, length-limited description of a value (tensors by shape and dtype)."""
-    try:
-        import torch
-
+    torch = sys.modules.get("torch")  # a value is a tensor only once torch is imported
+    if torch is not None:
         if isinstance(value, torch.Tensor):
             if value.numel() <= 8:
                 text = f"tensor({value.tolist()}, dtype={value.dtype})"
             else:
                 text = f"tensor of shape {tuple(value.shape)}, dtype {value.dtype}"
             return text if len(text) <= limit else text[: limit - 1] + "…"
-    except ImportError:
-        pass
     try:
         text = repr(value)
     except Exception as e:  # a learner's __repr__ may itself be broken
@@ -130,9 +128,8 @@ def same(a, b) -> bool:
 def _parts(a, b) -> list | None:
     """None when ``a`` and ``b`` differ on their own; else the pairs inside them still to compare
     (the values compared are live objects, so their ids stay theirs while ``same`` runs)."""
-    import torch
-
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+    torch = sys.modules.get("torch")
+    if torch is not None and (isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor)):
         equal = (
             isinstance(a, torch.Tensor)
             and isinstance(b, torch.Tensor)

@@ -59,6 +59,7 @@ class Engine:
         self.clock = 0.0
         self.step_start = 0.0  # when the last step began
         self.num_steps = 0  # steps that ran a batch
+        self._stuck = 0  # steps in a row that left arrived guests outside an empty cache
 
     @property
     def cache(self):
@@ -87,7 +88,15 @@ class Engine:
             )
         step.swapped_tokens = scheduler.swapped_out_tokens + scheduler.swapped_in_tokens - moved
         if not step.scheduled:
+            stuck = not scheduler.running and waiting and waiting[0].arrival <= now
+            self._stuck = self._stuck + 1 if stuck else 0
+            if self._stuck >= 3:  # once can happen (a step that retires last): three cannot
+                raise RuntimeError(
+                    f"the step admitted nobody into an empty cache although {waiting[0].seq_id} "
+                    "is waiting: the engine would wait forever"
+                )
             return step
+        self._stuck = 0
         if self.recorder is not None:
             self.recorder.record("step")
         seconds = self.executor.execute(step) if self.executor is not None else None
@@ -106,7 +115,7 @@ class Engine:
         """The first step boundary at or after an arrival (in steps, the next whole step)."""
         if getattr(self.executor, "timed", False):
             return arrival
-        return float(math.ceil(arrival - 1e-9))
+        return float(math.ceil(arrival))
 
     def run(self, max_steps: int = 10**8) -> None:
         """Step until every sequence has finished and left the cache."""

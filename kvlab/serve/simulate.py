@@ -192,8 +192,8 @@ class SimResult:
                 tokens_per_second=self.tokens_per_second,
                 ttft_p50=self.ttft(50),
                 ttft_p99=self.ttft(99),
-                tpot_p50=self.tpot(50),
-                tpot_p99=self.tpot(99),
+                tpot_p50=self.tpot(50) if self.tpots() else None,  # None: one-token answers
+                tpot_p99=self.tpot(99) if self.tpots() else None,
             )
         return row
 

@@ -1,0 +1,405 @@
+"""Lab 06 checks, tried with learner code: the lab's solutions pass; each usual mistake put into
+them fails with the hint that names it (later failures fold into "the same problem"); code that
+hands the work to kvlab's scheduler, raises, loops or returns the wrong thing gets a clean report.
+"""
+
+import pathlib
+import tempfile
+
+import pytest
+
+from kvlab.grading import Status, run_checks
+from kvlab.grading import lab06 as checks
+from kvlab.grading.report import NO_DIAGNOSIS, SAME_PROBLEM
+from kvlab.scheduler import Scheduler
+
+HEADER = "from kvlab.scheduler import ScheduledStep, Scheduler, Sequence, SequenceStatus\n"
+
+PREEMPT = '''
+def preempt(scheduler):
+    """Ask the guest checked in last to leave; they come back first."""
+    victim = scheduler.running.pop()
+    scheduler.cache.release(victim.seq_id)
+    if scheduler.preemption == "recompute":
+        victim.num_computed = 0
+        victim.status = SequenceStatus.PREEMPTED
+    else:
+        victim.status = SequenceStatus.SWAPPED
+    scheduler.waiting.appendleft(victim)
+    return victim
+'''
+
+RETIRE = """    for seq in list(scheduler.running):
+        if seq.num_generated == seq.output_len:
+            scheduler.finish(seq)
+            out.finished.append(seq)
+"""
+ADMIT = """    while scheduler.waiting and scheduler.waiting[0].arrival <= now:
+        if scheduler.max_batch is not None and len(scheduler.running) >= scheduler.max_batch:
+            break
+        seq = scheduler.waiting[0]
+        refusal = scheduler.cache.refusal(seq.num_tokens, seq.remaining)
+        if refusal is not None:
+            out.refused, out.refusal = seq, refusal
+            break
+        scheduler.admit(seq)
+        out.admitted.append(seq)
+"""
+DECODE = """    for seq in list(scheduler.running):
+        if seq.status is not SequenceStatus.RUNNING:
+            continue
+        while not scheduler.cache.can_append(seq.seq_id):
+            victim = scheduler.preempt()
+            out.preempted.append(victim)
+            if victim is seq:
+                break
+        else:
+            scheduler.cache.append(seq.seq_id)
+            seq.num_generated += 1
+            out.scheduled.append(seq)
+"""
+STEP = f'''
+def step(scheduler, now):
+    """One engine step: retire, admit, make room for one token of every running sequence."""
+    out = ScheduledStep()
+{RETIRE}{ADMIT}{DECODE}    return out
+'''
+
+
+def learner(source: str, name: str, *edits: str):
+    """``name`` from ``source`` with ``edits`` ("old => new") made, run as a notebook cell is:
+    from a file outside kvlab, so the checks see it as the learner's code."""
+    for edit in edits:
+        old, new = edit.split(" => ")
+        assert old in source, old
+        source = source.replace(old, new)
+    path = pathlib.Path(tempfile.mkdtemp(prefix="kvlab-learner-")) / "cell.py"
+    path.write_text(HEADER + source)
+    namespace = {}
+    exec(compile(HEADER + source, str(path), "exec"), namespace)
+    return namespace[name]
+
+
+def preempt(*edits):
+    return learner(PREEMPT, "preempt", *edits)
+
+
+def step(*edits):
+    return learner(STEP, "step", *edits)
+
+
+def failures(result):
+    return [o for o in result.outcomes if not o.passed]
+
+
+def hint_of(outcome) -> str:
+    (hint,) = [d for d in outcome.details if d.startswith("hint:")]
+    return hint
+
+
+def folded(result) -> bool:
+    """Every failure after the first says it is probably the same problem as the first."""
+    first, *later = failures(result)
+    return all(o.details[0] == f"{SAME_PROBLEM} (“{first.name}”)" for o in later)
+
+
+def first_failure(exercise: str, fn, **kwargs):
+    result = run_checks(exercise, fn, **kwargs)
+    assert result.status is Status.FAILED, result.report()
+    return result, failures(result)[0]
+
+
+# --- preempt ---------------------------------------------------------------------------------
+
+
+def test_the_preempt_solution_passes_and_the_stub_is_not_written_yet():
+    result = run_checks("06.preempt", preempt())
+    assert result.ok and result.passed == result.total == 4, result.report()
+    stub = learner("def preempt(scheduler):\n    raise NotImplementedError\n", "preempt")
+    assert run_checks("06.preempt", stub).status is Status.NOT_IMPLEMENTED
+
+
+@pytest.mark.parametrize(
+    "edits, hint, fails",
+    [
+        (["running.pop() => running.pop(0)"], checks.OLDEST, None),
+        (["    scheduler.cache.release(victim.seq_id)\n => "], checks.LEAK, None),
+        (["appendleft(victim) => append(victim)"], checks.BACK_OF_QUEUE, None),
+        (["        victim.num_computed = 0\n => "], checks.KEEPS_COMPUTED, "recompute"),
+        (
+            [
+                "        victim.num_computed = 0\n => ",
+                "    scheduler.waiting =>     victim.num_computed = 0\n    scheduler.waiting",
+            ],
+            checks.ZEROES_COMPUTED,
+            "swap",
+        ),
+        (
+            [
+                "        victim.status = SequenceStatus.PREEMPTED\n => ",
+                "    else:\n        victim.status = SequenceStatus.SWAPPED\n => ",
+            ],
+            checks.STATUS_UNSET,
+            None,
+        ),
+        (["SequenceStatus.SWAPPED => SequenceStatus.PREEMPTED"], "preemption is 'swap'", "swap"),
+        (
+            ["victim = scheduler.running.pop() => victim = scheduler.running[-1]"],
+            checks.NOT_REMOVED,
+            None,
+        ),
+        (["    return victim\n => "], checks.RETURN_NONE, None),
+        (["return victim => return victim.seq_id"], checks.RETURN_ID, None),
+        (["victim.seq_id) => victim)"], checks.PASS_ID, None),
+    ],
+)
+def test_each_preempt_slip_gets_its_hint(edits, hint, fails):
+    result, first = first_failure("06.preempt", preempt(*edits))
+    assert hint in hint_of(first), first.details
+    assert any(d.startswith("input:    PagedCache(") for d in first.details)
+    if fails is not None:  # the check of the other mode passes
+        other = "swap" if fails == "recompute" else "recompute"
+        assert first.name.startswith(fails)
+        assert not any(o.name.startswith(other) for o in failures(result))
+    assert folded(result)
+
+
+def test_the_wrong_victim_is_named_with_who_should_leave():
+    _, first = first_failure("06.preempt", preempt("running.pop() => running.pop(0)"))
+    assert "the wrong guest was asked to leave" in first.details
+    assert "expected: bo (checked in last)" in first.details
+    assert "got:      cy" in first.details
+    assert any("bo (arrived 0.5, 8 tokens, back after a preemption)" in d for d in first.details)
+
+
+def test_nothing_running_may_raise_anything_or_change_nothing():
+    polite = preempt(
+        "    victim = scheduler.running.pop() => "
+        "    if not scheduler.running:\n        return None\n    victim = scheduler.running.pop()"
+    )
+    assert run_checks("06.preempt", polite).ok
+    typed = preempt(
+        "    victim = scheduler.running.pop() => "
+        "    if not scheduler.running:\n        raise RuntimeError('empty')\n"
+        "    victim = scheduler.running.pop()"
+    )
+    assert run_checks("06.preempt", typed).ok
+
+
+def test_handing_preempt_to_kvlab_is_refused():
+    for source in (
+        "def preempt(scheduler):\n    return scheduler.preempt()\n",
+        "def preempt(scheduler):\n    return Scheduler.preempt(scheduler)\n",
+    ):
+        result, first = first_failure("06.preempt", learner(source, "preempt"))
+        assert result.passed == 0
+        assert "hands the work to kvlab's `kvlab.scheduler.Scheduler.preempt`" in first.details[0]
+        assert folded(result)
+    assert run_checks("06.preempt", Scheduler.preempt).status is Status.WRONG_KIND
+    assert Scheduler.preempt.__qualname__ == "Scheduler.preempt"  # the guard is gone
+
+
+def test_preempt_that_raises_loops_or_returns_junk_gets_a_clean_report():
+    raises = learner("def preempt(scheduler):\n    raise ValueError('boom')\n", "preempt")
+    result, first = first_failure("06.preempt", raises)
+    assert first.details[0].splitlines() == [
+        "ValueError: boom",
+        "   at line 3 of your code (preempt): raise ValueError('boom')",
+    ]
+    assert folded(result)
+    loops = learner("def preempt(scheduler):\n    while True:\n        pass\n", "preempt")
+    result = run_checks("06.preempt", loops, timeout=0.5)
+    assert [o.status for o in result.outcomes] == [Status.TIMED_OUT] + [Status.SKIPPED] * 3
+    junk = learner("def preempt(scheduler):\n    return 42\n", "preempt")
+    result, first = first_failure("06.preempt", junk)
+    assert "nothing changed: a guest should have left" in first.details
+    assert any(d.startswith(f"note:     {NO_DIAGNOSIS}") for d in first.details)
+
+
+# --- step ------------------------------------------------------------------------------------
+
+FCFS_ADMIT = """    for seq in list(scheduler.waiting):
+        if seq.arrival > now:
+            break
+        if scheduler.max_batch is not None and len(scheduler.running) >= scheduler.max_batch:
+            break
+        refusal = scheduler.cache.refusal(seq.num_tokens, seq.remaining)
+        if refusal is not None:
+            out.refused, out.refusal = seq, refusal
+            continue
+        scheduler.admit(seq)
+        out.admitted.append(seq)
+"""
+INLINE_PREEMPT = """            victim = scheduler.running.pop()
+            scheduler.cache.release(victim.seq_id)
+            victim.num_computed = 0
+            victim.status = SequenceStatus.PREEMPTED
+            scheduler.waiting.appendleft(victim)"""
+
+
+def test_the_step_solution_passes_and_the_stub_is_not_written_yet():
+    result = run_checks("06.step", step())
+    assert result.ok and result.passed == result.total == 6, result.report()
+    stub = learner("def step(scheduler, now):\n    raise NotImplementedError\n", "step")
+    assert run_checks("06.step", stub).status is Status.NOT_IMPLEMENTED
+
+
+@pytest.mark.parametrize(
+    "edits, hint, first_check",
+    [
+        ([f"{RETIRE}{ADMIT} => {ADMIT}{RETIRE}"], checks.RETIRE_FIRST, "max_batch=3"),
+        ([f"{RETIRE} => "], checks.NO_RETIRE, "guests check in"),
+        (
+            [
+                "list(scheduler.running):\n        if seq.num_generated => "
+                "scheduler.running:\n        if seq.num_generated"
+            ],
+            checks.RETIRE_COPY,
+            "max_batch=3",
+        ),
+        ([f"{ADMIT} => {FCFS_ADMIT}"], checks.FCFS, "first come"),
+        ([" and scheduler.waiting[0].arrival <= now => "], checks.ARRIVAL, "guests check in"),
+        (["arrival <= now => arrival < now"], checks.ARRIVAL_STRICT, "guests check in"),
+        (["scheduler.max_batch is not None and => False and"], checks.MAX_BATCH, "max_batch=3"),
+        (
+            ["seq.num_tokens, seq.remaining => seq.prompt_len, seq.remaining"],
+            checks.REFUSAL_TOKENS,
+            "a full hotel",
+        ),
+        (
+            ["seq.num_tokens, seq.remaining => seq.num_tokens"],
+            checks.REFUSAL_REMAINING,
+            "the same step on",
+        ),
+        (["            seq.num_generated += 1\n => "], checks.COUNT, "guests check in"),
+        (
+            ["        while not scheduler.cache.can_append(seq.seq_id): =>         while False:"],
+            checks.ASK_APPEND,
+            "first come",
+        ),
+        (
+            ["        if seq.status is not SequenceStatus.RUNNING:\n            continue\n => "],
+            checks.SKIP,
+            "first come",
+        ),
+        (
+            ["            if victim is seq:\n                break\n => "],
+            checks.SELF,
+            "a full hotel",
+        ),
+        (
+            ["            victim = scheduler.preempt() => " + INLINE_PREEMPT],
+            checks.USE_PREEMPT,
+            "first come",
+        ),
+        (
+            ["            out.finished.append(seq)\n => "],
+            checks.REPORTED["out.finished"],
+            "guests check in",
+        ),
+        (
+            ["            out.refused, out.refusal = seq, refusal\n => "],
+            checks.REPORTED["out.refused"],
+            "first come",
+        ),
+        (
+            ["out.admitted.append(seq) => out.admitted.append(seq.seq_id)"],
+            checks.SEQ_NOT_ID,
+            "guests check in",
+        ),
+        (["    return out => "], checks.RETURN_STEP, "guests check in"),
+        (["    return out\n =>     return out.scheduled\n"], checks.STEP_TYPE, "guests check in"),
+    ],
+)
+def test_each_step_slip_gets_its_hint(edits, hint, first_check):
+    result, first = first_failure("06.step", step(*edits))
+    assert first.name.startswith(first_check), (first.name, first.details)
+    assert hint_of(first) == f"hint:     {hint}", first.details
+    assert any(d.startswith("input:    ") and "; step " in d for d in first.details)
+    assert folded(result), [o.details for o in failures(result)]
+
+
+def test_a_step_failure_says_which_step_what_differs_and_how_to_replay_it():
+    retire_late = step(f"{RETIRE}{ADMIT} => {ADMIT}{RETIRE}")
+    _, first = first_failure("06.step", retire_late)
+    assert first.details[:3] == [
+        "step 3: out.admitted differs from kvlab's",
+        "input:    PagedCache(32 rooms of 4 beds), max_batch=3; guests (prompt+answer@arrival): "
+        "ann 4+2@0, ben 4+2@0, cat 4+5@0, dan 4+1@0, eve 4+2@0; step 3 (now=2), before it: "
+        "running, in check-in order: ann (arrived 0, 6 tokens), ben (arrived 0, 6 tokens), "
+        "cat (arrived 0, 6 tokens); waiting: dan (arrives 0), eve (arrives 0); 26 of 32 rooms free",
+        'replay:   `from kvlab.grading.lab06 import show_day; show_day(step, "full batch")` prints '
+        "the day step by step, kvlab's beside yours",
+    ]
+    assert "expected: [dan, eve]" in first.details and "got:      []" in first.details
+
+
+def test_show_day_prints_both_steps_up_to_the_first_difference(capsys):
+    checks.show_day(step(f"{RETIRE}{ADMIT} => {ADMIT}{RETIRE}"), "full batch")
+    out = capsys.readouterr().out
+    assert "step 3 (now=2)\n  kvlab: finished [ann, ben]  admitted [dan, eve]" in out
+    assert "  yours: finished [ann, ben]  admitted []" in out
+    assert out.rstrip().endswith("first difference: out.admitted: kvlab [dan, eve]; yours []")
+
+
+def test_an_error_in_a_kvlab_call_is_shown_at_the_learners_line():
+    blind = step(
+        "        while not scheduler.cache.can_append(seq.seq_id): =>         while False:"
+    )
+    _, first = first_failure("06.step", blind)
+    error, line = first.details[0].splitlines()
+    assert error.startswith("OutOfBlocks: ")
+    assert line == "   at line 29 of your code (step): scheduler.cache.append(seq.seq_id)"
+
+
+def test_handing_step_to_kvlab_is_refused():
+    for call in (
+        "scheduler.step(now)",
+        "scheduler.schedule(now)",
+        "Scheduler.step(scheduler, now)",
+    ):
+        source = f"def step(scheduler, now):\n    return {call}\n"
+        result, first = first_failure("06.step", learner(source, "step"))
+        assert result.passed == 0
+        assert "hands the work to kvlab's `kvlab.scheduler.Scheduler." in first.details[0]
+        assert any(d.startswith("input:    PagedCache(16 rooms") for d in first.details)
+        assert folded(result)
+    retire = step(f"{RETIRE} => {'    out.finished = scheduler.retire()'}\n")
+    _, first = first_failure("06.step", retire)
+    assert "`kvlab.scheduler.Scheduler.retire`" in first.details[0]
+    assert run_checks("06.step", Scheduler.step).status is Status.WRONG_KIND
+
+
+def test_step_that_raises_loops_or_returns_junk_gets_a_clean_report():
+    raises = learner("def step(scheduler, now):\n    return 1 / 0\n", "step")
+    result, first = first_failure("06.step", raises)
+    assert first.details[0].splitlines() == [
+        "ZeroDivisionError: division by zero",
+        "   at line 3 of your code (step): return 1 / 0",
+    ]
+    assert folded(result)
+    loops = learner("def step(scheduler, now):\n    while True:\n        pass\n", "step")
+    result = run_checks("06.step", loops, timeout=0.5)
+    assert [o.status for o in result.outcomes] == [Status.TIMED_OUT] + [Status.SKIPPED] * 5
+    junk = learner("def step(scheduler, now):\n    return {'scheduled': []}\n", "step")
+    _, first = first_failure("06.step", junk)
+    assert "got:      dict {'scheduled': []}" in first.details
+    assert hint_of(first) == f"hint:     {checks.STEP_TYPE}"
+
+
+def test_walking_the_live_list_while_preempt_pops_its_last_guest_is_harmless():
+    # kvlab's preempt takes the last guest, whom the walk has not reached: nobody is skipped
+    live = step(
+        "    for seq in list(scheduler.running):\n        if seq.status => "
+        "    for seq in scheduler.running:\n        if seq.status"
+    )
+    assert run_checks("06.step", live).ok
+
+
+def test_an_unrecognised_step_mistake_gets_the_neutral_note():
+    # admits only one guest per step: no usual slip does that
+    once = step(
+        "        out.admitted.append(seq)\n =>         out.admitted.append(seq)\n        break\n"
+    )
+    result, first = first_failure("06.step", once)
+    assert any(d.startswith(f"note:     {NO_DIAGNOSIS}") for d in first.details)
