@@ -612,7 +612,9 @@ def test_a_schedule_that_never_admits_is_an_error_not_a_hang():
         return ScheduledStep()
 
     with within(3), pytest.raises(RuntimeError, match="admitted nobody into an empty cache"):
-        simulate([Request(2, 2)], cache="paged", kv_capacity_tokens=16, max_seq_len=8, schedule=idle)
+        simulate(
+            [Request(2, 2)], cache="paged", kv_capacity_tokens=16, max_seq_len=8, schedule=idle
+        )
 
 
 def test_engine_runs_a_scheduler_with_its_own_executor():
