@@ -81,8 +81,9 @@ def allocator(n: int = 1_000_000) -> dict:
 
 # --- serving: the simulator's speed, and the four caches of Lab 06 at equal memory --------------
 
-# OPT-13B with 12 GB of KV cache on an A100-40GB: the PagedAttention paper's 15.7K token slots
-SERVE_SLOTS, SERVE_MAX_LEN, SERVE_BLOCK = 15728, 2048, 16
+# OPT-13B with 12 GiB of KV cache on an A100-40GB: the PagedAttention paper's 15.7K token slots
+SERVE_SLOTS = 12 * 2**30 // (2 * 40 * 40 * 128 * 2)  # 800 KiB per token (kvlab.models.OPT_13B)
+SERVE_MAX_LEN, SERVE_BLOCK = 2048, 16
 SERVE_GOAL_S = 10.0  # per 10,000 requests through the paged simulation, on one CPU core
 
 

@@ -48,6 +48,11 @@ class BlockManager:
     def __contains__(self, seq_id) -> bool:
         return seq_id in self._tables
 
+    @property
+    def held_tokens(self) -> int:
+        """Tokens held by every sequence (a shared block's tokens once per sequence)."""
+        return sum(self._tokens.values())
+
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-positive_int("num_tokens", num_tokens) // self.block_size)
 
@@ -199,6 +204,9 @@ class PagedCache:
     def capacity(self) -> int:
         return self.manager.num_blocks * self.manager.block_size
 
+    def __contains__(self, seq_id) -> bool:
+        return seq_id in self.manager
+
     @property
     def allocated_tokens(self) -> int:
         """Slots in blocks handed out now, filled or not."""
@@ -208,11 +216,14 @@ class PagedCache:
     @property
     def held_tokens(self) -> int:
         """Tokens held by every sequence (a shared block's tokens once per sequence)."""
-        return sum(self.manager._tokens.values())
+        return self.manager.held_tokens
 
     def refusal(self, prompt_len: int, output_len: int | None = None) -> OutOfBlocks | None:
-        """What :meth:`admit` would raise now, or None when it would succeed (nothing changes)."""
-        needed = self.manager.blocks_needed(prompt_len)
+        """Why admitting now would fail, or None (nothing changes). Admitting means computing the
+        first new token in the same step, so a sequence with tokens to generate needs room for
+        its prompt and one more token."""
+        more = 0 if output_len == 0 else 1
+        needed = self.manager.blocks_needed(prompt_len + more)
         if needed > self.manager.num_free_blocks:
             return OutOfBlocks(
                 f"{needed} free block(s) needed, {self.manager.num_free_blocks} free", needed=needed

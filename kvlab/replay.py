@@ -1,12 +1,15 @@
 """Replay a workload through a cache one decode step at a time, and measure it.
 
 This is the simplest possible server, a thin driver over :class:`~kvlab.scheduler.Scheduler`: it
-brings guests (sequences) to the door at their arrival times, runs the clock, and measures after
-every step. At each step the scheduler checks in as many waiting guests as fit (first come, first
-served), every guest in the hotel writes one new token, and guests who are done check out. A cache
-that allocates on demand (paged) can run out of rooms in the middle of a step: then the guest
-checked in last is asked to leave and come back later (preemption by recomputation, as in vLLM).
-The cache needs, besides what the scheduler asks of it, ``memory_report()`` and ``state()``.
+brings guests (sequences) to the door at their arrival times, runs the clock in fixed steps, and
+measures after every step. At each step every guest in the hotel writes one new token, the
+scheduler checks in as many waiting guests as fit (first come, first served), and guests who are
+done check out at the end of the step, after the measurement, so the beds they held count in it.
+A cache that allocates on demand (paged) can run out of rooms in the middle of a step: then the
+guest checked in last is asked to leave and come back later (preemption by recomputation, as in
+vLLM). Labs 01-03 measure with it; Lab 06's :func:`kvlab.serve.simulate` runs the full engine
+(retiring at the start of the next step, costed steps, latencies). The cache needs, besides what
+the scheduler asks of it, ``memory_report()`` and ``state()``.
 """
 
 from __future__ import annotations

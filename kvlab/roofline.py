@@ -108,13 +108,17 @@ class StepTime:
     ) -> float:
         """A step computing ``new_tokens`` tokens in all, which attend to ``attended`` positions in
         all, reading and writing ``kv_tokens`` tokens of K and V, and swapping ``swapped_tokens``."""
+        if min(new_tokens, attended, kv_tokens, swapped_tokens) < 0:
+            raise ValueError(
+                "new_tokens, attended, kv_tokens and swapped_tokens must be >= 0, got "
+                f"{new_tokens}, {attended}, {kv_tokens}, {swapped_tokens}"
+            )
         spec = self.spec
-        flops = 2 * spec.num_params * new_tokens
+        flops = 2 * spec.num_params * new_tokens  # as step_cost, for a batch of mixed lengths
         flops += 4 * spec.num_layers * spec.num_q_heads * spec.head_dim * attended
         moved = spec.num_params * spec.dtype_bytes + kv_tokens * spec.kv_bytes_per_token
-        compute = flops / self.gpu.peak_flops
         swap = swapped_tokens * spec.kv_bytes_per_token / self.pcie_bytes_per_s
-        return max(compute, moved / self.gpu.hbm_bytes_per_s) + swap
+        return StepCost(flops, moved).seconds(self.gpu) + swap
 
 
 def measure_matmul_rate(

@@ -1,10 +1,12 @@
 """Sequences and the scheduler that admits, preempts and retires them (Lab 06).
 
 Each step (:meth:`Scheduler.step`) the scheduler first retires the sequences that generated their
-last token, then checks in waiting sequences in arrival order while the cache has room (first
-come, first served: a sequence that does not fit blocks the queue), then makes room for one new
-token of every running sequence. When a token finds no room, the sequence admitted last is
-preempted: its blocks are freed and it returns to the front of the queue. By recomputation (vLLM's
+last token, then makes room for one new token of every running sequence, then checks in waiting
+sequences in arrival order while the cache has room for their prompt and first token (first come,
+first served: a sequence that does not fit blocks the queue), as vLLM orders it: the sequences
+holding memory go first. When a token finds no room, the sequence admitted last is preempted (and
+nobody is admitted in that step): its blocks are freed and it returns to the front of the queue.
+By recomputation (vLLM's
 default) the tokens it had are computed again when it is readmitted, as if they were its prompt;
 by swapping they are copied out to CPU memory and back. The scheduler asks the cache
 (``refusal``, ``can_append``) before it changes anything, so the normal "not now" of scheduling
@@ -123,11 +125,17 @@ class Scheduler:
         self.swapped_out_tokens = 0  # K/V moved to CPU memory, in tokens
         self.swapped_in_tokens = 0
         self.recompute_tokens = 0  # K/V dropped by preemption, to be computed again
+        if preempt is not None and not callable(preempt):
+            raise TypeError(f"preempt must be a function of the scheduler or None, got {preempt!r}")
         if preempt is not None and swapper is not None and preemption == "swap":
             raise ValueError("a custom preempt cannot swap a model's K and V; use recompute")
         self.custom_preempt = preempt  # Lab 06: the learner's own, a function of the scheduler
 
     def add(self, seq: Sequence) -> None:
+        if not isinstance(seq, Sequence):
+            raise TypeError(f"seq must be a kvlab.scheduler.Sequence, got {seq!r}")
+        positive_int("prompt_len", seq.prompt_len)
+        positive_int("output_len", seq.output_len)
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
 
@@ -143,16 +151,16 @@ class Scheduler:
 
     def retire(self) -> list[Sequence]:
         """Every running sequence that has generated all its tokens leaves the cache."""
-        done = [seq for seq in self.running if seq.num_generated == seq.output_len]
+        done = [seq for seq in self.running if seq.num_generated >= seq.output_len]
         for seq in done:
             self.finish(seq)
         return done
 
     def schedule(self, now: float) -> ScheduledStep:
-        """Admit what arrived and fits, then make room for one token of every running sequence."""
+        """Make room for one token of every running sequence, then admit what arrived and fits
+        (vLLM's order: the sequences holding memory go first, newcomers get what is left, and
+        nobody is admitted in a step that had to preempt)."""
         step = ScheduledStep()
-        if self.batching == "continuous" or not self.running:
-            self._admit_arrived(now, step)
         can_append, append = self.cache.can_append, self.cache.append
         scheduled = step.scheduled
         for seq in list(self.running):
@@ -164,10 +172,13 @@ class Scheduler:
                 scheduled.append(seq)
             else:
                 self._make_room(seq, step)
+        if not step.preempted and (self.batching == "continuous" or not self.running):
+            self._admit_arrived(now, step)
         return step
 
     def _admit_arrived(self, now: float, step: ScheduledStep) -> None:
-        """First come, first served: stop at the first sequence that does not fit."""
+        """First come, first served: stop at the first sequence that does not fit. An admitted
+        sequence computes its first token in the same step (the cache's refusal counts it)."""
         while self.waiting and self.waiting[0].arrival <= now:
             if self.max_batch is not None and len(self.running) >= self.max_batch:
                 return
@@ -184,11 +195,16 @@ class Scheduler:
                 return
             self.admit(seq)
             step.admitted.append(seq)
+            self.cache.append(seq.seq_id)
+            seq.num_generated += 1
+            step.scheduled.append(seq)
 
     def admit(self, seq: Sequence) -> None:
         """Check a waiting sequence in: book memory for the tokens it holds and run it. A sequence
         that was swapped out gets its K and V back; one preempted by recompute will recompute
         them (its prompt and what it generated so far) in its next step."""
+        if not isinstance(seq, Sequence):
+            raise TypeError(f"seq must be a kvlab.scheduler.Sequence, got {seq!r}")
         if seq not in self.waiting:
             raise ValueError(f"{seq.seq_id} is not in the queue (status {seq.status.value})")
         self.cache.admit(seq.seq_id, seq.num_tokens, seq.remaining)
@@ -209,6 +225,11 @@ class Scheduler:
             )
             alone = len(self.running) == 1
             victim = self.preempt()
+            if victim in step.scheduled:
+                raise ValueError(
+                    f"preempt chose {victim.seq_id}, which already has its token for this step: "
+                    "the guest checked in last leaves"
+                )
             step.preempted.append(victim)
             if victim is seq:
                 if alone:
@@ -256,6 +277,12 @@ class Scheduler:
         victim = preempt(self)
         if not isinstance(victim, Sequence):
             raise TypeError(f"preempt must return the Sequence it preempted, got {victim!r}")
+        left = (SequenceStatus.PREEMPTED, SequenceStatus.SWAPPED)
+        if victim in self.running or victim.status not in left or victim.seq_id in self.cache:
+            raise ValueError(
+                f"preempt returned {victim.seq_id} without sending it away: it must leave "
+                "scheduler.running and the cache, with status PREEMPTED or SWAPPED"
+            )
         if self.preemption == "swap":
             self.swapped_out_tokens += victim.num_computed
         else:

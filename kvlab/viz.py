@@ -91,6 +91,16 @@ def plot_usage_over_time(result, ax=None, title: str = "Where the hotel's beds g
     return ax
 
 
+def _label_bars(ax, groups, fmt: str, fontsize: int) -> None:
+    """Write each bar's height above it (bars of NaN height, the paper's missing values, stay bare)."""
+    for bars in groups:
+        for bar in bars:
+            h = bar.get_height()
+            if h == h:
+                x = bar.get_x() + bar.get_width() / 2
+                ax.annotate(fmt.format(h), (x, h), ha="center", va="bottom", fontsize=fontsize)
+
+
 def plot_measured_vs_paper(measured: dict[str, float], paper: dict[str, float], ax=None):
     """Grouped bars: share of KV memory holding token states, ours next to the paper's."""
     import numpy as np
@@ -102,17 +112,7 @@ def plot_measured_vs_paper(measured: dict[str, float], paper: dict[str, float], 
     theirs = [paper.get(n, float("nan")) * 100 for n in names]
     b1 = ax.bar(x - 0.2, ours, 0.4, label="measured here", color=COLORS["used"])
     b2 = ax.bar(x + 0.2, theirs, 0.4, label="PagedAttention paper", color=COLORS["free"])
-    for bars in (b1, b2):
-        for bar in bars:
-            h = bar.get_height()
-            if h == h:  # not NaN
-                ax.annotate(
-                    f"{h:.1f}%",
-                    (bar.get_x() + bar.get_width() / 2, h),
-                    ha="center",
-                    va="bottom",
-                    fontsize=8,
-                )
+    _label_bars(ax, (b1, b2), "{:.1f}%", fontsize=8)
     ax.set_xticks(x, names)
     ax.set_ylabel("memory holding token states (%)")
     ax.set_ylim(0, 110)
@@ -387,17 +387,7 @@ def plot_batch_vs_paper(measured: dict[str, dict[str, float]], paper: dict[str, 
         theirs = [paper.get(day, {}).get(n, float("nan")) for n in names]
         b1 = ax.bar(x - 0.2, list(ours.values()), 0.4, label="simulated here", color=COLORS["used"])
         b2 = ax.bar(x + 0.2, theirs, 0.4, label="PagedAttention paper", color=COLORS["free"])
-        for bars in (b1, b2):
-            for bar in bars:
-                h = bar.get_height()
-                if h == h:  # not NaN
-                    ax.annotate(
-                        f"{h:.1f}",
-                        (bar.get_x() + bar.get_width() / 2, h),
-                        ha="center",
-                        va="bottom",
-                        fontsize=7,
-                    )
+        _label_bars(ax, (b1, b2), "{:.1f}", fontsize=7)
         ax.set_xticks(x, [n.replace(" (", "\n(") for n in names], fontsize=7)
         ax.set_title(day, fontsize=10)
         ax.set_ylabel("guests in the hotel at once (mean)")

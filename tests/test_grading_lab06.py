@@ -11,7 +11,7 @@ import pytest
 from kvlab.grading import Status, run_checks
 from kvlab.grading import lab06 as checks
 from kvlab.grading.report import NO_DIAGNOSIS, SAME_PROBLEM
-from kvlab.scheduler import Scheduler
+from kvlab.scheduler import Scheduler, SequenceStatus
 
 HEADER = "from kvlab.scheduler import ScheduledStep, Scheduler, Sequence, SequenceStatus\n"
 
@@ -34,17 +34,6 @@ RETIRE = """    for seq in list(scheduler.running):
             scheduler.finish(seq)
             out.finished.append(seq)
 """
-ADMIT = """    while scheduler.waiting and scheduler.waiting[0].arrival <= now:
-        if scheduler.max_batch is not None and len(scheduler.running) >= scheduler.max_batch:
-            break
-        seq = scheduler.waiting[0]
-        refusal = scheduler.cache.refusal(seq.num_tokens, seq.remaining)
-        if refusal is not None:
-            out.refused, out.refusal = seq, refusal
-            break
-        scheduler.admit(seq)
-        out.admitted.append(seq)
-"""
 DECODE = """    for seq in list(scheduler.running):
         if seq.status is not SequenceStatus.RUNNING:
             continue
@@ -54,16 +43,36 @@ DECODE = """    for seq in list(scheduler.running):
             if victim is seq:
                 break
         else:
-            scheduler.cache.append(seq.seq_id)
-            seq.num_generated += 1
-            out.scheduled.append(seq)
+            decode(seq)
+"""
+ADMIT = """    while not out.preempted and scheduler.waiting and scheduler.waiting[0].arrival <= now:
+        if scheduler.max_batch is not None and len(scheduler.running) >= scheduler.max_batch:
+            break
+        seq = scheduler.waiting[0]
+        refusal = scheduler.cache.refusal(seq.num_tokens, seq.remaining)
+        if refusal is not None:
+            out.refused, out.refusal = seq, refusal
+            break
+        scheduler.admit(seq)
+        out.admitted.append(seq)
+        decode(seq)
 """
 STEP = f'''
 def step(scheduler, now):
-    """One engine step: retire, admit, make room for one token of every running sequence."""
+    """One engine step: retire, decode every running guest, then admit."""
     out = ScheduledStep()
-{RETIRE}{ADMIT}{DECODE}    return out
+
+    def decode(seq):
+        scheduler.cache.append(seq.seq_id)
+        seq.num_generated += 1
+        out.scheduled.append(seq)
+
+{RETIRE}{DECODE}{ADMIT}    return out
 '''
+# the step in the order of kvlab before vLLM's: admit (no first token), then decode everyone
+OLD_ORDER = f"{RETIRE}{ADMIT.replace('not out.preempted and ', '')}{DECODE}".replace(
+    "        out.admitted.append(seq)\n        decode(seq)\n", "        out.admitted.append(seq)\n"
+)
 
 
 def learner(source: str, name: str, *edits: str):
@@ -151,6 +160,25 @@ def test_the_preempt_solution_passes_and_the_stub_is_not_written_yet():
         (["    return victim\n => "], checks.RETURN_NONE, None),
         (["return victim => return victim.seq_id"], checks.RETURN_ID, None),
         (["victim.seq_id) => victim)"], checks.PASS_ID, None),
+        (
+            ["    return victim\n =>     scheduler.num_preemptions += 1\n    return victim\n"],
+            checks.COUNTS,
+            None,
+        ),
+        (
+            ["    return victim\n =>     victim.num_preemptions += 1\n    return victim\n"],
+            checks.COUNTS,
+            None,
+        ),
+        (
+            [
+                "        victim.num_computed = 0\n => "
+                "        scheduler.recompute_tokens += victim.num_computed\n"
+                "        victim.num_computed = 0\n"
+            ],
+            checks.COUNTS,
+            "recompute",
+        ),
     ],
 )
 def test_each_preempt_slip_gets_its_hint(edits, hint, fails):
@@ -216,10 +244,65 @@ def test_preempt_that_raises_loops_or_returns_junk_gets_a_clean_report():
     assert any(d.startswith(f"note:     {NO_DIAGNOSIS}") for d in first.details)
 
 
+def test_a_preempt_that_counts_is_told_kvlab_counts_with_the_numbers():
+    _, first = first_failure(
+        "06.preempt",
+        preempt("    return victim\n =>     scheduler.num_preemptions += 1\n    return victim\n"),
+    )
+    assert first.details[0] == "scheduler.num_preemptions changed inside preempt"
+    assert "expected: 0, as before (kvlab then counts this preemption: 1)" in first.details
+    assert "got:      1" in first.details
+
+
+def _sent_nowhere(scheduler):
+    return scheduler.running[-1]
+
+
+def _oldest(scheduler):
+    victim = scheduler.running.pop(0)
+    scheduler.cache.release(victim.seq_id)
+    victim.num_computed = 0
+    victim.status = SequenceStatus.PREEMPTED
+    scheduler.waiting.appendleft(victim)
+    return victim
+
+
+@pytest.mark.parametrize(
+    "bad, message, hint, judged",
+    [
+        (
+            _sent_nowhere,
+            "ValueError: preempt returned r8 without sending it away",
+            checks.SENT_AWAY,
+            checks.NOT_REMOVED,
+        ),
+        (
+            _oldest,
+            "ValueError: preempt chose r0, which already has its token",
+            checks.SERVED,
+            checks.OLDEST,
+        ),
+    ],
+)
+def test_kvlabs_objections_to_a_preempt_in_a_day_become_a_report(bad, message, hint, judged):
+    # the checks judge every call of the learner's preempt, so these fail there first, cleanly
+    result, first = first_failure("06.preempt", bad)
+    assert all(o.status is Status.FAILED for o in failures(result)), result.report()
+    assert hint_of(first) == f"hint:     {judged}"
+    assert folded(result)
+    # unjudged, the scheduler's own checks (Scheduler._counted, _make_room) object in the day:
+    # a report with the hint, not a traceback
+    with pytest.raises(checks.CheckFailed) as failure:
+        checks._serve_day(bad, "recompute")
+    assert failure.value.message.startswith(message)
+    assert failure.value.hint == hint
+    assert "preempt=preempt" in failure.value.input
+
+
 # --- step ------------------------------------------------------------------------------------
 
 FCFS_ADMIT = """    for seq in list(scheduler.waiting):
-        if seq.arrival > now:
+        if out.preempted or seq.arrival > now:
             break
         if scheduler.max_batch is not None and len(scheduler.running) >= scheduler.max_batch:
             break
@@ -229,6 +312,7 @@ FCFS_ADMIT = """    for seq in list(scheduler.waiting):
             continue
         scheduler.admit(seq)
         out.admitted.append(seq)
+        decode(seq)
 """
 INLINE_PREEMPT = """            victim = scheduler.running.pop()
             scheduler.cache.release(victim.seq_id)
@@ -244,10 +328,24 @@ def test_the_step_solution_passes_and_the_stub_is_not_written_yet():
     assert run_checks("06.step", stub).status is Status.NOT_IMPLEMENTED
 
 
+ADMIT_IN_ORDER = ADMIT.replace("not out.preempted and ", "")  # harmless before the decode loop
+FIRST_TOKEN = "out.admitted.append(seq)\n        decode(seq)\n => out.admitted.append(seq)\n"
+COUNTED_TWICE = (
+    "            out.preempted.append(victim)\n =>             out.preempted.append(victim)\n"
+    "            scheduler.num_preemptions += 1\n"
+)
+
+
 @pytest.mark.parametrize(
     "edits, hint, first_check",
     [
-        ([f"{RETIRE}{ADMIT} => {ADMIT}{RETIRE}"], checks.RETIRE_FIRST, "max_batch=3"),
+        # where retiring goes
+        ([f"{RETIRE}{DECODE} => {DECODE}{RETIRE}"], checks.RETIRE_AT_START, "guests check in"),
+        (
+            [f"{RETIRE}{DECODE}{ADMIT} => {DECODE}{ADMIT}{RETIRE}"],
+            checks.RETIRE_AT_START,
+            "guests check in",
+        ),
         ([f"{RETIRE} => "], checks.NO_RETIRE, "guests check in"),
         (
             [
@@ -257,10 +355,26 @@ def test_the_step_solution_passes_and_the_stub_is_not_written_yet():
             checks.RETIRE_COPY,
             "max_batch=3",
         ),
+        # the order of decoding and admitting (vLLM's: the guests in the hotel go first)
+        ([f"{RETIRE}{DECODE}{ADMIT} => {OLD_ORDER}"], checks.ADMIT_FIRST, "guests check in"),
+        (
+            [f"{RETIRE}{DECODE}{ADMIT} => {RETIRE}{ADMIT_IN_ORDER}{DECODE}"],
+            checks.TWICE,
+            "guests check in",
+        ),
+        ([f"{RETIRE}{DECODE}{ADMIT} => {RETIRE}{ADMIT}{DECODE}"], checks.TWICE, "guests check in"),
+        ([FIRST_TOKEN], checks.FIRST_TOKEN, "guests check in"),
+        (["not out.preempted and  => "], checks.HOLD, "a full hotel"),
+        # admitting
         ([f"{ADMIT} => {FCFS_ADMIT}"], checks.FCFS, "first come"),
         ([" and scheduler.waiting[0].arrival <= now => "], checks.ARRIVAL, "guests check in"),
         (["arrival <= now => arrival < now"], checks.ARRIVAL_STRICT, "guests check in"),
         (["scheduler.max_batch is not None and => False and"], checks.MAX_BATCH, "max_batch=3"),
+        (
+            ["len(scheduler.running) >= => len(scheduler.running) >"],
+            checks.MAX_BATCH_OFF,
+            "max_batch=3",
+        ),
         (
             ["seq.num_tokens, seq.remaining => seq.prompt_len, seq.remaining"],
             checks.REFUSAL_TOKENS,
@@ -271,16 +385,27 @@ def test_the_step_solution_passes_and_the_stub_is_not_written_yet():
             checks.REFUSAL_REMAINING,
             "the same step on",
         ),
-        (["            seq.num_generated += 1\n => "], checks.COUNT, "guests check in"),
+        (
+            ["refusal = scheduler.cache.refusal(seq.num_tokens, seq.remaining) => refusal = None"],
+            checks.ASK_ADMIT,
+            "first come",
+        ),
+        (
+            ["scheduler.admit(seq) => scheduler.admit(seq.seq_id)"],
+            checks.SEQ_TO_SCHEDULER,
+            "guests check in",
+        ),
+        # decoding
+        (["        seq.num_generated += 1\n => "], checks.COUNT, "guests check in"),
         (
             ["        while not scheduler.cache.can_append(seq.seq_id): =>         while False:"],
             checks.ASK_APPEND,
-            "first come",
+            "a full hotel",
         ),
         (
             ["        if seq.status is not SequenceStatus.RUNNING:\n            continue\n => "],
             checks.SKIP,
-            "first come",
+            "a full hotel",
         ),
         (
             ["            if victim is seq:\n                break\n => "],
@@ -290,8 +415,19 @@ def test_the_step_solution_passes_and_the_stub_is_not_written_yet():
         (
             ["            victim = scheduler.preempt() => " + INLINE_PREEMPT],
             checks.USE_PREEMPT,
-            "first come",
+            "a full hotel",
         ),
+        ([COUNTED_TWICE], checks.COUNTED_TWICE, "a full hotel"),
+        (  # counted by hand, the only trace is in the tokens kvlab counts at a preemption
+            [
+                "            victim = scheduler.preempt() => "
+                + INLINE_PREEMPT
+                + "\n            scheduler.num_preemptions += 1"
+            ],
+            checks.USE_PREEMPT,
+            "the lab's way",
+        ),
+        # the report
         (
             ["            out.finished.append(seq)\n => "],
             checks.REPORTED["out.finished"],
@@ -315,31 +451,38 @@ def test_each_step_slip_gets_its_hint(edits, hint, first_check):
     result, first = first_failure("06.step", step(*edits))
     assert first.name.startswith(first_check), (first.name, first.details)
     assert hint_of(first) == f"hint:     {hint}", first.details
-    assert any(d.startswith("input:    ") and "; step " in d for d in first.details)
+    assert any(
+        d.startswith("input:    ") and ("; step " in d or "schedule=step" in d)
+        for d in first.details
+    )
     assert folded(result), [o.details for o in failures(result)]
 
 
 def test_a_step_failure_says_which_step_what_differs_and_how_to_replay_it():
-    retire_late = step(f"{RETIRE}{ADMIT} => {ADMIT}{RETIRE}")
+    retire_late = step(f"{RETIRE}{DECODE} => {DECODE}{RETIRE}")
     _, first = first_failure("06.step", retire_late)
     assert first.details[:3] == [
-        "step 3: out.admitted differs from kvlab's",
-        "input:    PagedCache(32 rooms of 4 beds), max_batch=3; guests (prompt+answer@arrival): "
-        "ann 4+2@0, ben 4+2@0, cat 4+5@0, dan 4+1@0, eve 4+2@0; step 3 (now=2), before it: "
-        "running, in check-in order: ann (arrived 0, 6 tokens), ben (arrived 0, 6 tokens), "
-        "cat (arrived 0, 6 tokens); waiting: dan (arrives 0), eve (arrives 0); 26 of 32 rooms free",
-        'replay:   `from kvlab.grading.lab06 import show_day; show_day(step, "full batch")` prints '
+        "step 2: out.finished differs from kvlab's",
+        "input:    PagedCache(16 rooms of 4 beds); guests (prompt+answer@arrival): ann 6+3@0, "
+        "ben 5+2@0, cat 9+2@2, dan 3+4@3.5, eve 4+2@10; step 2 (now=1), before it: running, in "
+        "check-in order: ann (arrived 0, 7 tokens), ben (arrived 0, 6 tokens); waiting: cat "
+        "(arrives 2), dan (arrives 3.5), eve (arrives 10); 12 of 16 rooms free",
+        'replay:   `from kvlab.grading.lab06 import show_day; show_day(step, "arrivals")` prints '
         "the day step by step, kvlab's beside yours",
     ]
-    assert "expected: [dan, eve]" in first.details and "got:      []" in first.details
+    assert "expected: []" in first.details and "got:      [ben]" in first.details
 
 
 def test_show_day_prints_both_steps_up_to_the_first_difference(capsys):
-    checks.show_day(step(f"{RETIRE}{ADMIT} => {ADMIT}{RETIRE}"), "full batch")
+    # admitted before the decoding, dan takes a room a guest in the hotel needs, and leaves again
+    checks.show_day(step(f"{RETIRE}{DECODE}{ADMIT} => {OLD_ORDER}"), "preemption")
     out = capsys.readouterr().out
-    assert "step 3 (now=2)\n  kvlab: finished [ann, ben]  admitted [dan, eve]" in out
-    assert "  yours: finished [ann, ben]  admitted []" in out
-    assert out.rstrip().endswith("first difference: out.admitted: kvlab [dan, eve]; yours []")
+    assert (
+        "step 5 (now=4)\n"
+        "  kvlab: finished [ann]  admitted [cat]  preempted []  scheduled [ben, cat]\n"
+        "  yours: finished [ann]  admitted [cat, dan]  preempted [dan]  scheduled [ben, cat]\n"
+    ) in out
+    assert out.rstrip().endswith("first difference: out.admitted: kvlab [cat]; yours [cat, dan]")
 
 
 def test_an_error_in_a_kvlab_call_is_shown_at_the_learners_line():
@@ -349,7 +492,7 @@ def test_an_error_in_a_kvlab_call_is_shown_at_the_learners_line():
     _, first = first_failure("06.step", blind)
     error, line = first.details[0].splitlines()
     assert error.startswith("OutOfBlocks: ")
-    assert line == "   at line 29 of your code (step): scheduler.cache.append(seq.seq_id)"
+    assert line == "   at line 8 of your code (decode): scheduler.cache.append(seq.seq_id)"
 
 
 def test_handing_step_to_kvlab_is_refused():
@@ -399,7 +542,8 @@ def test_walking_the_live_list_while_preempt_pops_its_last_guest_is_harmless():
 def test_an_unrecognised_step_mistake_gets_the_neutral_note():
     # admits only one guest per step: no usual slip does that
     once = step(
-        "        out.admitted.append(seq)\n =>         out.admitted.append(seq)\n        break\n"
+        "        decode(seq)\n    return out => "
+        + "        decode(seq)\n        break\n    return out"
     )
     result, first = first_failure("06.step", once)
     assert any(d.startswith(f"note:     {NO_DIAGNOSIS}") for d in first.details)

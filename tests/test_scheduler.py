@@ -38,16 +38,29 @@ def test_admits_in_arrival_order_and_the_head_of_the_queue_blocks_the_rest():
 
 
 def test_preemption_changes_the_sequence_not_the_workload():
-    cache = AskedFirst(num_blocks=3, block_size=4)
+    cache = AskedFirst(num_blocks=4, block_size=4)
     scheduler = Scheduler(cache)
     a, b = Sequence("a", 4, 6), Sequence("b", 4, 6)
     scheduler.add(a)
     scheduler.add(b)
-    scheduler.schedule(0.0)  # each holds 1 block; their 5th tokens need 2 more, 1 is free
+    for _ in range(5):  # both check in with 2 blocks each; a's 9th token finds none free
+        step = scheduler.schedule(0.0)
+    assert step.preempted == [b] and step.admitted == []
     assert b.status is PREEMPTED and scheduler.waiting[0] is b
     assert (b.prompt_len, b.output_len) == (4, 6)  # the request itself is unchanged
-    assert b.num_generated == 0 and a.num_generated == 1
+    assert b.num_generated == 4 and a.num_generated == 5  # b's tokens are kept, to recompute
     assert cache.manager.seq_ids == ["a"]
+
+
+def test_a_sequence_checks_in_only_with_room_for_its_first_token():
+    """Admitting means computing the first token in the same step: a prompt that exactly fills
+    the free blocks waits, rather than being checked in and sent away at once."""
+    scheduler = Scheduler(PagedCache(2, 4))
+    scheduler.add(Sequence("a", 4, 2))
+    scheduler.add(Sequence("b", 4, 2))
+    step = scheduler.schedule(0.0)
+    assert [q.seq_id for q in step.admitted] == ["a"] and step.refused.seq_id == "b"
+    assert step.preempted == []
 
 
 def test_finish_retires_only_running_sequences():
@@ -69,18 +82,19 @@ def test_the_replay_never_relies_on_exceptions_for_not_now():
 
 
 def test_a_scheduler_records_through_the_drivers_recorder():
-    cache = PagedCache(3, 4)
+    cache = PagedCache(4, 4)
     recorder = Recorder(cache)
     scheduler = Scheduler(cache, recorder)
     scheduler.add(Sequence("a", 4, 6))
     scheduler.add(Sequence("b", 4, 6))
-    scheduler.schedule(0.0)
+    for _ in range(5):
+        scheduler.schedule(0.0)
     events = [(f.event, f.seq_id) for f in recorder.trace.frames]
     assert events == [
         ("start", None),
         ("check-in", "a"),
         ("check-in", "b"),
-        ("out of memory", "b"),
+        ("out of memory", "a"),
         ("check-out", "b"),
         ("preemption", "b"),
     ]

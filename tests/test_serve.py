@@ -480,9 +480,9 @@ def test_bad_arguments_are_named(change, error, match):
 @pytest.mark.parametrize(
     ("requests", "error", "match"),
     [
-        ([], ValueError, "requests must be a non-empty list"),
-        (None, ValueError, "requests must be a non-empty list"),
-        (iter([Request(1, 1)]), ValueError, "requests must be a non-empty list"),
+        ([], ValueError, "requests must not be empty"),
+        (None, TypeError, "requests must be a list"),
+        (iter([Request(1, 1)]), TypeError, "requests must be a list"),
         ([Request(1, 1), (4, 4)], TypeError, r"requests\[1\] must be a kvlab.workload.Request"),
     ],
 )
@@ -611,7 +611,7 @@ def test_a_schedule_that_never_admits_is_an_error_not_a_hang():
     def idle(scheduler, now):
         return ScheduledStep()
 
-    with within(3), pytest.raises(RuntimeError, match="admitted nobody into an empty cache"):
+    with within(3), pytest.raises(RuntimeError, match="three steps in a row ran nobody"):
         simulate(
             [Request(2, 2)], cache="paged", kv_capacity_tokens=16, max_seq_len=8, schedule=idle
         )
@@ -807,7 +807,7 @@ def test_a_custom_preempt_must_return_the_sequence():
         simulate(
             day,
             cache="paged",
-            kv_capacity_tokens=12,
+            kv_capacity_tokens=16,
             max_seq_len=16,
             block_size=4,
             preempt=lambda s: last_admitted_leaves(s).seq_id,
@@ -831,7 +831,7 @@ def test_swapping_tells_the_swapper_and_counts_both_ways():
             self.moves.append(("in", seq.seq_id, seq.num_computed))
 
     swapper = Swapper()
-    engine = Engine(PagedCache(3, 4), swapper, preemption="swap")
+    engine = Engine(PagedCache(4, 4), swapper, preemption="swap")
     for name in ("a", "b"):
         engine.add(Sequence(name, 4, 6))
     engine.run()
@@ -861,3 +861,71 @@ def test_bench_serve_reports_figures_and_writes_json(tmp_path, capsys):
     assert report["caches"][-1]["throughput_vs_contiguous"] > 1.0
     printed = capsys.readouterr().out
     assert "mean_batch" in printed and "contiguous-oracle" in printed and "target <=" in printed
+
+
+def test_a_schedule_that_admits_but_never_decodes_is_an_error_not_a_hang():
+    def admit_only(scheduler, now):
+        out = ScheduledStep()
+        while scheduler.waiting:
+            seq = scheduler.waiting[0]
+            scheduler.admit(seq)
+            out.admitted.append(seq)
+        return out
+
+    with within(3), pytest.raises(RuntimeError, match="three steps in a row ran nobody"):
+        simulate(
+            [Request(4, 2)],
+            cache="paged",
+            kv_capacity_tokens=64,
+            max_seq_len=64,
+            schedule=admit_only,
+        )
+
+
+@pytest.mark.parametrize(
+    "preempt, match",
+    [
+        (lambda s: s.running[-1], "without sending it away"),  # chosen, never sent away
+        (lambda s: last_admitted_leaves(s) and s.running[0], "without sending it away"),
+    ],
+)
+def test_a_custom_preempt_that_does_not_send_the_guest_away_is_an_error(preempt, match):
+    day = [Request(4, 8), Request(4, 8)]
+    with within(3), pytest.raises(ValueError, match=match):
+        simulate(
+            day, cache="paged", kv_capacity_tokens=16, max_seq_len=16, block_size=4, preempt=preempt
+        )
+
+
+def test_a_custom_preempt_may_not_choose_a_guest_already_served_this_step():
+    def oldest_leaves(scheduler):
+        victim = scheduler.running.pop(0)
+        scheduler.cache.release(victim.seq_id)
+        victim.num_computed, victim.status = 0, SequenceStatus.PREEMPTED
+        scheduler.waiting.appendleft(victim)
+        return victim
+
+    day = [Request(4, 8), Request(6, 8)]  # b's last room fills first, after a was served
+    with within(3), pytest.raises(ValueError, match="already has its token for this step"):
+        simulate(
+            day,
+            cache="paged",
+            kv_capacity_tokens=16,
+            max_seq_len=16,
+            block_size=4,
+            preempt=oldest_leaves,
+        )
+
+
+def test_sequences_are_checked_when_added():
+    scheduler = Scheduler(PagedCache(4, 4))
+    with pytest.raises(ValueError, match="output_len must be >= 1"):
+        scheduler.add(Sequence("x", 3, 0))
+    with pytest.raises(TypeError, match="seq must be a kvlab.scheduler.Sequence"):
+        scheduler.add(Request(3, 1))
+    with pytest.raises(TypeError, match="seq must be a kvlab.scheduler.Sequence"):
+        scheduler.admit("r0")
+    with pytest.raises(TypeError, match="preempt must be a function"):
+        Scheduler(PagedCache(4, 4), preempt=5)
+    with pytest.raises(TypeError, match="schedule must be a function"):
+        Engine(PagedCache(4, 4), schedule=5)

@@ -225,3 +225,10 @@ def test_bad_input_names_the_argument(kwargs, name):
     args = {"prompts": ["a", "b"], "max_new_tokens": 3, "cache": "contiguous", **kwargs}
     with pytest.raises(ValueError, match=name):
         generate(args.pop("prompts"), args.pop("max_new_tokens"), args.pop("cache"), **args)
+
+
+def test_a_prompt_that_can_never_fit_is_rejected_up_front():
+    with pytest.raises(ValueError, match=r"prompts\[1\] with its new tokens needs 3 blocks of 8"):
+        generate(["a", "abcdefghijklmnop"], 4, cache="paged", num_blocks=2, block_size=8)
+    with pytest.raises(ValueError, match=r"prompts\[0\] with its new tokens needs 20 tokens"):
+        generate(["abcdefghijklmnop"], 4, cache="contiguous", max_seq_len=16)

@@ -53,6 +53,10 @@ class Engine:
             swapper=executor if hasattr(executor, "swap_out") else None,
             preempt=preempt,
         )
+        if schedule is not None and not callable(schedule):
+            raise TypeError(
+                f"schedule must be a function (scheduler, now) or None, got {schedule!r}"
+            )
         self.executor = executor
         self.recorder = recorder
         self.schedule = schedule if schedule is not None else Scheduler.step
@@ -88,12 +92,12 @@ class Engine:
             )
         step.swapped_tokens = scheduler.swapped_out_tokens + scheduler.swapped_in_tokens - moved
         if not step.scheduled:
-            stuck = not scheduler.running and waiting and waiting[0].arrival <= now
+            stuck = scheduler.running or (waiting and waiting[0].arrival <= now)
             self._stuck = self._stuck + 1 if stuck else 0
             if self._stuck >= 3:  # once can happen (a step that retires last): three cannot
                 raise RuntimeError(
-                    f"the step admitted nobody into an empty cache although {waiting[0].seq_id} "
-                    "is waiting: the engine would wait forever"
+                    "three steps in a row ran nobody although guests were running or waiting at "
+                    "the door: the engine would wait forever"
                 )
             return step
         self._stuck = 0
@@ -119,7 +123,9 @@ class Engine:
 
     def run(self, max_steps: int = 10**8) -> None:
         """Step until every sequence has finished and left the cache."""
+        calls = 0
         while self.has_unfinished():
-            if self.num_steps >= max_steps:
+            if calls >= max_steps:
                 raise RuntimeError(f"the engine did not finish within max_steps={max_steps}")
             self.step()
+            calls += 1

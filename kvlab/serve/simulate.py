@@ -183,6 +183,8 @@ class SimResult:
             "peak_batch": self.peak_batch,
             "mean_utilization": self.mean_utilization,
             "preemptions": self.preemptions,
+            "recompute_tokens": self.recompute_tokens,
+            "swapped_tokens": self.swapped_tokens,
             "latency_p50": self.latency(50),
             "latency_p99": self.latency(99),
         }
@@ -271,8 +273,10 @@ def simulate(
     ``record=True`` keeps a frame per event in ``result.trace`` (small days only).
     ``schedule`` and ``preempt`` replace the scheduler's own (Lab 06's exercises). Deterministic.
     """
-    if not isinstance(requests, list | tuple) or not requests:
-        raise ValueError("requests must be a non-empty list of kvlab.workload.Request")
+    if not isinstance(requests, list | tuple):
+        raise TypeError(f"requests must be a list of kvlab.workload.Request, got {requests!r}")
+    if not requests:
+        raise ValueError("requests must not be empty")
     if preemption not in PREEMPTION_MODES:
         raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
     if batching not in BATCHING_MODES:

@@ -9,7 +9,7 @@ One concept per module: :mod:`~kvlab.tiny.model` (the decoder; ``TINY_SPEC`` is 
 """
 
 from kvlab.tiny.executor import ContiguousStore, PagedStore, TinyExecutor
-from kvlab.tiny.generate import Generation, generate, make_cache, tiny_model
+from kvlab.tiny.generate import Generation, generate, make_kv_cache, tiny_model
 from kvlab.tiny.model import TINY_SPEC, TinyConfig, TinyLlama, load_model, model_spec
 from kvlab.tiny.tokenizer import decode, encode
 
@@ -25,7 +25,7 @@ __all__ = [
     "encode",
     "generate",
     "load_model",
-    "make_cache",
+    "make_kv_cache",
     "model_spec",
     "tiny_model",
 ]

@@ -30,6 +30,7 @@ from kvlab.attention import causal_attention, decode_attention
 from kvlab.attention import write_kv as write_kv_torch
 from kvlab.contiguous import ContiguousKVCache
 from kvlab.paged import PagedCache
+from kvlab.serve.engine import new_positions
 from kvlab.tiny.model import TinyLlama
 
 
@@ -42,8 +43,9 @@ class PagedStore:
         self.manager = m
         shape = (m.num_blocks, m.block_size, c.num_kv_heads, c.head_dim)
         device = model.embed.weight.device
-        self.k = [torch.zeros(shape, device=device) for _ in range(c.num_layers)]
-        self.v = [torch.zeros(shape, device=device) for _ in range(c.num_layers)]
+        dtype = model.embed.weight.dtype  # the kernels read K/V in the queries' dtype
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(c.num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(c.num_layers)]
 
     def slots(self, seq_id, positions) -> list[int]:
         return [self.manager.slot(seq_id, p) for p in positions]
@@ -170,7 +172,7 @@ class TinyExecutor:
     def _run(self, seqs: list) -> None:
         ids, positions, spans = [], [], []  # spans: (first position, new tokens) per sequence
         for seq in seqs:
-            first, end = seq.num_computed, seq.num_tokens - 1
+            first, end = new_positions(seq)
             if seq.token_ids is None or len(seq.token_ids) != end or not 0 <= first < end:
                 known = None if seq.token_ids is None else len(seq.token_ids)
                 raise ValueError(

@@ -18,13 +18,13 @@ import torch
 
 from kvlab.contiguous import ContiguousKVCache
 from kvlab.paged import PagedCache
+from kvlab.scheduler import PREEMPTION_MODES
 from kvlab.tiny import tokenizer
 from kvlab.tiny.executor import TinyExecutor
 from kvlab.tiny.model import TinyLlama, load_model
 from kvlab.validate import positive_int
 
 CACHES = ("contiguous", "paged")
-PREEMPTION = ("recompute", "swap")
 
 
 def default_device() -> str:
@@ -88,8 +88,8 @@ def _check(prompts, max_new_tokens, cache, preemption, max_context) -> tuple[lis
         new = [positive_int("max_new_tokens", max_new_tokens)] * len(prompts)
     if cache not in CACHES:
         raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
-    if preemption not in PREEMPTION:
-        raise ValueError(f"preemption must be one of {PREEMPTION}, got {preemption!r}")
+    if preemption not in PREEMPTION_MODES:
+        raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
     for i, (p, n) in enumerate(zip(ids, new, strict=True)):
         if len(p) + n > max_context:
             raise ValueError(
@@ -99,7 +99,21 @@ def _check(prompts, max_new_tokens, cache, preemption, max_context) -> tuple[lis
     return ids, new
 
 
-def make_cache(
+def _check_fits(kv_cache, lengths: list[int]) -> None:
+    """Reject up front a prompt that could never run, even alone in the cache (never mid-run)."""
+    for i, n in enumerate(lengths):
+        if isinstance(kv_cache, PagedCache):
+            need, have = kv_cache.manager.blocks_needed(n), kv_cache.manager.num_blocks
+            what = f"{need} blocks of {kv_cache.manager.block_size}"
+        else:
+            need, have, what = n, kv_cache.max_seq_len, f"{n} tokens"
+        if need > have:
+            raise ValueError(
+                f"prompts[{i}] with its new tokens needs {what}, more than the cache's {have}"
+            )
+
+
+def make_kv_cache(
     name: str,
     model: TinyLlama,
     lengths: list[int],
@@ -152,7 +166,7 @@ def generate(
 
     model = tiny_model(device) if model is None else model
     ids, new = _check(prompts, max_new_tokens, cache, preemption, model.config.max_context)
-    kv_cache = make_cache(
+    kv_cache = make_kv_cache(
         cache,
         model,
         [len(p) + n for p, n in zip(ids, new, strict=True)],
@@ -161,6 +175,7 @@ def generate(
         num_slots=num_slots,
         max_seq_len=max_seq_len,
     )
+    _check_fits(kv_cache, [len(p) + n for p, n in zip(ids, new, strict=True)])
     executor = TinyExecutor(model, kv_cache)
     engine = Engine(kv_cache, executor, max_batch=max_batch, preemption=preemption)
     seqs = [
