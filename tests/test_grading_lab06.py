@@ -5,6 +5,7 @@ hands the work to kvlab's scheduler, raises, loops or returns the wrong thing ge
 
 import pathlib
 import tempfile
+import types
 
 import pytest
 
@@ -160,6 +161,16 @@ def test_the_preempt_solution_passes_and_the_stub_is_not_written_yet():
         (["    return victim\n => "], checks.RETURN_NONE, None),
         (["return victim => return victim.seq_id"], checks.RETURN_ID, None),
         (["victim.seq_id) => victim)"], checks.PASS_ID, None),
+        (["scheduler.cache.release( => scheduler.cache.free("], checks.FREE, None),
+        (  # the hotels where the guest who arrived last is also the one checked in first fold
+            [
+                "    victim = scheduler.running.pop()\n => "
+                "    victim = max(scheduler.running, key=lambda s: s.arrival)\n"
+                "    scheduler.running.remove(victim)\n"
+            ],
+            checks.LAST_ARRIVED,
+            None,
+        ),
         (
             ["    return victim\n =>     scheduler.num_preemptions += 1\n    return victim\n"],
             checks.COUNTS,
@@ -328,6 +339,9 @@ def test_the_step_solution_passes_and_the_stub_is_not_written_yet():
     assert run_checks("06.step", stub).status is Status.NOT_IMPLEMENTED
 
 
+BATCH_FULL = """        if scheduler.max_batch is not None and len(scheduler.running) >= scheduler.max_batch:
+            break
+"""
 ADMIT_IN_ORDER = ADMIT.replace("not out.preempted and ", "")  # harmless before the decode loop
 FIRST_TOKEN = "out.admitted.append(seq)\n        decode(seq)\n => out.admitted.append(seq)\n"
 COUNTED_TWICE = (
@@ -347,6 +361,21 @@ COUNTED_TWICE = (
             "guests check in",
         ),
         ([f"{RETIRE} => "], checks.NO_RETIRE, "guests check in"),
+        (  # later, never "first come, first served": the early retire explains every day
+            ["seq.num_generated == seq.output_len: => seq.num_generated == seq.output_len - 1:"],
+            checks.RETIRE_EARLY,
+            "guests check in",
+        ),
+        (
+            [
+                "            scheduler.finish(seq)\n => "
+                "            scheduler.cache.free(seq.seq_id)\n"
+                "            scheduler.running.remove(seq)\n"
+                "            seq.status = SequenceStatus.FINISHED\n"
+            ],
+            checks.FREE_STEP,
+            "guests check in",
+        ),
         (
             [
                 "list(scheduler.running):\n        if seq.num_generated => "
@@ -371,6 +400,51 @@ COUNTED_TWICE = (
         (["arrival <= now => arrival < now"], checks.ARRIVAL_STRICT, "guests check in"),
         (["scheduler.max_batch is not None and => False and"], checks.MAX_BATCH, "max_batch=3"),
         (
+            ["scheduler.max_batch is not None and len( => len("],
+            checks.MAX_BATCH_NONE,
+            "guests check in",
+        ),
+        (
+            [
+                BATCH_FULL
+                + " => "
+                + BATCH_FULL.replace("break", "out.refused = seq\n            break")
+            ],
+            checks.FULL_NOT_REFUSED,
+            "max_batch=3",
+        ),
+        (
+            [
+                BATCH_FULL
+                + " => "
+                + BATCH_FULL.replace(
+                    "break",
+                    "out.refused = seq\n"
+                    "            out.refusal = scheduler.cache.refusal(seq.num_tokens, seq.remaining)\n"
+                    "            break",
+                )
+            ],
+            checks.FULL_NOT_REFUSED,
+            "max_batch=3",
+        ),
+        (
+            [
+                "        scheduler.admit(seq)\n => "
+                "        scheduler.waiting.popleft()\n        scheduler.admit(seq)\n"
+            ],
+            checks.POPLEFT,
+            "guests check in",
+        ),
+        (
+            [
+                "        refusal = scheduler.cache.refusal => "
+                "        if seq.status is not SequenceStatus.WAITING:\n            break\n"
+                "        refusal = scheduler.cache.refusal"
+            ],
+            checks.READMIT,
+            "a full hotel",
+        ),
+        (
             ["len(scheduler.running) >= => len(scheduler.running) >"],
             checks.MAX_BATCH_OFF,
             "max_batch=3",
@@ -384,6 +458,11 @@ COUNTED_TWICE = (
             ["seq.num_tokens, seq.remaining => seq.num_tokens"],
             checks.REFUSAL_REMAINING,
             "the same step on",
+        ),
+        (  # the paged day fails first (no bed counted for the first token); the contiguous folds
+            ["seq.num_tokens, seq.remaining => seq.num_tokens, 0"],
+            checks.REFUSAL_REMAINING,
+            "a full hotel",
         ),
         (
             ["refusal = scheduler.cache.refusal(seq.num_tokens, seq.remaining) => refusal = None"],
@@ -458,6 +537,62 @@ def test_each_step_slip_gets_its_hint(edits, hint, first_check):
     assert folded(result), [o.details for o in failures(result)]
 
 
+@pytest.mark.parametrize(
+    "edit, at",
+    [
+        # fay's prompt fits in the beds left at step 2, her booking does not
+        ("seq.num_tokens, seq.remaining => seq.num_tokens, 0", "; step 2 (now=1)"),
+        ("seq.num_tokens, seq.remaining => seq.num_tokens", "; step 1 (now=0)"),  # ValueError
+    ],
+)
+def test_the_contiguous_day_catches_a_refusal_without_the_answer(edit, at):
+    with pytest.raises(checks.CheckFailed) as failure:
+        checks._lockstep(step(edit), checks.DAYS["contiguous"])
+    assert failure.value.hint == checks.REFUSAL_REMAINING
+    assert at in failure.value.input
+
+
+def _kvlab_view(day: str, steps: int) -> dict:
+    capture = checks._Captured(Scheduler.step, [])
+    engine, capture.guests = checks.DAYS[day].start(capture)
+    for _ in range(steps):
+        engine.step()
+    return capture.view
+
+
+def test_first_come_first_served_is_named_only_for_going_past_a_refused_guest():
+    # queue day, step 2: kvlab refuses cat (14 tokens) and dan, behind her, waits
+    expected = _kvlab_view("queue", 2)
+    assert expected["out.refused"] == "cat"
+    day, queue = checks.DAYS["queue"], ["cat", "dan"]
+
+    def direct(**got):
+        mine = types.SimpleNamespace(view={**expected, **got}, now=1.0)
+        return checks._direct(day, mine, expected, queue)
+
+    assert direct(**{"out.admitted": ["dan"], "scheduler.running": ["ann", "ben", "dan"]}) == (
+        checks.FCFS
+    )
+    assert direct(**{"out.refused": "dan"}) == checks.FCFS  # asked past cat, reported the last
+    # refusing a guest further back in another state (a guest retired early, say) is not it
+    assert direct(**{"out.refused": "dan", "out.finished": ["ben"]}) != checks.FCFS
+
+
+def test_only_the_full_hotels_day_preempts():
+    # a preemption mistake first fails under a title that names preemption
+    preempting = set()
+    for name, day in checks.DAYS.items():
+        capture = checks._Captured(Scheduler.step, [])
+        engine, capture.guests = day.start(capture)
+        while engine.has_unfinished():
+            engine.step()
+            if capture.view["out.preempted"]:
+                preempting.add(name)
+    assert preempting == {"preemption", "simulate"}
+    names = [c.name for c in checks.step_ex.checks]
+    assert [n for n in names if "leaves" in n] == [names[3]]  # the full hotel's check
+
+
 def test_a_step_failure_says_which_step_what_differs_and_how_to_replay_it():
     retire_late = step(f"{RETIRE}{DECODE} => {DECODE}{RETIRE}")
     _, first = first_failure("06.step", retire_late)
@@ -474,15 +609,22 @@ def test_a_step_failure_says_which_step_what_differs_and_how_to_replay_it():
 
 
 def test_show_day_prints_both_steps_up_to_the_first_difference(capsys):
-    # admitted before the decoding, dan takes a room a guest in the hotel needs, and leaves again
+    # admitting before the decoding, the step asks the cache for eve in a step that preempts
     checks.show_day(step(f"{RETIRE}{DECODE}{ADMIT} => {OLD_ORDER}"), "preemption")
     out = capsys.readouterr().out
     assert (
-        "step 5 (now=4)\n"
-        "  kvlab: finished [ann]  admitted [cat]  preempted []  scheduled [ben, cat]\n"
-        "  yours: finished [ann]  admitted [cat, dan]  preempted [dan]  scheduled [ben, cat]\n"
+        "step 2 (now=1)\n"
+        "  kvlab: finished []  admitted [cat, dan]  refused eve  preempted []  "
+        "scheduled [ann, ben, cat, dan]\n"
     ) in out
-    assert out.rstrip().endswith("first difference: out.admitted: kvlab [cat]; yours [cat, dan]")
+    assert (
+        "step 3 (now=2)\n"
+        "  kvlab: finished []  admitted []  refused nobody  preempted [dan, cat]  "
+        "scheduled [ann, ben]\n"
+        "  yours: finished []  admitted []  refused eve  preempted [dan, cat]  "
+        "scheduled [ann, ben]\n"
+    ) in out
+    assert out.rstrip().endswith("first difference: out.refused: kvlab nobody; yours eve")
 
 
 def test_an_error_in_a_kvlab_call_is_shown_at_the_learners_line():

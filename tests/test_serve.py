@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import signal
 from unittest import mock
 
 import numpy as np
@@ -18,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab.contiguous import booking_size
+from kvlab.grading.limits import time_limit
 from kvlab.models import OPT_13B, ModelSpec
 from kvlab.paged import PagedCache
 from kvlab.roofline import A100_40GB, GPU, StepTime
@@ -35,20 +35,8 @@ STEP_TIME = StepTime(OPT_13B, A100_40GB)
 PAPER_SLOTS, PAPER_MAX_LEN = 15728, 2048
 
 
-@contextlib.contextmanager
-def within(seconds: float):
-    """Fail (instead of hanging the suite) when the block runs longer than ``seconds``."""
-
-    def stop(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s: the simulation does not end")
-
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+# fail (instead of hanging the suite) when a block runs longer than its seconds
+within = time_limit
 
 
 # --- an engine and a cache that check every step ---------------------------------------------

@@ -14,7 +14,8 @@ its first token. At the first step that differs, the usual slips (kvlab's step w
 put in: retiring late, admitting before decoding, admitting after a preemption, no first token or
 two, jumping the queue, ignoring arrivals or max_batch, not counting the token, appending without
 asking, not skipping a guest who left, ...) run the same day: the one slip that agrees with
-kvlab's step until then and does exactly what the learner's step did in that step gives the hint.
+kvlab's step until then and does exactly what the learner's step did in that step gives the hint
+(a step that asks ``cache.refusal`` without the tokens still to generate is seen directly).
 The last check serves a small day with ``simulate(..., schedule=step)``, as the lab does, and
 compares its figures. A step or preempt that hands the work to kvlab's scheduler fails
 (``refuse_reference``). ``show_day(step, day)`` prints a day step by step, kvlab's beside the
@@ -89,11 +90,38 @@ PASS_ID = (
 )
 
 
-def _error_slip(error: Exception) -> str | None:
-    if isinstance(error, KeyError) and "Sequence(seq_id=" in str(error):
+FREE = (
+    "the cache's check-out is release(seq_id) (free was the block manager's word in Lab 03): "
+    "scheduler.cache.release(victim.seq_id)"
+)
+FREE_STEP = (
+    "the cache's check-out is release(seq_id) (free was the block manager's word in Lab 03); "
+    "to retire a guest, scheduler.finish(seq) checks it out of the cache and the batch"
+)
+POPLEFT = "scheduler.admit(seq) takes the guest off the queue itself: do not popleft() first"
+MAX_BATCH_NONE = (
+    "max_batch None means no cap: test scheduler.max_batch is not None first (if "
+    "scheduler.max_batch is not None and len(scheduler.running) >= scheduler.max_batch)"
+)
+
+
+def _error_slip(error: Exception, step: bool = False) -> str | None:
+    """The hint for an error whose message names its mistake (``step``: raised in 06.step)."""
+    text = str(error)
+    if isinstance(error, KeyError) and "Sequence(seq_id=" in text:
         return PASS_ID
-    if isinstance(error, TypeError) and "must be a kvlab.scheduler.Sequence" in str(error):
+    if isinstance(error, TypeError) and "must be a kvlab.scheduler.Sequence" in text:
         return SEQ_TO_SCHEDULER
+    if isinstance(error, AttributeError) and error.name == "free":
+        if isinstance(error.obj, PagedCache | ContiguousKVCache):
+            return FREE_STEP if step else FREE
+    if isinstance(error, ValueError) and "is not in the queue (status" in text:
+        return POPLEFT  # Scheduler.admit of a guest the learner took off the queue
+    if isinstance(error, TypeError) and "NoneType" in text and "not supported between" in text:
+        frames = learner_frames(error)
+        line = (frames[-1].line or "") if frames else ""
+        if "max_batch" in line:
+            return MAX_BATCH_NONE
     return None
 
 
@@ -285,6 +313,7 @@ SERVED = (
     "the guest checked in last leaves (running[-1]): a guest earlier in scheduler.running may "
     "already have its token for this step"
 )
+WRONG_GUEST = "06.preempt: the wrong guest"
 # what kvlab keeps count of itself around a custom preempt (Scheduler._counted)
 COUNTERS = ("num_preemptions", "recompute_tokens", "swapped_out_tokens", "swapped_in_tokens")
 
@@ -329,13 +358,13 @@ def judge_preempt(fn, scheduler: Scheduler, where: str, replay: str | None = Non
     counts_before = _counts(scheduler, guests)
     value, error = _call(fn, (scheduler,), PREEMPT_REFERENCE, PREEMPT_TASK, where)
 
-    def fail(message, hint=None, **details):
+    def fail(message, hint=None, cause=None, **details):
         raise CheckFailed(
             message,
             input=where,
             replay=replay,
             hint=hint,
-            cause=hint or f"06: {message}",
+            cause=cause or hint or f"06: {message}",
             **details,
         )
 
@@ -374,11 +403,14 @@ def judge_preempt(fn, scheduler: Scheduler, where: str, replay: str | None = Non
             got="everybody stays",
         )
     if chosen[0] != victim:
+        # one cause whichever wrong guest: a rule that picked the guest who arrived last here
+        # may pick the one checked in first in the next hotel (the same problem, not a new one)
         fail(
             "the wrong guest was asked to leave",
             expected=f"{victim} (checked in last)",
             got=str(chosen[0]),
             hint=_victim_slip(chosen[0], running),
+            cause=WRONG_GUEST,
         )
     if not removed:
         fail(
@@ -656,6 +688,10 @@ RETIRE_AT_START = (
     "retire at the start of the step, before decoding: a guest whose last token is decoded in "
     "this step checks out at the start of the next one (and is listed in out.finished then)"
 )
+RETIRE_EARLY = (
+    "a guest retires when num_generated == output_len, after its last token: retired at "
+    "output_len - 1, its answer is one token short"
+)
 NO_RETIRE = (
     "retire first: every running guest with num_generated == output_len checks out "
     "(scheduler.finish(seq)) and goes in out.finished; a guest never retired keeps decoding "
@@ -692,6 +728,15 @@ MAX_BATCH = (
     "stop admitting when the batch is full: len(scheduler.running) >= scheduler.max_batch "
     "(None means no cap)"
 )
+FULL_NOT_REFUSED = (
+    "out.refused is for a guest the cache refused; stopping at max_batch refuses nobody: just "
+    "stop, and leave out.refused as it is"
+)
+READMIT = (
+    "a guest back after a preemption (status PREEMPTED or SWAPPED) waits first in line and checks "
+    "in like any other: ask scheduler.cache.refusal(seq.num_tokens, seq.remaining), then "
+    "scheduler.admit(seq)"
+)
 MAX_BATCH_OFF = "the batch is full when len(scheduler.running) == max_batch: stop at >=, not >"
 REFUSAL_TOKENS = (
     "a guest back after a preemption holds its prompt and the tokens generated so far: ask "
@@ -699,7 +744,8 @@ REFUSAL_TOKENS = (
 )
 REFUSAL_REMAINING = (
     "tell the cache the tokens still to generate too: scheduler.cache.refusal(seq.num_tokens, "
-    "seq.remaining) (a contiguous cache books the whole answer up front)"
+    "seq.remaining) (a paged cache counts a bed for the first of them, a contiguous one books "
+    "them all up front)"
 )
 ASK_ADMIT = (
     "ask before checking in: scheduler.cache.refusal(seq.num_tokens, seq.remaining) is None when "
@@ -777,18 +823,21 @@ def slipped_step(
     append: str = "ask",
     skip: bool = True,
     stop: bool = True,
+    full_refuses: bool = False,
+    readmit: bool = True,
 ) -> ScheduledStep:
     """kvlab's step written the way the lab asks for it (retire, decode the running guests,
     admit), with the usual slips as options (the defaults are right): ``retire`` "first" /
-    "after decode" / "last" / "never" / "live" (over the list finish changes), ``order="admit
-    first"`` admits before decoding (the running guests, newcomers included, are decoded
-    after), ``hold=False`` admits in a step that preempted, ``first_token=False`` gives a
+    "after decode" / "last" / "never" / "live" (over the list finish changes) / "early" (at
+    output_len - 1), ``order="admit first"`` admits before decoding (the running guests,
+    newcomers included, are decoded after), ``hold=False`` admits in a step that preempted, ``first_token=False`` gives a
     newcomer no token in its first step, ``fcfs=False`` admits past a guest who does not fit,
     ``arrival`` "<=" / "<" / "any", ``cap`` ">=" / ">" / "none", ``ask`` "num_tokens,
     remaining" / "prompt_len, remaining" / "num_tokens" / "nothing", ``count=False`` never counts
     the token, ``append="blind"`` appends without asking, ``skip=False`` does not skip guests
     preempted earlier in the step, ``stop=False`` keeps going for a guest who was itself
-    preempted."""
+    preempted, ``full_refuses=True`` reports the guest stopped by max_batch in out.refused,
+    ``readmit=False`` stops at a guest back after a preemption."""
     out = ScheduledStep()
 
     def decode(seq):  # given in the lab
@@ -798,8 +847,9 @@ def slipped_step(
         out.scheduled.append(seq)
 
     def retire_done():
+        last = 1 if retire == "early" else 0
         for seq in scheduler.running if retire == "live" else list(scheduler.running):
-            if seq.num_generated == seq.output_len:
+            if seq.num_generated == seq.output_len - last:
                 scheduler.finish(seq)
                 out.finished.append(seq)
 
@@ -831,6 +881,10 @@ def slipped_step(
                 and len(scheduler.running) > scheduler.max_batch
             )
             if full:
+                if full_refuses:
+                    out.refused = seq
+                break
+            if not readmit and seq.status is not WAITING:
                 break
             tokens = seq.prompt_len if ask.startswith("prompt_len") else seq.num_tokens
             refusal = None
@@ -850,7 +904,7 @@ def slipped_step(
             if first_token:
                 decode(seq)
 
-    if retire in ("first", "live"):
+    if retire in ("first", "live", "early"):
         retire_done()
     if order == "admit first":
         admit_arrived()
@@ -870,6 +924,7 @@ STEP_SLIPS = (
     (dict(retire="last"), RETIRE_AT_START),
     (dict(retire="never"), NO_RETIRE),
     (dict(retire="live"), RETIRE_COPY),
+    (dict(retire="early"), RETIRE_EARLY),
     (dict(order="admit first", first_token=False), ADMIT_FIRST),
     (dict(order="admit first"), TWICE),
     (dict(first_token=False), FIRST_TOKEN),
@@ -879,6 +934,8 @@ STEP_SLIPS = (
     (dict(arrival="<"), ARRIVAL_STRICT),
     (dict(cap="none"), MAX_BATCH),
     (dict(cap=">"), MAX_BATCH_OFF),
+    (dict(full_refuses=True), FULL_NOT_REFUSED),
+    (dict(readmit=False), READMIT),
     (dict(ask="prompt_len, remaining"), REFUSAL_TOKENS),
     (dict(ask="num_tokens"), REFUSAL_REMAINING),
     (dict(ask="nothing"), ASK_ADMIT),
@@ -936,9 +993,11 @@ class _Captured:
         self.step, self.guests, self.learner = step, guests, learner
         self.now = 0.0
         self.view = self.value = self.error = None
+        self.unsized = False  # the learner asked cache.refusal without the tokens to generate
 
     def __call__(self, scheduler, now):
         self.now = now
+        self.unsized = False
         if self.learner:
             where = f"step(scheduler, now={now:g})"
             value, self.error = _call(self.step, (scheduler, now), STEP_REFERENCE, STEP_TASK, where)
@@ -1047,14 +1106,22 @@ DAYS = {
                 ("dan", 2, 2, 1.0),
             ),
         ),
-        # step 3: ben needs a room and dan (checked in last) leaves; cat needs one and, last
-        # now, leaves itself; nobody checks in. Step 4: cat, first in line, holds 8 tokens and
-        # does not fit yet. Step 5: cat is back and dan waits (admitted before the decoding,
-        # dan would take a room a guest in the hotel needs, and leave again at once)
+        # step 2: eve, new, is refused (a step that forgets out.refused fails here, not at step
+        # 4, where it would look like a step that never readmits). Step 3: ben needs a room and
+        # dan (checked in last) leaves; cat needs one and, last now, leaves itself; nobody
+        # checks in. Step 4: cat, first in line, holds 8 tokens and does not fit yet. Step 5:
+        # cat is back and dan waits (admitted before the decoding, dan would take a room a
+        # guest in the hotel needs, and leave again at once)
         Day(
             "preemption",
             lambda: PagedCache(6, 4),
-            (("ann", 5, 4, 0.0), ("ben", 2, 6, 0.0), ("cat", 7, 3, 1.0), ("dan", 3, 3, 1.0)),
+            (
+                ("ann", 5, 4, 0.0),
+                ("ben", 2, 6, 0.0),
+                ("cat", 7, 3, 1.0),
+                ("dan", 3, 3, 1.0),
+                ("eve", 9, 2, 1.0),
+            ),
         ),
         Day(
             "contiguous",
@@ -1063,6 +1130,7 @@ DAYS = {
                 ("ann", 10, 6, 0.0),
                 ("ben", 20, 10, 0.0),
                 ("cat", 8, 4, 0.0),
+                ("fay", 5, 4, 1.0),  # her prompt fits in the 6 beds left, her booking does not
                 ("dan", 30, 2, 1.0),
                 ("eve", 2, 2, 1.0),
             ),
@@ -1072,11 +1140,27 @@ DAYS = {
 }
 
 
+def _watch_refusal(cache, capture: _Captured) -> None:
+    """Note in ``capture`` when the learner asks ``cache.refusal`` without the tokens still to
+    generate (0, or left out where the cache needs them): the cache then counts no first token,
+    or books no answer, and says yes to a guest it cannot take."""
+    refusal = cache.refusal
+
+    def watched(*args, **kwargs):
+        output_len = args[1] if len(args) > 1 else kwargs.get("output_len")
+        if output_len == 0 or output_len is None and not isinstance(cache, PagedCache):
+            capture.unsized = True
+        return refusal(*args, **kwargs)
+
+    cache.refusal = watched
+
+
 def _lockstep(fn, day: Day, replay: bool = True) -> None:
     """Run ``day`` with the learner's step beside kvlab's; fail at the first step that differs."""
     mine_capture = _Captured(fn, [], learner=True)
     mine, mine_guests = day.start(mine_capture)
     mine_capture.guests = mine_guests
+    _watch_refusal(mine.scheduler.cache, mine_capture)
     ref_capture = _Captured(Scheduler.step, [])
     ref, ref_guests = day.start(ref_capture)
     ref_capture.guests = ref_guests
@@ -1113,7 +1197,8 @@ def _step_failed(day: Day, k: int, mine: _Captured, expected: dict | None, befor
     )
     details = dict(input=where, replay=again)
     if mine.error is not None:
-        hint = _slip(day, mine, None, history) or _error_slip(mine.error)
+        hint = _unsized(mine) or _slip(day, mine, None, history)
+        hint = hint or _error_slip(mine.error, step=True)
         if hint is None and isinstance(mine.error, MemoryError):
             hint = MEMORY
         raise _raised(mine.error, hint, **details)
@@ -1146,7 +1231,8 @@ def _step_failed(day: Day, k: int, mine: _Captured, expected: dict | None, befor
     key = next(x for x in REPORT_KEYS + STATE_KEYS if got[x] != expected[x])
     shown = _shown_pair(key, expected[key], got[key])
     queue = history[-1]["scheduler.waiting"] if history else [g[0] for g in day.guests]
-    hint = _slip(day, mine, expected, history) or _direct(day, mine, expected, queue)
+    hint = _unsized(mine) or _slip(day, mine, expected, history)
+    hint = hint or _direct(day, mine, expected, queue)
     raise CheckFailed(
         f"step {k}: {key} differs from kvlab's",
         expected=shown[0],
@@ -1155,6 +1241,12 @@ def _step_failed(day: Day, k: int, mine: _Captured, expected: dict | None, befor
         cause=hint or f"06.step: {key}",
         **details,
     )
+
+
+def _unsized(mine: _Captured) -> str | None:
+    """Asked without the tokens to generate in the step that failed: that is the mistake (seen
+    directly, where slips could not tell it from asking with the prompt only)."""
+    return REFUSAL_REMAINING if mine.unsized else None
 
 
 def _well_formed_field(items, field: str) -> bool:
@@ -1166,9 +1258,10 @@ def _well_formed_field(items, field: str) -> bool:
 def _slip(day: Day, mine: _Captured, expected: dict | None, history: list[dict]) -> str | None:
     """The hint of the one usual slip that does what the learner's step did: the same as kvlab's
     step in every earlier step of the day (``history``), then, in this one, the learner's error,
-    or the learner's report and state where kvlab's differ. In this step, which refused guest is
-    reported is not compared (a slip that admits past a refused guest may report the first or
-    the last)."""
+    or the learner's report and state where kvlab's differ. In this step the refusal reported
+    with a guest is not compared, nor, for the slips of ``ANY_REFUSED``, which guest is reported
+    (past a refused guest, the first refused or the last; at max_batch, the guest stopped or
+    the one admitted last)."""
     found = set()
     for options, hint in STEP_SLIPS:
         slip = _Captured(functools.partial(slipped_step, **options), [])
@@ -1199,7 +1292,7 @@ def _slip(day: Day, mine: _Captured, expected: dict | None, history: list[dict])
             same = (
                 slip.error is None
                 and slip.view is not None
-                and _alike(slip.view, mine.view)
+                and _alike(slip.view, mine.view, any_refused=bool(options.keys() & ANY_REFUSED))
                 and slip.view != expected
             )
         if same:
@@ -1207,9 +1300,14 @@ def _slip(day: Day, mine: _Captured, expected: dict | None, history: list[dict])
     return found.pop() if len(found) == 1 else None
 
 
-def _alike(a: dict, b: dict) -> bool:
-    """The same step, whichever refused guest is reported."""
-    return all(a[k] == b[k] for k in a if k not in ("out.refused", "out.refusal"))
+ANY_REFUSED = {"fcfs", "full_refuses"}  # slips whose refused guest may be any of several
+
+
+def _alike(a: dict, b: dict, any_refused: bool = False) -> bool:
+    """The same step, whatever refusal is reported (and, with ``any_refused``, whichever
+    refused guest)."""
+    skip = ("out.refusal", "out.refused") if any_refused else ("out.refusal",)
+    return all(a[k] == b[k] for k in a if k not in skip)
 
 
 def _direct(day: Day, mine: _Captured, expected: dict, queue: list) -> str | None:
@@ -1220,11 +1318,16 @@ def _direct(day: Day, mine: _Captured, expected: dict, queue: list) -> str | Non
     if any(arrivals.get(g, 0) > mine.now for g in got["out.admitted"]):
         return ARRIVAL
     head, refused = expected["out.refused"], got["out.refused"]
-    if head in queue and refused in queue and queue.index(refused) > queue.index(head):
-        return FCFS  # went on past the guest who did not fit
+    if refused in queue and any(
+        g in queue and queue.index(g) > queue.index(refused) for g in got["out.admitted"]
+    ):
+        return FCFS  # checked in a guest standing behind one the cache refused in this step
+    differ = [k for k in REPORT_KEYS + STATE_KEYS if got[k] != expected[k]]
+    if set(differ) <= {"out.refused", "out.refusal"} and head in queue and refused in queue:
+        if queue.index(refused) > queue.index(head):
+            return FCFS  # all else as kvlab's, yet asked the cache for a guest behind the head
     if day.max_batch is not None and len(got["scheduler.running"]) > day.max_batch:
         return MAX_BATCH
-    differ = [k for k in REPORT_KEYS + STATE_KEYS if got[k] != expected[k]]
     if differ == ["scheduler.num_preemptions"]:
         more = got["scheduler.num_preemptions"] > expected["scheduler.num_preemptions"]
         return COUNTED_TWICE if more else USE_PREEMPT
@@ -1242,7 +1345,7 @@ def show_day(step, day: str = "arrivals", steps: int | None = None) -> None:
     mine, mine_capture.guests = plan.start(mine_capture)
     ref_capture = _Captured(Scheduler.step, [])
     ref, ref_capture.guests = plan.start(ref_capture)
-    keys = ("out.finished", "out.admitted", "out.preempted", "out.scheduled")
+    keys = ("out.finished", "out.admitted", "out.refused", "out.preempted", "out.scheduled")
 
     def line(view):
         return "  ".join(f"{key[4:]} {_show(view[key])}" for key in keys)
