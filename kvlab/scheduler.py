@@ -92,8 +92,7 @@ class Scheduler:
     ``swap_out(seq)`` before a sequence's memory is released and ``swap_in(seq)`` after it is
     readmitted. ``batching="static"`` admits only into an empty cache, so a batch runs until its
     longest member is done. ``preempt`` (a function of the scheduler) replaces :meth:`preempt`.
-    ``recorder`` (optional, owned by the driver) gets a frame after every
-    event.
+    ``recorder`` (optional, owned by the driver) gets a frame after every event.
     """
 
     def __init__(
@@ -113,6 +112,10 @@ class Scheduler:
             raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
         if batching not in BATCHING_MODES:
             raise ValueError(f"batching must be one of {BATCHING_MODES}, got {batching!r}")
+        if preempt is not None and not callable(preempt):
+            raise TypeError(f"preempt must be a function of the scheduler or None, got {preempt!r}")
+        if preempt is not None and swapper is not None and preemption == "swap":
+            raise ValueError("a custom preempt cannot swap a model's K and V; use recompute")
         self.cache = cache
         self.recorder = recorder
         self.max_batch = max_batch
@@ -125,10 +128,6 @@ class Scheduler:
         self.swapped_out_tokens = 0  # K/V moved to CPU memory, in tokens
         self.swapped_in_tokens = 0
         self.recompute_tokens = 0  # K/V dropped by preemption, to be computed again
-        if preempt is not None and not callable(preempt):
-            raise TypeError(f"preempt must be a function of the scheduler or None, got {preempt!r}")
-        if preempt is not None and swapper is not None and preemption == "swap":
-            raise ValueError("a custom preempt cannot swap a model's K and V; use recompute")
         self.custom_preempt = preempt  # Lab 06: the learner's own, a function of the scheduler
 
     def add(self, seq: Sequence) -> None:

@@ -210,7 +210,7 @@ def days(draw, caches=CACHE_NAMES):
     return requests, options
 
 
-@settings(max_examples=300)
+@settings(max_examples=150)
 @given(days())
 def test_every_request_completes_exactly_once_with_all_its_tokens(day):
     requests, options = day
@@ -222,7 +222,7 @@ def test_every_request_completes_exactly_once_with_all_its_tokens(day):
         assert result.peak_batch <= options["max_batch"]
 
 
-@settings(max_examples=120)
+@settings(max_examples=60)
 @given(days(caches=("paged",)))
 def test_paged_conservation_under_heavy_preemption(day):
     """The paged cache at just enough memory for its largest request: preemption is the rule."""
