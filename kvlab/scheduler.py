@@ -194,9 +194,7 @@ class Scheduler:
                 return
             self.admit(seq)
             step.admitted.append(seq)
-            self.cache.append(seq.seq_id)
-            seq.num_generated += 1
-            step.scheduled.append(seq)
+            self._decode(seq, step)
 
     def admit(self, seq: Sequence) -> None:
         """Check a waiting sequence in: book memory for the tokens it holds and run it. A sequence
@@ -237,6 +235,10 @@ class Scheduler:
                         "the hotel"
                     )
                 return
+        self._decode(seq, step)
+
+    def _decode(self, seq: Sequence, step: ScheduledStep) -> None:
+        """A slot for the sequence's next token (inlined in :meth:`schedule`'s hot loop)."""
         self.cache.append(seq.seq_id)
         seq.num_generated += 1
         step.scheduled.append(seq)

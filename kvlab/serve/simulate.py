@@ -64,16 +64,14 @@ class CostedSteps:
 
 
 def percentile(values: list[float], p: float) -> float:
-    """The ``p``-th percentile (0-100) with linear interpolation, as numpy's default."""
+    """The ``p``-th percentile (0-100), interpolated linearly (numpy's default)."""
+    import numpy as np
+
     if not values:
         raise ValueError("no values to take a percentile of")
     if not 0 <= p <= 100:
         raise ValueError(f"p must be in [0, 100], got {p}")
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * p / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+    return float(np.percentile(values, p))
 
 
 @dataclass
@@ -189,13 +187,14 @@ class SimResult:
             "latency_p99": self.latency(99),
         }
         if self.timed:
+            tpots = self.tpots()
             row.update(
                 seconds=self.seconds,
                 tokens_per_second=self.tokens_per_second,
                 ttft_p50=self.ttft(50),
                 ttft_p99=self.ttft(99),
-                tpot_p50=self.tpot(50) if self.tpots() else None,  # None: one-token answers
-                tpot_p99=self.tpot(99) if self.tpots() else None,
+                tpot_p50=percentile(tpots, 50) if tpots else None,  # None: one-token answers
+                tpot_p99=percentile(tpots, 99) if tpots else None,
             )
         return row
 
