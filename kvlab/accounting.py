@@ -3,6 +3,9 @@ fragmentation or free.
 
 Every cache (contiguous, paged) and every recorded frame is split by :func:`usage`, so the plots,
 the widget, the replay's measurements and the caches' own reports can never disagree.
+
+Rooms a prefix cache keeps (no key card holds them, but their tokens may be reused) count as free:
+any check-in can have them now, at the price of overwriting what they hold.
 """
 
 from __future__ import annotations
@@ -48,6 +51,11 @@ class CacheState:
 
     ``num_blocks`` blocks of ``block_size`` slots; ``kind`` ("arena", "contiguous", "paged") tells
     whoever draws it whether bookings are contiguous.
+
+    ``cached``: with prefix caching, the blocks no table holds that still keep a full block of
+    tokens for a later sequence with the same prefix, in free-queue order (the first is
+    overwritten first). They are free memory in :func:`usage`; the field only lets the pictures
+    tell them apart.
     """
 
     kind: str
@@ -57,6 +65,7 @@ class CacheState:
     tokens: Mapping[Hashable, int]
     booked: Mapping[Hashable, int]
     final: Mapping[Hashable, int | None]
+    cached: tuple[int, ...] = ()
 
     @property
     def capacity(self) -> int:

@@ -4,6 +4,9 @@ A :class:`Recorder` belongs to whoever drives a cache (the replay, a notebook ce
 event it reads the cache's :meth:`state` into a :class:`~kvlab.trace.Trace`. Caches keep no clock
 and no trace of their own. :func:`recorded` wraps a cache for cells that call it by hand: every
 call that changes the cache, or is refused, leaves a frame.
+
+With prefix caching, a check-in says how many rooms it found cached, and a call that hands out
+cached rooms (overwriting the tokens they kept) leaves an extra "eviction" frame naming them.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class Recorder:
 
 
 _EVENTS = {"allocate": "check-in", "admit": "check-in", "free": "check-out", "release": "check-out"}
+_CHECK_IN = ("allocate", "admit")
 _RECORDED = (*_EVENTS, "append", "append_slot", "fork")
 
 
@@ -62,15 +66,51 @@ class Recording:
 
         def call(*args, **kwargs):
             named = list(inspect.signature(attribute).bind(*args, **kwargs).arguments.values())
+            watch = self._eviction_watch()
             try:
                 result = attribute(*args, **kwargs)
             except OutOfMemory as refusal:
                 self.recorder.refused(named[-1] if name == "fork" else named[0], refusal)
                 raise
             self._after(name, named, result)
+            if watch is not None:
+                self._evictions(name, named[0], *watch)
             return result
 
         return call
+
+    def _eviction_watch(self) -> tuple | None:
+        """What the eviction check after a call needs: the rooms cached before it and the cache's
+        eviction count, if it keeps one. None when nothing was cached, so nothing can be evicted.
+
+        The last frame knows the cached rooms: only a change of them that leaves no frame (a
+        plain append) could evict, and an eviction leaves a frame.
+        """
+        cached = self.trace.frames[-1].cached
+        if not cached:
+            return None
+        stats = getattr(self.cache, "prefix_cache_stats", None)
+        return cached, None if stats is None else stats.evictions
+
+    def _evictions(self, name: str, seq_id, cached: tuple, count: int | None) -> None:
+        """An "eviction" frame when the call put rooms that were cached on the guest's key card,
+        other than the prefix it found cached: their old tokens are overwritten."""
+        if count is not None and self.cache.prefix_cache_stats.evictions == count:
+            return
+        table = list(self.cache.state().block_tables.get(seq_id, ()))
+        found = self._cached_tokens(seq_id) // self.trace.block_size if name in _CHECK_IN else 0
+        before = set(cached)
+        rooms = [room for room in table[found:] if room in before]
+        if rooms:
+            what, whose = ("rooms", "their") if len(rooms) > 1 else ("room", "its")
+            listed = ", ".join(map(str, rooms))
+            note = f"{seq_id} took cached {what} {listed}: {whose} old tokens are overwritten"
+            self.recorder.record("eviction", seq_id, note=note)
+
+    def _cached_tokens(self, seq_id) -> int:
+        """Prompt tokens the sequence found cached at check-in (0 without prefix caching)."""
+        count = getattr(self.cache, "num_cached_tokens", None)
+        return 0 if count is None else count(seq_id)
 
     def _after(self, name: str, args: list, result) -> None:
         if name == "append_slot" and result is not None:
@@ -80,8 +120,17 @@ class Recording:
             parent, child = args[:2]
             rooms = len(self.cache.block_table(child))
             self.recorder.record("fork", child, note=f"{child} shares {parent}'s {rooms} rooms")
+        elif name in _CHECK_IN:
+            self.recorder.record("check-in", args[0], note=self._check_in_note(args[0]))
         elif name in _EVENTS:
             self.recorder.record(_EVENTS[name], args[0])
+
+    def _check_in_note(self, seq_id) -> str:
+        tokens = self._cached_tokens(seq_id)
+        if not tokens:
+            return ""
+        rooms = tokens // self.trace.block_size
+        return f"{seq_id} found {rooms} room{'s' if rooms != 1 else ''} cached: {tokens} tokens"
 
 
 def recorded(cache) -> Recording:

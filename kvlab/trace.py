@@ -7,7 +7,8 @@ widget animates the :class:`Trace`, the plots read it, and tests check invariant
 Memory is ``num_blocks`` blocks (rooms) of ``block_size`` slots (beds). A frame holds each
 sequence's block table (key card: logical block i -> physical block; a ``range`` for contiguous
 bookings), how many slots hold tokens, how many are booked, and how many the sequence will have
-used when done (if known).
+used when done (if known). With prefix caching it also lists the cached rooms: free, but still
+holding a past guest's tokens for a guest with the same prefix (first in line = overwritten first).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ EVENTS = (
     "fork",
     "copy-on-write",
     "preemption",
+    "eviction",  # cached rooms handed out: their old tokens are overwritten
     "impossible allocation",
     "out of memory",
 )
@@ -41,6 +43,7 @@ class Frame:
     booked: dict[Hashable, int]  # slots reserved
     final: dict[Hashable, int | None]  # slots held when the sequence leaves (None: not known)
     note: str = ""
+    cached: tuple[int, ...] = ()  # free rooms keeping tokens for a prefix, in free-queue order
 
 
 def intervals(table: Sequence[int]) -> list[tuple[int, int]]:
@@ -83,7 +86,8 @@ class Trace:
             s: t if isinstance(t, (range, tuple)) else tuple(t)
             for s, t in state.block_tables.items()
         }
-        frame = Frame(event, seq_id, time, cards, state.tokens, state.booked, state.final, note)
+        held = (state.tokens, state.booked, state.final)
+        frame = Frame(event, seq_id, time, cards, *held, note, tuple(state.cached))
         self.frames.append(frame)
 
     def usage(self, index: int) -> Usage:

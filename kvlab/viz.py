@@ -9,7 +9,7 @@ from kvlab.replay import seconds_shut
 from kvlab.roofline import GPU, StepCost
 
 # The colours and legend words are the widget's (one palette); notebooks use them as viz.COLORS.
-from kvlab.widgets.palette import COLORS, GUEST_PALETTE, WASTE_LABELS, guest_colors  # noqa: F401
+from kvlab.widgets.palette import COLORS, GUEST_PALETTE, LEGEND, WASTE_LABELS, guest_colors  # noqa: F401
 
 SERIES_COLORS = ("#6a1b9a", "#1565c0", "#00838f", "#ef6c00")
 
@@ -187,7 +187,9 @@ class _Floors:
             self.label(room * size, size, " / ".join(map(str, guests)))
 
 
-def _floor_plan_legend(fig, drawn: dict, present: set, shared: bool, largest: bool) -> None:
+def _floor_plan_legend(
+    fig, drawn: dict, present: set, shared: bool, largest: bool, cached: bool = False
+) -> None:
     """Swatches for what the picture holds, guests in the colours they were drawn in."""
     from matplotlib.legend_handler import HandlerTuple
     from matplotlib.patches import Patch
@@ -203,6 +205,10 @@ def _floor_plan_legend(fig, drawn: dict, present: set, shared: bool, largest: bo
         if k in present
     ]
     handles.append(Patch(facecolor=COLORS["vacant"], edgecolor=COLORS["edge"], label="free"))
+    if cached:
+        handles.append(
+            Patch(facecolor=COLORS["cached"], edgecolor=COLORS["edge"], label=LEGEND["cached"])
+        )
     if shared:
         handles.append(
             Patch(facecolor="none", edgecolor=COLORS["shared"], lw=2, label="shared room")
@@ -228,7 +234,8 @@ def plot_floor_plan(trace, index: int = -1, beds_per_floor: int | None = None, a
 
     Beds holding tokens take the guest's colour (guests drawn next to each other never share
     one); booked beds still to be written are amber; booked beds nobody will use are red; free
-    beds are white. Small plans (a dozen rooms) outline every room and write its number and its
+    beds are white; cached rooms (prefix caching: free, still holding a past guest's tokens) are
+    pale cyan. Small plans (a dozen rooms) outline every room and write its number and its
     guest. Contiguous bookings also outline the largest free extent; under paging any free room
     serves any guest, so a paged plan does not.
     """
@@ -263,6 +270,9 @@ def plot_floor_plan(trace, index: int = -1, beds_per_floor: int | None = None, a
             room_will = max(0, min(size, used + future - i * size))
             plan.beds(room * size, room_used, room_will - room_used, size - room_will, drawn[guest])
             holders.setdefault(room, []).append(guest)
+    cached = [room for room in dict.fromkeys(frame.cached) if room not in holders] if paged else []
+    for room in cached:
+        plan.span(room * size, size, facecolor=COLORS["cached"], edgecolor="none")
     shared = [room for room, guests in holders.items() if len(guests) > 1]
     for room in shared:
         plan.span(room * size, size, facecolor="none", edgecolor=COLORS["shared"], lw=2)
@@ -274,7 +284,7 @@ def plot_floor_plan(trace, index: int = -1, beds_per_floor: int | None = None, a
     if largest:
         plan.span(largest[0] * size, largest[1] * size, facecolor="none", edgecolor="black", lw=1.2)
 
-    _floor_plan_legend(ax.figure, drawn, present, bool(shared), bool(largest))
+    _floor_plan_legend(ax.figure, drawn, present, bool(shared), bool(largest), bool(cached))
     ax.set_xlim(0, per_floor)
     ax.set_ylim(floors, 0)
     ax.set_yticks([f + 0.43 for f in range(floors)], [str(f) for f in range(floors)], fontsize=6)
@@ -285,6 +295,8 @@ def plot_floor_plan(trace, index: int = -1, beds_per_floor: int | None = None, a
         free = trace.usage(index).free
         if paged:
             tail = f"{trace.num_blocks - len(holders)} rooms free ({free} beds)"
+            if cached:
+                tail += f", {len(cached)} of them cached"
         else:
             tail = f"{free} beds free, largest free extent {largest[1] * size if largest else 0}"
         note = f" ({frame.note})" if frame.note else ""

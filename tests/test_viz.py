@@ -119,3 +119,40 @@ def test_drawing_nothing_says_how_to_record():
         TypeError, match=r"trace is None: record one with replay\(..., record=True\)"
     ):
         viz.plot_floor_plan(unrecorded.trace)
+
+
+def cached_hotel():
+    """Alice left rooms 1 and 0 cached (last room first); bob holds rooms 2 and 3."""
+    from kvlab.accounting import CacheState
+    from kvlab.trace import Trace
+
+    trace = Trace("paged", 8, 4)
+    for tables, cached in [({"alice": (0, 1)}, ()), ({"bob": (2, 3)}, (1, 0))]:
+        tokens = dict.fromkeys(tables, 7)
+        state = CacheState("paged", 8, 4, tables, tokens, dict.fromkeys(tables, 8), {}, cached)
+        trace.record("check-in", next(iter(tables)), 0.0, state)
+    return trace
+
+
+def test_cached_rooms_are_drawn_in_the_cached_colour_with_a_legend_entry():
+    from kvlab.widgets.palette import LEGEND
+
+    ax = viz.plot_floor_plan(cached_hotel(), -1, beds_per_floor=16)
+    cached = [
+        p
+        for p in ax.patches
+        if p.get_facecolor()[3] > 0 and to_hex(p.get_facecolor()) == COLORS["cached"]
+    ]
+    assert sorted((p.get_x(), p.get_y(), p.get_width()) for p in cached) == [(0, 0, 4), (4, 0, 4)]
+    legend, labels = legend_of(ax)
+    assert labels[-1] == LEGEND["cached"] and labels[:-1] == [
+        "bob",
+        "reserved for future tokens",
+        "free",
+    ]
+    assert to_hex(legend.legend_handles[-1].get_facecolor()) == COLORS["cached"]
+    assert "6 rooms free (24 beds), 2 of them cached" in ax.get_title()
+    plt.close("all")
+    first = viz.plot_floor_plan(cached_hotel(), 0, beds_per_floor=16)  # nothing cached yet
+    assert COLORS["cached"] not in fills(first) and "cached" not in " ".join(legend_of(first)[1])
+    assert "cached" not in first.get_title()

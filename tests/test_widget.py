@@ -1,7 +1,9 @@
 """The hotel widget without a browser: frame encoding, colours, sampling, steps, the SVG fallback,
-the mimebundle, bad input."""
+the mimebundle, bad input, prefix-cached rooms."""
 
+import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from kvlab.widgets.frames import (
     KEY_EVENTS,
     align,
     block_table_text,
+    cached_rooms,
     default_room_size,
     encode,
     frame_at,
@@ -27,7 +30,7 @@ from kvlab.widgets.frames import (
     room_states,
     sample_frames,
 )
-from kvlab.widgets.palette import COLORS, GUEST_PALETTE, extra_color, guest_colors
+from kvlab.widgets.palette import COLORS, GUEST_PALETTE, LEGEND, extra_color, guest_colors
 from kvlab.workload import Request
 
 GOLDEN = Path(__file__).parent / "golden" / "hotel_frame.svg"
@@ -461,3 +464,129 @@ def test_the_readme_picture_is_lab03s_own_cell():
     assert "player = compare(" in shown and shown.endswith("\nplayer")
     for cell in (imports, shown, step):
         compile(cell, "cell", "exec")
+
+
+# --- prefix-cached rooms -----------------------------------------------------------------------
+
+TOKENS = {"alice": 10, "dave": 8, "bob": 10, "carol": 9, "erin": 6}
+CACHED_STORY = [  # event, guest, key cards, cached rooms in free-queue order
+    ("start", None, {}, ()),
+    ("check-in", "alice", {"alice": (0, 1, 2)}, ()),
+    ("check-in", "dave", {"alice": (0, 1, 2), "dave": (3, 4)}, ()),
+    ("check-out", "dave", {"alice": (0, 1, 2)}, (4, 3)),  # last room first
+    ("check-out", "alice", {}, (4, 3, 1, 0)),  # room 2 was not full: plain free
+    ("check-in", "bob", {"bob": (0, 1, 5)}, (4, 3)),  # found alice's rooms 0 and 1
+    ("check-in", "carol", {"bob": (0, 1, 5), "carol": (0, 1, 6)}, (4, 3)),
+    ("eviction", "erin", {"bob": (0, 1, 5), "carol": (0, 1, 6), "erin": (2, 4)}, (3,)),
+]
+
+
+def cached_trace() -> Trace:
+    """Prefix caching by hand in 8 rooms of 4 beds: dave and alice leave full rooms cached, bob
+    and carol find alice's two (then on two key cards), erin's check-in overwrites room 4."""
+    trace = Trace("paged", 8, 4)
+    for k, (event, guest, tables, cached) in enumerate(CACHED_STORY):
+        tokens = {g: TOKENS[g] for g in tables}
+        booked = {g: 4 * len(t) for g, t in tables.items()}
+        state = CacheState("paged", 8, 4, tables, tokens, booked, {}, cached)
+        trace.record(event, guest, k * 0.1, state)
+    return trace
+
+
+def test_cached_rooms_travel_in_the_frames_with_who_left_them():
+    trace = cached_trace()
+    assert trace.frames[4].cached == (4, 3, 1, 0) and trace.frames[0].cached == ()
+    assert trace.usage(4).free == 32  # cached rooms are free memory
+    data = encode(trace)
+    assert data["guests"] == ["alice", "dave", "bob", "carol", "erin"]
+    assert data["has_cached"] and data["palette"]["cached"] == COLORS["cached"]
+    assert data["legend"]["cached"] == LEGEND["cached"]
+    alice, dave = 0, 1
+    # a guest's rooms, freed last one first, are one run: [start, -length, guest]
+    assert data["frames"][4]["cached"] == [4, -2, dave, 1, -2, alice]
+    assert list(cached_rooms(data, 4).items()) == [(4, dave), (3, dave), (1, alice), (0, alice)]
+    assert [f["metrics"]["rooms_cached"] for f in data["frames"]] == [0, 0, 0, 2, 4, 2, 2, 1]
+    assert cached_rooms(data, 7) == {3: dave} and room_states(data, 7)[4].guest == 4  # erin
+    # rooms on two key cards after the prefix hit still count their key cards
+    carol = room_states(data, 6)
+    assert [carol[r].refs for r in (0, 1)] == [2, 2] and data["has_shared"]
+    assert all(carol[r].guest == -1 for r in cached_rooms(data, 6))
+    assert json.dumps(data) == json.dumps(encode(cached_trace()))  # deterministic
+    plain = cached_trace()
+    plain.frames = [replace(f, cached=()) for f in plain.frames]
+    extra = len(json.dumps(data)) - len(json.dumps(encode(plain)))
+    assert extra < 64 * len(plain.frames)  # two keys and a few numbers a frame
+
+
+def test_an_eviction_is_a_key_event():
+    trace = cached_trace()
+    assert "eviction" in EVENTS and "eviction" in KEY_EVENTS
+    (evicted,) = trace.events("eviction")
+    assert evicted in sample_frames(trace, every=100)
+    hotel = HotelFloorPlan(trace)
+    assert hotel.picture_step == 8 and "eviction erin" in hotel.to_svg()
+
+
+def test_cached_rooms_left_by_guests_no_sampled_frame_shows():
+    trace = Trace("paged", 4, 4)
+    states = [  # key cards, cached: room 3 was cached before the recording began
+        ({"alice": (0, 1)}, (3,)),
+        ({}, (3, 1, 0)),
+        ({}, (3, 1, 0)),
+    ]
+    for event, (tables, cached) in zip(("check-in", "check-out", "step"), states, strict=True):
+        state = CacheState("paged", 4, 4, tables, dict.fromkeys(tables, 8), {}, {}, cached)
+        trace.record(event, "alice" if tables else None, 0.0, state)
+    data = encode(trace, steps_only=True)
+    assert [f["event"] for f in data["frames"]] == ["step"]
+    assert data["guests"] == ["alice"] and data["colors"] == [guest_colors(trace)["alice"]]
+    assert list(cached_rooms(data, 0).items()) == [(3, -1), (1, 0), (0, 0)]
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 30), st.integers(-1, 3)), unique_by=lambda p: p[0], max_size=30
+    )
+)
+def test_cached_runs_keep_every_room_its_guest_and_its_place_in_the_queue(pairs):
+    from kvlab.widgets.frames import _cached_runs
+
+    flat = _cached_runs(pairs)
+    assert list(cached_rooms({"frames": [{"cached": flat}]}, 0).items()) == pairs
+    assert len(flat) <= 3 * len(pairs)
+
+
+def test_cached_rooms_in_the_svg():
+    hotel = HotelFloorPlan(cached_trace(), rooms_per_floor=8)
+    svg = hotel.to_svg(7)  # carol checked in: rooms 0, 1 shared, rooms 3, 4 cached
+    cached = f'fill="{COLORS["cached"]}"'
+    assert svg.count(cached) == 3  # two rooms and the legend's swatch
+    assert re.search(rf'<rect x="[\d.]+" y="[\d.]+" width="12" height="12" {cached}', svg)
+    assert svg.count('paint-order="stroke">2</text>') == 2  # the key-card count of rooms 0, 1
+    assert "2 rooms cached" in svg and LEGEND["cached"] in svg and "shared room" in svg
+    assert "1 room cached" in hotel.to_svg(8)
+    assert COLORS["cached"] not in hotel.to_svg(1) and "0 rooms cached" in hotel.to_svg(1)
+
+
+def test_cached_rooms_outside_the_hotel_are_refused():
+    bad = Trace("paged", 4, 4)
+    bad.record("start", None, 0.0, CacheState("paged", 4, 4, {}, {}, {}, {}, (2, 4)))
+    with pytest.raises(ValueError, match=r"frame 0: cached rooms \(2, 4\) must lie in .* 0..3"):
+        HotelFloorPlan(bad)
+
+
+def test_traces_without_cached_rooms_encode_as_before():
+    data = encode(small_paged_trace())
+    assert "has_cached" not in data and "cached" not in data["palette"]
+    assert list(data["legend"]) == ["used", "future", "internal", "free", "shared"]
+    assert all("cached" not in f and "rooms_cached" not in f["metrics"] for f in data["frames"])
+    svg = HotelFloorPlan(small_paged_trace()).to_svg()
+    assert COLORS["cached"] not in svg and "cached" not in svg
+
+
+def test_the_widget_draws_cached_rooms_in_the_palettes_colour():
+    hotel = HotelFloorPlan(cached_trace())
+    assert "data.palette.cached" in hotel._esm and "kvh-cached" in hotel._esm
+    assert "same prefix" in hotel._esm and ".kvh-event-eviction" in hotel._css
+    assert COLORS["cached"] not in (*GUEST_PALETTE, COLORS["future"], COLORS["internal"])
+    assert COLORS["cached"] not in (COLORS["used"], COLORS["free"])

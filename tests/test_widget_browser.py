@@ -3,7 +3,9 @@
 One JupyterLab session checks a small hotel (steps, key cards, selection), two hotels compared
 (legend, layout at 1366 px with the file browser open and when narrow, linked selection, a slider
 that reaches the longer hotel's last frame, 1-based steps, no "logical block" in a contiguous
-hotel) and times a 2,000-room hotel playing. Screenshots and timings go to ``tests/artifacts/``.
+hotel), a prefix-cached hotel (cached rooms in their colour, their tooltip, shared rooms still
+counted, an eviction) and times a 2,000-room hotel playing. Screenshots and timings go to
+``tests/artifacts/``.
 """
 
 import json
@@ -48,6 +50,28 @@ suites = replay(ContiguousKVCache(num_slots=2, max_seq_len=128, policy="max"), g
 rooms = replay(PagedCache(num_blocks=16, block_size=16), guests, record=True)
 """
 
+# Prefix caching by hand: dave and alice leave full rooms cached; bob and carol find alice's two
+# (rooms 0 and 1, then on two key cards); erin's check-in overwrites dave's room 6.
+CACHED_HOTEL = """\
+from kvlab.accounting import CacheState
+from kvlab.trace import Trace
+
+cached = Trace("paged", 16, 4)
+story = [
+    ("start", None, {}, ()),
+    ("check-in", "alice", {"alice": (0, 1, 2)}, ()),
+    ("check-in", "dave", {"alice": (0, 1, 2), "dave": (5, 6)}, ()),
+    ("check-out", "alice", {"dave": (5, 6)}, (1, 0)),
+    ("check-out", "dave", {}, (1, 0, 6, 5)),
+    ("check-in", "bob", {"bob": (0, 1, 3)}, (6, 5)),
+    ("check-in", "carol", {"bob": (0, 1, 3), "carol": (0, 1, 4)}, (6, 5)),
+    ("eviction", "erin", {"bob": (0, 1, 3), "carol": (0, 1, 4), "erin": (7, 6)}, (5,)),
+]
+for k, (event, guest, tables, rooms) in enumerate(story):
+    held = {g: 4 * len(t) for g, t in tables.items()}
+    cached.record(event, guest, k / 10, CacheState("paged", 16, 4, tables, held, held, {}, rooms))
+"""
+
 NOTEBOOK = [
     SMALL_HOTEL
     + """\
@@ -76,6 +100,10 @@ from kvlab.widgets import compare
 pair = compare({"max-length suites": suites.trace, "paged rooms": rooms.trace}, every=2,
                room_size=16, interval_ms=20)
 pair""",
+    CACHED_HOTEL
+    + """\
+prefix = animate(cached, title="prefix cached hotel", step=7, interval_ms=50)
+prefix""",
 ]
 
 HOTEL = """(index) => {
@@ -85,6 +113,7 @@ HOTEL = """(index) => {
           held: root.dataset.held === '1',
           header: root.querySelector('[data-metric="step"]').textContent,
           booked: rooms('.kvh-room.kvh-booked'), shared: rooms('.kvh-room.kvh-shared'),
+          cached: rooms('.kvh-room.kvh-cached'),
           picked: rooms('.kvh-room.kvh-picked'),
           pickedCards: [...root.querySelectorAll('.kvh-card-picked')].map(c => c.dataset.guest),
           legend: [...root.querySelectorAll('.kvh-legend-item')].filter(e => e.offsetWidth > 0)
@@ -244,6 +273,42 @@ def check_compare(page) -> None:
     assert page.locator(".widget-readout").nth(2).inner_text() == str(steps)
 
 
+def check_cached_hotel(page) -> None:
+    """Cached rooms in the palette's colour, with a tooltip that says whose tokens they keep and
+    when they go; rooms on two key cards keep their count; the eviction is named."""
+    from kvlab.widgets.frames import cached_rooms, encode
+    from kvlab.widgets.palette import COLORS
+
+    data = encode(expected(CACHED_HOTEL, "cached"))
+    hotel = page.locator(".kvh").nth(4)
+    state = page.evaluate(HOTEL, 4)
+    assert state["step"] == 7 and state["cached"] == sorted(cached_rooms(data, 6)) == [5, 6]
+    assert state["shared"] == [0, 1] and "cached" in state["legend"], state
+    badges = [hotel.locator(f".kvh-room[data-room='{r}'] .kvh-badge").inner_text() for r in (0, 1)]
+    assert badges == ["2", "2"]  # on bob's and carol's key cards
+    red, green, blue = (int(COLORS["cached"][i : i + 2], 16) for i in (1, 3, 5))
+    color = f"rgb({red}, {green}, {blue})"
+    room = hotel.locator(".kvh-room[data-room='5']")
+    assert room.evaluate("c => getComputedStyle(c).backgroundColor") == color
+    chip = hotel.locator(".kvh-legend-item[data-kind=cached] .kvh-chip")
+    assert chip.evaluate("c => getComputedStyle(c).backgroundColor") == color
+    assert hotel.locator("[data-metric='rooms cached']").inner_text() == "rooms cached 2"
+    tip = hover(page, hotel, ".kvh-room[data-room='6']")
+    assert "cached" in tip and "dave's 4 tokens" in tip and "same prefix" in tip, tip
+    assert "next to be overwritten" in tip, tip
+    tip = hover(page, hotel, ".kvh-room[data-room='5']")
+    assert "overwritten after 1 other cached room" in tip, tip
+    page.locator(".widget-play").nth(3).locator("button").nth(0).click()
+    page.wait_for_function(
+        "Number(document.querySelectorAll('.kvh')[4].dataset.step) === 8", timeout=30_000
+    )
+    state = page.evaluate(HOTEL, 4)
+    assert state["cached"] == [5] and 6 in state["booked"], state
+    event = hotel.locator(".kvh-event-eviction")
+    assert event.inner_text().startswith("event eviction erin")
+    hotel.screenshot(path=str(ARTIFACTS / "hotel_prefix_cached.png"))
+
+
 def measure_big_hotel(page) -> dict:
     """Play the 2,000-room hotel for a few seconds and read how long each step took to draw."""
     big = page.locator(".kvh").nth(1)
@@ -271,10 +336,11 @@ def test_hotel_widget_in_jupyterlab(notebook_url):
     with sync_playwright() as p:
         browser = launch(p)
         page = browser.new_page(viewport={"width": 1366, "height": 900})
-        run_all(page, notebook_url, 4, errors, ARTIFACTS / "failure.png")
+        run_all(page, notebook_url, 5, errors, ARTIFACTS / "failure.png")
         try:
             check_small_hotel(page)
             check_compare(page)
+            check_cached_hotel(page)
             figures = measure_big_hotel(page)
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "failure.png"))

@@ -7,6 +7,9 @@ share at their boundary is drawn for the booking holding more of its beds.
 
 A player shows steps 1..n; ``schedule[step - 1]`` is the frame a hotel shows at that step, so
 hotels played side by side stay in step, and one that finishes first holds its last frame.
+
+Cached rooms (prefix caching: free, still holding a past guest's tokens) travel only in traces
+that have some, so the data of every other trace stays as it was.
 """
 
 from __future__ import annotations
@@ -21,7 +24,14 @@ from kvlab.widgets.palette import COLORS, LEGEND, guest_colors
 
 MAX_DISPLAY_ROOMS = 4096
 # Frames a lesson is about, most telling first: sampling keeps them, the static picture shows one.
-KEY_EVENTS = ("impossible allocation", "out of memory", "preemption", "copy-on-write", "fork")
+KEY_EVENTS = (
+    "impossible allocation",
+    "out of memory",
+    "preemption",
+    "eviction",
+    "copy-on-write",
+    "fork",
+)
 
 
 class RoomState(NamedTuple):
@@ -75,6 +85,55 @@ def _runs(rooms: list[int]) -> list[int]:
     return flat
 
 
+def _cached_runs(rooms: list[tuple[int, int]]) -> list[int]:
+    """Cached ``(room, guest who left it)`` pairs, in free-queue order, as flat triples
+    ``[start, length, guest, ...]``: a run is adjacent rooms left by one guest, ascending, or
+    descending with a negative length (a guest checks out last room first)."""
+    flat: list[int] = []
+    for room, guest in rooms:
+        if flat and flat[-1] == guest:
+            start, length = flat[-3], flat[-2]
+            if room == start + length:  # the next room of the run, either way
+                flat[-2] += 1 if length > 0 else -1
+                continue
+            if length == 1 and room == start - 1:
+                flat[-2] = -2
+                continue
+        flat += [room, 1, guest]
+    return flat
+
+
+def cached_rooms(data: dict, frame: int) -> dict[int, int]:
+    """Cached display rooms of one frame -> the guest (index) who left each (-1: cached before
+    the recording began), in free-queue order: the first is overwritten first. The same
+    decoding as the widget's JavaScript."""
+    flat = data["frames"][frame].get("cached", [])
+    rooms: dict[int, int] = {}
+    for start, length, guest in zip(flat[::3], flat[1::3], flat[2::3], strict=True):
+        step = 1 if length > 0 else -1
+        for k in range(abs(length)):
+            rooms.setdefault(start + step * k, guest)
+    return rooms
+
+
+def _left_by(trace: Trace, chosen: list[int]) -> dict[int, list]:
+    """Per chosen frame with cached rooms: the guest who last held each of them, in free-queue
+    order (None when no frame shows one)."""
+    wanted = {i for i in chosen if trace.frames[i].cached}
+    holder: dict = {}
+    previous = None
+    left_by = {}
+    for i, frame in enumerate(trace.frames[: max(wanted, default=-1) + 1]):
+        if frame.tables != previous:  # a decode step that took no new room changes nobody
+            previous = frame.tables
+            for guest, table in frame.tables.items():
+                for room in table:
+                    holder[room] = guest
+        if i in wanted:
+            left_by[i] = [holder.get(room) for room in frame.cached]
+    return left_by
+
+
 def block_table_text(runs: list[int]) -> str:
     """A key card as ranges of consecutive rooms, in key-card order: ``"642–689, 700, 702–705"``.
     The widget's JavaScript writes the same text."""
@@ -100,6 +159,11 @@ def check_trace(trace: Trace, name: str = "trace") -> None:
         raise ValueError(f"{name} has no frames: record a cache (kvlab.recorder) before drawing it")
     previous = None
     for index, frame in enumerate(trace.frames):
+        if frame.cached and not 0 <= min(frame.cached) <= max(frame.cached) < trace.num_blocks:
+            raise ValueError(
+                f"frame {index}: cached rooms {frame.cached} must lie in the hotel's rooms "
+                f"0..{trace.num_blocks - 1}"
+            )
         if frame.tables == previous:
             continue
         previous = frame.tables
@@ -244,27 +308,35 @@ def encode(
     position = {i: k for k, i in enumerate(chosen)}
     guests: list = []
     index: dict = {}
+
+    def guest_index(guest) -> int:
+        if guest not in index:
+            index[guest] = len(guests)
+            guests.append(guest)
+        return index[guest]
+
+    left_by = _left_by(trace, chosen)
     frames = []
     for i in chosen:
         frame = trace.frames[i]
         raw = _cards(trace, frame, group)
-        cards = []
-        for guest, card_rooms, offset, used, future, internal in raw:
-            if guest not in index:
-                index[guest] = len(guests)
-                guests.append(guest)
-            cards.append([index[guest], _runs(card_rooms), offset, used, future, internal])
-        frames.append(
-            {
-                "event": frame.event,
-                "guest": None if frame.seq_id is None else str(frame.seq_id),
-                "time": round(frame.time, 3),
-                "note": frame.note,
-                "cards": cards,
-                "metrics": _metrics(trace, i, raw),
-            }
-        )
-    return {
+        cards = [[guest_index(g), _runs(r), *rest] for g, r, *rest in raw]
+        encoded = {
+            "event": frame.event,
+            "guest": None if frame.seq_id is None else str(frame.seq_id),
+            "time": round(frame.time, 3),
+            "note": frame.note,
+            "cards": cards,
+            "metrics": _metrics(trace, i, raw),
+        }
+        if left_by:
+            cached: dict[int, int] = {}
+            for room, guest in zip(frame.cached, left_by.get(i, ()), strict=True):
+                cached.setdefault(room // group, -1 if guest is None else guest_index(guest))
+            encoded["cached"] = _cached_runs(list(cached.items()))
+            encoded["metrics"]["rooms_cached"] = len(cached)
+        frames.append(encoded)
+    data = {
         "kind": trace.kind,
         "paged": is_paged(trace),
         "num_rooms": rooms,
@@ -273,11 +345,16 @@ def encode(
         "guests": [str(g) for g in guests],
         "colors": [colors[g] for g in guests],
         "palette": {k: COLORS[k] for k in ("future", "internal", "vacant", "edge", "shared")},
-        "legend": dict(LEGEND),
+        "legend": {k: LEGEND[k] for k in ("used", "future", "internal", "free", "shared")},
         "has_shared": any(f["metrics"]["rooms_shared"] for f in frames),
         "frames": frames,
         "schedule": [position[i] for i in schedule],
     }
+    if left_by:
+        data["has_cached"] = True
+        data["palette"]["cached"] = COLORS["cached"]
+        data["legend"]["cached"] = LEGEND["cached"]
+    return data
 
 
 def frame_at(data: dict, step: int) -> int:
@@ -328,6 +405,7 @@ __all__ = [
     "RoomState",
     "align",
     "block_table_text",
+    "cached_rooms",
     "check_trace",
     "default_room_size",
     "display_group",

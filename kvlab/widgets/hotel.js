@@ -10,8 +10,9 @@ function frameAt(data, step) {
 
 function roomStates(data, frameIndex, selected) {
   // Per room: owner guest (-1 free), beds used / reserved for future / never used, key cards
-  // holding it, logical index, and whether the selected guest holds it.
-  // Same arithmetic as frames.room_states.
+  // holding it, logical index, whether the selected guest holds it, and for a cached room the
+  // guest who left it and its place in the free queue.
+  // Same arithmetic as frames.room_states and frames.cached_rooms.
   const n = data.num_rooms;
   const size = data.beds_per_room;
   const owner = new Int32Array(n).fill(-1);
@@ -21,6 +22,22 @@ function roomStates(data, frameIndex, selected) {
   const refs = new Int32Array(n);
   const logicalOf = new Int32Array(n).fill(-1);
   const picked = new Uint8Array(n);
+  const cachedBy = new Int32Array(n).fill(-2); // -2: not cached; -1: cached before the recording
+  const queued = new Int32Array(n); // cached rooms ahead of it in the free queue
+  const cached = data.frames[frameIndex].cached || [];
+  let ahead = 0;
+  for (let r = 0; r < cached.length; r += 3) {
+    // runs [start, length, guest]: a negative length runs downwards
+    const [start, length, guest] = [cached[r], cached[r + 1], cached[r + 2]];
+    const direction = length > 0 ? 1 : -1;
+    for (let k = 0; k < Math.abs(length); k++) {
+      const room = start + direction * k;
+      if (cachedBy[room] === -2) {
+        cachedBy[room] = guest;
+        queued[room] = ahead++;
+      }
+    }
+  }
   const overlap = (lo, end, offset) => Math.max(0, Math.min(lo + size, offset + end) - Math.max(lo, offset));
   for (const [guest, runs, offset, u, f, i] of data.frames[frameIndex].cards) {
     let logical = 0;
@@ -40,7 +57,7 @@ function roomStates(data, frameIndex, selected) {
       }
     }
   }
-  return { owner, used, will, booked, refs, logicalOf, picked };
+  return { owner, used, will, booked, refs, logicalOf, picked, cachedBy, queued };
 }
 
 function blockTableText(runs) {
@@ -88,6 +105,7 @@ function legend(data) {
   item("future", [chip(data.palette.future)]);
   item("internal", [chip(data.palette.internal)]);
   item("free", [chip(data.palette.vacant, "kvh-chip-free")]);
+  if (data.has_cached) item("cached", [chip(data.palette.cached, "kvh-chip-free")]);
   if (data.has_shared) item("shared", [chip(data.palette.vacant, "kvh-chip-shared")]);
   return box;
 }
@@ -148,13 +166,14 @@ function render({ model, el }) {
 
   function paintRoom(room, selectedIndex, present) {
     const owner = state.owner[room];
-    const key = `${owner}|${state.used[room]}|${state.will[room]}|${state.booked[room]}|${state.refs[room]}|${present ? selectedIndex : -1}|${state.picked[room]}`;
+    const cached = owner === -1 && state.cachedBy[room] !== -2;
+    const key = `${owner}|${state.used[room]}|${state.will[room]}|${state.booked[room]}|${state.refs[room]}|${present ? selectedIndex : -1}|${state.picked[room]}|${cached}`;
     if (shown[room] === key) return;
     shown[room] = key;
     const { cell, badge } = rooms[room];
     if (owner === -1) {
-      cell.className = "kvh-room kvh-free";
-      cell.style.background = "";
+      cell.className = cached ? "kvh-room kvh-cached" : "kvh-room kvh-free";
+      cell.style.background = cached ? data.palette.cached : "";
       cell.style.boxShadow = "";
       badge.textContent = "";
       if (present) cell.classList.add("kvh-dim");
@@ -191,6 +210,7 @@ function render({ model, el }) {
       ["beds holding tokens", `${m.beds_used.toLocaleString()} / ${data.capacity.toLocaleString()} (${m.percent_used}%)`],
     ];
     if (m.largest_free_run !== null) items.push(["largest free extent", `${m.largest_free_run.toLocaleString()} beds`]);
+    if (data.has_cached) items.push(["rooms cached", `${m.rooms_cached}`]);
     metrics.innerHTML = "";
     for (const [label, value] of items) {
       const item = element("span", "kvh-metric");
@@ -258,6 +278,7 @@ function render({ model, el }) {
     const owner = state.owner[room];
     const size = data.beds_per_room;
     const where = data.paged || size === 1 ? `room ${room}` : `room ${room} (beds ${(room * size).toLocaleString()}–${((room + 1) * size - 1).toLocaleString()})`;
+    if (owner < 0 && state.cachedBy[room] !== -2) return describeCached(room, where);
     if (owner < 0) return `${where}: free`;
     const used = state.used[room];
     const future = state.will[room] - used;
@@ -268,6 +289,15 @@ function render({ model, el }) {
     if (never) text += `, ${never} never used`;
     if (state.refs[room] > 1) text += `; shared: on ${state.refs[room]} key cards`;
     return text;
+  }
+
+  function describeCached(room, where) {
+    const by = state.cachedBy[room];
+    const beds = plural(data.beds_per_room, "token");
+    const kept = by >= 0 ? `${data.guests[by]}'s ${beds}` : `${beds} from before the recording`;
+    const ahead = state.queued[room];
+    const when = ahead === 0 ? "next to be overwritten" : `overwritten after ${plural(ahead, "other cached room")}`;
+    return `${where}: cached: free, but still holds ${kept}; a guest with the same prefix can move in without recomputing them; ${when} when a room is needed`;
   }
 
   cards.addEventListener("click", (event) => {

@@ -2,14 +2,15 @@
 
 Same colours and words as the widget: a room fills from the bottom with the guest's tokens, then
 amber beds reserved for future tokens, then red beds never used; a thin strip in the guest's
-colour along the top says whose room it is; shared rooms are outlined in black.
+colour along the top says whose room it is; shared rooms are outlined in black; cached rooms
+(free, still holding a past guest's tokens) are pale cyan.
 """
 
 from __future__ import annotations
 
 from html import escape
 
-from kvlab.widgets.frames import frame_at, room_states
+from kvlab.widgets.frames import cached_rooms, frame_at, room_states
 
 CELL, GAP, LABEL, TOP = 12, 1, 28, 46
 CHAR = 4.8  # rough width of one 9-px sans-serif character, to lay out captions and the legend
@@ -29,10 +30,15 @@ def _caption(data: dict, step: int) -> tuple[str, str]:
     )
     if m["largest_free_run"] is not None:
         second += f" · largest free extent {m['largest_free_run']:,} beds"
+    if "rooms_cached" in m:
+        n = m["rooms_cached"]
+        second += f" · {n} room{'' if n == 1 else 's'} cached"
     return first, second
 
 
-def _legend(data: dict, states: list, width: float, y: float) -> tuple[list[str], float]:
+def _legend(
+    data: dict, states: list, cached: bool, width: float, y: float
+) -> tuple[list[str], float]:
     """Swatches in the widget's words, wrapped to ``width``; returns the parts and the height.
     The tokens swatch shows colours of guests in the picture."""
     guests = [s.guest for s in states if s.guest >= 0]
@@ -41,6 +47,8 @@ def _legend(data: dict, states: list, width: float, y: float) -> tuple[list[str]
     ]
     items = [("used", colors), ("future", [data["palette"]["future"]])]
     items += [("internal", [data["palette"]["internal"]]), ("free", [data["palette"]["vacant"]])]
+    if cached:
+        items.append(("cached", [data["palette"]["cached"]]))
     if any(s.refs > 1 for s in states):
         items.append(("shared", [data["palette"]["vacant"]]))
     parts, x, line = [], 2.0, 0
@@ -62,11 +70,12 @@ def _legend(data: dict, states: list, width: float, y: float) -> tuple[list[str]
     return parts, 12 * (line + 1)
 
 
-def _room(x: float, y: float, cell: float, size: int, state, data: dict) -> list[str]:
+def _room(x: float, y: float, cell: float, size: int, state, data: dict, cached: bool) -> list[str]:
     palette = data["palette"]
     box = f'x="{x:g}" y="{y:g}" width="{cell:g}" height="{cell:g}"'
     if state.guest < 0:
-        return [f'<rect {box} fill="{palette["vacant"]}" stroke="{palette["edge"]}"/>']
+        fill = palette["cached"] if cached else palette["vacant"]
+        return [f'<rect {box} fill="{fill}" stroke="{palette["edge"]}"/>']
     color = data["colors"][state.guest]
     full = state.used + state.future + state.internal == size
     parts = [] if full else [f'<rect {box} fill="{palette["vacant"]}"/>']
@@ -103,6 +112,7 @@ def hotel_svg(
     """One hotel at player step ``step`` (1-based): its SVG elements, width and height."""
     index = frame_at(data, step)
     states = room_states(data, index)
+    cached = {room for room in cached_rooms(data, index) if states[room].guest < 0}
     size = data["beds_per_room"]
     floors = -(-data["num_rooms"] // rooms_per_floor)
     first, second = _caption(data, step)
@@ -121,8 +131,9 @@ def hotel_svg(
         )
     for room, state in enumerate(states):
         floor, col = divmod(room, rooms_per_floor)
-        parts += _room(LABEL + col * pitch, TOP + floor * pitch, cell, size, state, data)
-    legend, legend_height = _legend(data, states, width, TOP + floors * pitch + 6)
+        x, y = LABEL + col * pitch, TOP + floor * pitch
+        parts += _room(x, y, cell, size, state, data, room in cached)
+    legend, legend_height = _legend(data, states, bool(cached), width, TOP + floors * pitch + 6)
     return parts + legend, width, TOP + floors * pitch + 8 + legend_height
 
 
