@@ -63,11 +63,31 @@ def allocator(n: int = 1_000_000) -> dict:
             m.fork("parent", i)
             m.free(i)
 
+    def append_cached(count):
+        m = BlockManager(count // 16 + 2, 16, enable_prefix_caching=True)
+        m.allocate("a", [0])
+        append = m.append_slot
+        for i in range(count):
+            append("a", i)
+
+    def allocate_hit_free(count, tokens=512):
+        m = BlockManager(64, 16, enable_prefix_caching=True)
+        prompt = list(range(tokens))
+        m.allocate("warm", prompt)
+        m.free("warm")
+        for i in range(count):
+            m.allocate(i, prompt)
+            m.free(i)
+
     results = {
         "append_slot_per_s (one guest)": _rate(append_one_guest, n),
+        "append_slot_per_s (prefix caching, a block hashed every 16)": _rate(append_cached, n),
         "append_slot_per_s (256 guests, round robin)": _rate(append_round_robin, n),
         "allocate+free_per_s (512 tokens = 32 rooms)": _rate(allocate_free, n // 20),
         "fork+free_per_s (32 shared rooms)": _rate(fork_free, n // 20),
+        "allocate+free_per_s (prefix caching, 31 of 32 rooms cached)": _rate(
+            allocate_hit_free, n // 20
+        ),
     }
     return {
         "benchmark": "allocator",

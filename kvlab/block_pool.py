@@ -1,5 +1,5 @@
-"""The pool of physical KV blocks: reference counts, a free queue in LRU order, and room for a
-``block_hash -> block`` map (prefix caching, Lab 07).
+"""The pool of physical KV blocks: reference counts, a free queue in LRU order, and the
+``block_hash -> block`` map of prefix caching (Lab 07).
 
 Freed blocks join the back of the free queue and new blocks come from the front, so the block
 freed longest ago is handed out first. A block that still holds a cached prefix can then stay
@@ -10,24 +10,50 @@ findable by its hash for as long as possible, and be taken back out of the middl
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 
 from kvlab.validate import positive_int
+
+ROOT_HASH = 0  # the "parent hash" of a sequence's first block
+
+
+def hash_block_tokens(parent_hash: int, token_ids: Sequence[int]) -> int:
+    """The hash of one full block: chained to its parent block's hash, so the same tokens after a
+    different prefix hash differently. Python's tuple-of-ints hash is the same in every process
+    (ints are never salted). A hash is only a lookup key: a hit is confirmed by comparing tokens."""
+    return hash((parent_hash, tuple(token_ids)))
 
 
 class Block:
     """One physical block: its id, how many block tables hold it, and (once full and cached) the
-    hash of the tokens it holds."""
+    hash and token ids it holds, with the block before it in the prefix.
 
-    __slots__ = ("block_id", "ref_count", "block_hash")
+    ``epoch`` counts how often the block was handed out: a cached block remembers its parent's
+    epoch, so a parent overwritten since (same object, other tokens) never confirms a hit.
+    """
+
+    __slots__ = (
+        "block_id",
+        "ref_count",
+        "block_hash",
+        "token_ids",
+        "parent",
+        "parent_epoch",
+        "epoch",
+    )
 
     def __init__(self, block_id: int):
         self.block_id = block_id
         self.ref_count = 0
         self.block_hash: Hashable | None = None
+        self.token_ids: tuple[int, ...] | None = None
+        self.parent: Block | None = None
+        self.parent_epoch = 0
+        self.epoch = 0
 
     def __repr__(self) -> str:
-        return f"Block({self.block_id}, ref_count={self.ref_count})"
+        cached = "" if self.block_hash is None else ", cached"
+        return f"Block({self.block_id}, ref_count={self.ref_count}{cached})"
 
 
 class FreeBlockQueue:
@@ -61,10 +87,17 @@ class FreeBlockQueue:
         """Ids from the front (handed out next) to the back (freed last)."""
         return list(self._blocks)
 
+    def blocks(self) -> list[Block]:
+        """The blocks from the front (handed out next) to the back (freed last)."""
+        return list(self._blocks.values())
+
+    def __contains__(self, block: Block) -> bool:
+        return block.block_id in self._blocks
+
 
 class BlockPool:
     """``num_blocks`` blocks; hands them out, takes references back, and keeps the cached ones
-    findable by hash until their block is reused."""
+    findable by hash until their block is handed out again (evicted)."""
 
     def __init__(self, num_blocks: int):
         self.num_blocks = positive_int("num_blocks", num_blocks)
@@ -72,17 +105,20 @@ class BlockPool:
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[Hashable, Block] = {}  # block_hash -> block (filled by prefix caching)
         self.num_shared = 0  # blocks held by more than one block table
+        self.num_evictions = 0  # cached blocks handed out again (their tokens forgotten)
 
     @property
     def num_free_blocks(self) -> int:
+        """Blocks that can be handed out now: plain free and cached-evictable, each once."""
         return len(self.free_queue)
 
     def get_new_block(self) -> Block:
         """The block at the front of the free queue, now held once. A cached block handed out
-        loses its hash: its old contents are about to be overwritten."""
+        is evicted: it loses its hash, since its old contents are about to be overwritten."""
         block = self.free_queue.popleft()
         if block.block_hash is not None:
-            self._forget(block)
+            self._evict(block)
+        block.epoch += 1
         block.ref_count = 1
         return block
 
@@ -93,13 +129,36 @@ class BlockPool:
         blocks = self.free_queue.popleft_n(n)
         for block in blocks:
             if block.block_hash is not None:
-                self._forget(block)
+                self._evict(block)
+            block.epoch += 1
             block.ref_count = 1
         return blocks
 
-    def _forget(self, block: Block) -> None:
+    def _evict(self, block: Block) -> None:
         del self.cached[block.block_hash]
-        block.block_hash = None
+        block.block_hash = block.token_ids = block.parent = None
+        self.num_evictions += 1
+
+    def cache(self, block: Block, block_hash: Hashable, token_ids: tuple, parent) -> bool:
+        """Make a full block findable by ``block_hash``. A hash already taken keeps its block
+        (this one stays unfindable, and is plain free once nobody holds it)."""
+        if block_hash in self.cached or block.block_hash is not None:
+            return False
+        block.block_hash, block.token_ids, block.parent = block_hash, token_ids, parent
+        block.parent_epoch = 0 if parent is None else parent.epoch
+        self.cached[block_hash] = block
+        return True
+
+    def lookup(self, block_hash: Hashable, token_ids: tuple, parent) -> Block | None:
+        """The cached block holding ``token_ids`` right after ``parent`` (None: the first block),
+        or None. The hash only finds a candidate; its tokens and its parent confirm it, so a
+        hash collision can never share another prefix's K/V."""
+        block = self.cached.get(block_hash)
+        if block is None or block.token_ids != token_ids or block.parent is not parent:
+            return None
+        if parent is not None and block.parent_epoch != parent.epoch:
+            return None
+        return block
 
     def share(self, blocks: Iterable[Block]) -> None:
         """One more block table holds each block (a fork, or a cache hit on a free block)."""
@@ -111,7 +170,7 @@ class BlockPool:
 
     def free_blocks(self, blocks: Iterable[Block]) -> None:
         """Each block loses one holder; blocks nobody holds join the back of the free queue, in
-        the order given."""
+        the order given (cached ones stay findable there until they are handed out)."""
         append = self.free_queue.append
         for block in blocks:
             if block.ref_count < 1:

@@ -10,10 +10,13 @@ sequence about to write into a shared, partly filled block first moves to a fres
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import numbers
+import operator
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass, replace
 
 from kvlab.accounting import CacheState, Usage, usage
-from kvlab.block_pool import Block, BlockPool
+from kvlab.block_pool import ROOT_HASH, Block, BlockPool, hash_block_tokens
 from kvlab.contiguous import torch_dtype
 from kvlab.errors import OutOfMemory
 from kvlab.validate import positive_int
@@ -25,20 +28,86 @@ class OutOfBlocks(OutOfMemory):
     unit = "rooms"
 
 
-class BlockManager:
-    """Keeps every sequence's block table on top of a :class:`~kvlab.block_pool.BlockPool`."""
+@dataclass(frozen=True)
+class PrefixCacheStats:
+    """What prefix caching found: prompt tokens looked up and found (hits), cached blocks handed
+    out again (evictions), and blocks findable now (in use or evictable)."""
 
-    def __init__(self, num_blocks: int, block_size: int):
+    queries: int
+    hits: int
+    evictions: int
+    cached_blocks: int
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+def _token_id(value, name: str) -> int:
+    """``value`` as a token id: an int (or anything that is one, like a NumPy integer), not a bool."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int token id, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int token id, got {value!r}") from None
+
+
+def _prompt(prompt) -> tuple[int, list[int] | None]:
+    """A prompt given as a token count or as token ids: (its length, its ids or None)."""
+    if isinstance(prompt, numbers.Integral) and not isinstance(prompt, bool):
+        if prompt < 1:
+            raise ValueError(f"prompt (a token count) must be >= 1, got {prompt}")
+        return int(prompt), None
+    if isinstance(prompt, (str, bytes, Mapping)) or not isinstance(prompt, Iterable):
+        raise TypeError(
+            f"prompt must be a token count (int) or a sequence of token ids, got {prompt!r}"
+        )
+    ids = [_token_id(t, f"prompt[{i}]") for i, t in enumerate(prompt)]
+    if not ids:
+        raise ValueError("prompt must hold at least one token id, got none")
+    return len(ids), ids
+
+
+class BlockManager:
+    """Keeps every sequence's block table on top of a :class:`~kvlab.block_pool.BlockPool`.
+
+    With ``enable_prefix_caching`` a prompt given as token ids starts from the blocks of the
+    longest cached prefix (shared, not recomputed), and every full block of a sequence whose
+    tokens are known becomes findable by a hash chained to its parent's. Blocks nobody holds stay
+    cached in the free queue until they are handed out again (least recently freed first).
+    ``hash_fn(parent_hash, token_ids)`` is for tests that force collisions.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_prefix_caching: bool = False,
+        hash_fn=hash_block_tokens,
+    ):
         self.block_size = positive_int("block_size", block_size)
+        if not isinstance(enable_prefix_caching, bool):
+            raise TypeError(f"enable_prefix_caching must be a bool, got {enable_prefix_caching!r}")
+        if not callable(hash_fn):
+            raise TypeError(f"hash_fn must be a function (parent_hash, token_ids), got {hash_fn!r}")
         self.pool = BlockPool(num_blocks)
         self.num_blocks = self.pool.num_blocks
+        self.enable_prefix_caching = enable_prefix_caching
+        self.hash_fn = hash_fn
         self._tables: dict[Hashable, list[Block]] = {}
         self._tokens: dict[Hashable, int] = {}
+        self._token_ids: dict[Hashable, list[int]] = {}  # with prefix caching, when known
+        self._hashes: dict[Hashable, list] = {}  # chained hashes of each known full block
+        self._num_cached: dict[Hashable, int] = {}  # prompt tokens found cached at allocate
+        self._queries = self._hits = 0
         self.final: dict[Hashable, int] = {}  # expected final length per sequence, when known
 
     # --- queries -----------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
+        """Blocks that can be handed out now: free and cached-evictable, each counted once."""
         return len(self.pool.free_queue)
 
     @property
@@ -53,11 +122,29 @@ class BlockManager:
         """Tokens held by every sequence (a shared block's tokens once per sequence)."""
         return sum(self._tokens.values())
 
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        pool = self.pool
+        return PrefixCacheStats(self._queries, self._hits, pool.num_evictions, len(pool.cached))
+
+    def cached_block_ids(self) -> list[int]:
+        """Cached-evictable blocks (nobody holds them; a prompt with their prefix can), in the
+        order they would be handed out."""
+        return [b.block_id for b in self.pool.free_queue.blocks() if b.block_hash is not None]
+
+    def num_cached_tokens(self, seq_id) -> int:
+        """Prompt tokens found cached when ``seq_id`` was allocated: a multiple of block_size,
+        always less than the prompt (its last token is always computed)."""
+        self._table(seq_id)
+        return self._num_cached[seq_id]
+
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-positive_int("num_tokens", num_tokens) // self.block_size)
 
-    def can_allocate(self, num_tokens: int) -> bool:
-        return self.blocks_needed(num_tokens) <= self.num_free_blocks
+    def can_allocate(self, prompt) -> bool:
+        """Whether :meth:`allocate` of this prompt (a count, or token ids) would succeed now."""
+        needed, available, _, _ = self._plan(*_prompt(prompt))
+        return needed <= available
 
     def can_append(self, seq_id) -> bool:
         """Whether :meth:`append_slot` would succeed: the token fits in the last block, or a free
@@ -78,6 +165,12 @@ class BlockManager:
     def num_tokens(self, seq_id) -> int:
         self._table(seq_id)
         return self._tokens[seq_id]
+
+    def token_ids(self, seq_id) -> list[int] | None:
+        """The sequence's token ids, when prefix caching knows them (None otherwise)."""
+        self._table(seq_id)
+        ids = self._token_ids.get(seq_id)
+        return None if ids is None else list(ids)
 
     def ref_count(self, block_id: int) -> int:
         positive_int("block_id", block_id, minimum=0)
@@ -107,49 +200,122 @@ class BlockManager:
         if seq_id in self._tables:
             raise ValueError(f"seq_id {seq_id!r} already exists")
 
-    def _out_of_blocks(self, seq_id, needed: int) -> OutOfBlocks:
-        free = self.num_free_blocks
+    def _out_of_blocks(self, seq_id, needed: int, available: int | None = None) -> OutOfBlocks:
+        free = self.num_free_blocks if available is None else available
         return OutOfBlocks(
             f"{seq_id!r} needs {needed} free block(s), {free} free of {self.num_blocks}",
             needed=needed,
         )
 
+    # --- prefix caching ------------------------------------------------------------------------
+    def _cached_prefix(self, ids: list[int]) -> tuple[list[Block], list]:
+        """The blocks of the longest cached prefix of ``ids`` and their hashes. The last token is
+        never covered: a prompt of k full blocks reuses at most k - 1."""
+        size, lookup, hash_fn = self.block_size, self.pool.lookup, self.hash_fn
+        blocks, hashes = [], []
+        parent_hash, parent = ROOT_HASH, None
+        for start in range(0, len(ids) - 1 - (len(ids) - 1) % size, size):
+            tokens = tuple(ids[start : start + size])
+            block_hash = hash_fn(parent_hash, tokens)
+            block = lookup(block_hash, tokens, parent)
+            if block is None:
+                break
+            blocks.append(block)
+            hashes.append(block_hash)
+            parent_hash, parent = block_hash, block
+        return blocks, hashes
+
+    def _plan(self, num_tokens: int, ids: list[int] | None, extra: int = 0):
+        """(new blocks needed, blocks that can supply them, cached prefix, its hashes) for a
+        prompt plus ``extra`` tokens; nothing changes. A cached block nobody holds is free until
+        the prompt takes it, so it cannot also supply a new block."""
+        cached, hashes = ([], [])
+        if ids is not None and self.enable_prefix_caching:
+            cached, hashes = self._cached_prefix(ids)
+        needed = self.blocks_needed(num_tokens + extra) - len(cached)
+        available = self.num_free_blocks - sum(b.ref_count == 0 for b in cached)
+        return needed, available, cached, hashes
+
+    def _cache_full_blocks(self, seq_id) -> None:
+        """Make the sequence's full blocks that are not yet hashed findable, in order."""
+        ids, hashes, table = self._token_ids[seq_id], self._hashes[seq_id], self._tables[seq_id]
+        size = self.block_size
+        for i in range(len(hashes), self._tokens[seq_id] // size):
+            tokens = tuple(ids[i * size : (i + 1) * size])
+            block_hash = self.hash_fn(hashes[-1] if hashes else ROOT_HASH, tokens)
+            hashes.append(block_hash)
+            self.pool.cache(table[i], block_hash, tokens, table[i - 1] if i else None)
+
     # --- changes -----------------------------------------------------------------------------
-    def allocate(self, seq_id, num_tokens: int) -> list[int]:
-        """Check in a new sequence holding ``num_tokens`` prompt tokens; return its block table."""
+    def allocate(self, seq_id, prompt) -> list[int]:
+        """Check in a new sequence holding a prompt: ``prompt`` is a token count, or the token
+        ids (with prefix caching, the full blocks of its longest cached prefix are shared instead
+        of taken fresh). Returns its block table."""
         self._new(seq_id)
-        needed = self.blocks_needed(num_tokens)
-        if needed > self.num_free_blocks:
-            raise self._out_of_blocks(seq_id, needed)
-        table = self._tables[seq_id] = self.pool.get_new_blocks(needed)
+        num_tokens, ids = _prompt(prompt)
+        needed, available, cached, hashes = self._plan(num_tokens, ids)
+        if needed > available:
+            raise self._out_of_blocks(seq_id, needed, available)
+        self.pool.share(cached)
+        table = self._tables[seq_id] = cached + self.pool.get_new_blocks(needed)
         self._tokens[seq_id] = num_tokens
+        self._num_cached[seq_id] = len(cached) * self.block_size
+        if ids is not None and self.enable_prefix_caching:
+            self._token_ids[seq_id], self._hashes[seq_id] = ids, hashes
+            self._queries += num_tokens
+            self._hits += len(cached) * self.block_size
+            self._cache_full_blocks(seq_id)
         return [block.block_id for block in table]
 
-    def append_slot(self, seq_id) -> tuple[int, int] | None:
-        """Make room for one more token of ``seq_id``.
+    def append_slot(self, seq_id, token_id=None) -> tuple[int, int] | None:
+        """Make room for one more token of ``seq_id`` (with prefix caching, pass its id: a block
+        that becomes full is hashed and findable at once).
 
         Returns None when the token fits in place (last block has a free slot and is not shared)
         or got a fresh block; returns ``(src_block, dst_block)`` after a copy-on-write, so the
         caller copies the shared block's K and V into the new one.
         """
         table = self._table(seq_id)
+        ids = self._token_ids.get(seq_id)
+        if ids is not None:
+            if token_id.__class__ is not int:  # the usual int passes without a call
+                token_id = self._check_token_id(seq_id, ids, token_id)
+        elif token_id is not None:
+            self._check_token_id(seq_id, ids, token_id)
         tokens = self._tokens[seq_id]
+        moved = None
         if tokens % self.block_size == 0:  # the last block is full: take a fresh one
             if not self.pool.free_queue:
                 raise self._out_of_blocks(seq_id, 1)
             table.append(self.pool.get_new_block())
-            self._tokens[seq_id] = tokens + 1
-            return None
-        last = table[-1]
-        if last.ref_count == 1:
-            self._tokens[seq_id] = tokens + 1
-            return None
-        if not self.pool.free_queue:  # shared and partly filled: copy-on-write
-            raise self._out_of_blocks(seq_id, 1)
-        table[-1] = self.pool.get_new_block()
-        self.pool.free_blocks([last])
+        elif table[-1].ref_count > 1:  # shared and partly filled: copy-on-write
+            if not self.pool.free_queue:
+                raise self._out_of_blocks(seq_id, 1)
+            last = table[-1]
+            table[-1] = self.pool.get_new_block()
+            self.pool.free_blocks([last])
+            moved = last.block_id, table[-1].block_id
         self._tokens[seq_id] = tokens + 1
-        return last.block_id, table[-1].block_id
+        if ids is not None:
+            ids.append(token_id)
+            if (tokens + 1) % self.block_size == 0:
+                self._cache_full_blocks(seq_id)
+        return moved
+
+    def _check_token_id(self, seq_id, ids, token_id) -> int | None:
+        if ids is None:
+            if not self.enable_prefix_caching:
+                return _token_id(token_id, "token_id")  # checked, then not needed
+            raise ValueError(
+                f"{seq_id!r} was allocated with a token count, so its token ids are unknown: "
+                "call append_slot without token_id (or allocate it with token ids)"
+            )
+        if token_id is None:
+            raise ValueError(
+                f"{seq_id!r} was allocated with token ids and prefix caching is on: pass the new "
+                "token's id, append_slot(seq_id, token_id)"
+            )
+        return _token_id(token_id, "token_id")
 
     def fork(self, parent_id, child_id) -> None:
         """The child shares every block of the parent (each block's ref_count goes up by one)."""
@@ -158,21 +324,58 @@ class BlockManager:
         self.pool.share(table)
         self._tables[child_id] = list(table)
         self._tokens[child_id] = self._tokens[parent_id]
+        self._num_cached[child_id] = self._num_cached[parent_id]
+        if parent_id in self._token_ids:
+            self._token_ids[child_id] = list(self._token_ids[parent_id])
+            self._hashes[child_id] = list(self._hashes[parent_id])
         if parent_id in self.final:
             self.final[child_id] = self.final[parent_id]
 
     def free(self, seq_id) -> None:
         """Check out: drop one reference to each block; blocks nobody holds join the free queue
-        (the last block first, so a sequence's first blocks stay unused longest)."""
+        (the last block first, so a sequence's first blocks stay unused longest, and a cached
+        prefix loses its tail before its head)."""
         table = self._table(seq_id)
         self.pool.free_blocks(reversed(table))
-        del self._tables[seq_id], self._tokens[seq_id]
+        del self._tables[seq_id], self._tokens[seq_id], self._num_cached[seq_id]
+        self._token_ids.pop(seq_id, None)
+        self._hashes.pop(seq_id, None)
         self.final.pop(seq_id, None)
+
+    # --- checks --------------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Raise AssertionError unless every block is exactly one of in use (held by as many block
+        tables as its ref_count), cached-evictable (nobody holds it, findable by its hash) or free,
+        and every table fits its tokens. For tests and graders: O(blocks + table entries)."""
+        holders: dict[int, int] = {}
+        for seq_id, table in self._tables.items():
+            tokens = self._tokens[seq_id]
+            assert len(table) == -(-tokens // self.block_size), f"{seq_id!r}: wrong table length"
+            ids = self._token_ids.get(seq_id)
+            assert ids is None or len(ids) == tokens, f"{seq_id!r}: token ids do not match"
+            for block in table:
+                holders[block.block_id] = holders.get(block.block_id, 0) + 1
+        queue = self.pool.free_queue
+        in_use = evictable = free = 0
+        for block in self.pool.blocks:
+            held = holders.get(block.block_id, 0)
+            assert block.ref_count == held, f"block {block.block_id}: ref_count {block.ref_count}"
+            assert (block in queue) == (held == 0), f"block {block.block_id}: queue membership"
+            if block.block_hash is not None:
+                assert self.pool.cached.get(block.block_hash) is block, "cached map out of step"
+                assert len(block.token_ids) == self.block_size, "a cached block is not full"
+            in_use += held > 0
+            evictable += held == 0 and block.block_hash is not None
+            free += held == 0 and block.block_hash is None
+        assert in_use + evictable + free == self.num_blocks
+        assert len(self.pool.cached) == sum(b.block_hash is not None for b in self.pool.blocks)
+        assert self.pool.num_shared == sum(n > 1 for n in holders.values()), "num_shared"
 
     # --- accounting ----------------------------------------------------------------------------
     def memory_report(self) -> Usage:
         """Slots split into used / reserved-for-future / internal / free (a block on several
-        block tables counts once: see :func:`kvlab.accounting.usage`)."""
+        block tables counts once: see :func:`kvlab.accounting.usage`; cached-evictable blocks
+        are free: they can be handed out now)."""
         size = self.block_size
         tables = self._block_ids() if self.pool.num_shared else None
         return usage(self.num_blocks * size, size, self._booked(), self._tokens, self.final, tables)
@@ -184,21 +387,32 @@ class BlockManager:
         return {s: len(t) * self.block_size for s, t in self._tables.items()}
 
     def state(self) -> CacheState:
-        """Block tables, tokens, bookings and final lengths now (what a recorder keeps)."""
+        """Block tables, tokens, bookings, final lengths and cached-evictable blocks now (what a
+        recorder keeps)."""
         tables, tokens, final = self._block_ids(), dict(self._tokens), dict(self.final)
-        return CacheState(
+        state = CacheState(
             "paged", self.num_blocks, self.block_size, tables, tokens, self._booked(), final
         )
+        if self.pool.cached:
+            state = replace(state, cached=tuple(self.cached_block_ids()))
+        return state
 
 
 class PagedCache:
     """A :class:`BlockManager` as a cache the scheduler drives (the same calls as
     :class:`~kvlab.contiguous.ContiguousKVCache`): admit books the prompt's blocks, append takes a
     block only when the last one is full, release checks out. Accounts only: the tensors live in
-    :class:`PagedKVCache`."""
+    :class:`PagedKVCache`. With ``enable_prefix_caching`` the scheduler passes token ids, and a
+    prompt's cached prefix is shared and not computed again (:meth:`num_cached_tokens`)."""
 
-    def __init__(self, num_blocks: int, block_size: int):
-        self.manager = BlockManager(num_blocks, block_size)
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False):
+        self.manager = BlockManager(
+            num_blocks, block_size, enable_prefix_caching=enable_prefix_caching
+        )
+
+    @property
+    def prefix_caching(self) -> bool:
+        return self.manager.enable_prefix_caching
 
     @property
     def capacity(self) -> int:
@@ -209,7 +423,8 @@ class PagedCache:
 
     @property
     def allocated_tokens(self) -> int:
-        """Slots in blocks handed out now, filled or not."""
+        """Slots in blocks held by some sequence now, filled or not (cached-evictable blocks are
+        free)."""
         manager = self.manager
         return (manager.num_blocks - manager.num_free_blocks) * manager.block_size
 
@@ -218,28 +433,41 @@ class PagedCache:
         """Tokens held by every sequence (a shared block's tokens once per sequence)."""
         return self.manager.held_tokens
 
-    def refusal(self, prompt_len: int, output_len: int | None = None) -> OutOfBlocks | None:
+    def refusal(
+        self, prompt_len: int, output_len: int | None = None, token_ids=None
+    ) -> OutOfBlocks | None:
         """Why admitting now would fail, or None (nothing changes). Admitting means computing the
         first new token in the same step, so a sequence with tokens to generate needs room for
-        its prompt and one more token."""
+        its prompt and one more token (less its cached prefix, with prefix caching)."""
         more = 0 if output_len == 0 else 1
-        needed = self.manager.blocks_needed(prompt_len + more)
-        if needed > self.manager.num_free_blocks:
-            return OutOfBlocks(
-                f"{needed} free block(s) needed, {self.manager.num_free_blocks} free", needed=needed
-            )
+        manager = self.manager
+        ids = None if token_ids is None else list(token_ids)
+        needed, available, _, _ = manager._plan(prompt_len, ids, extra=more)
+        if needed > available:
+            return OutOfBlocks(f"{needed} free block(s) needed, {available} free", needed=needed)
         return None
 
-    def admit(self, seq_id, prompt_len: int, output_len: int | None = None) -> None:
-        self.manager.allocate(seq_id, prompt_len)
+    def admit(self, seq_id, prompt_len: int, output_len: int | None = None, token_ids=None) -> None:
+        if token_ids is not None and len(token_ids) != prompt_len:
+            raise ValueError(
+                f"token_ids holds {len(token_ids)} ids for a prompt of prompt_len={prompt_len}"
+            )
+        self.manager.allocate(seq_id, prompt_len if token_ids is None else token_ids)
         if output_len is not None:
             self.manager.final[seq_id] = prompt_len + output_len
+
+    def num_cached_tokens(self, seq_id) -> int:
+        return self.manager.num_cached_tokens(seq_id)
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        return self.manager.prefix_cache_stats
 
     def can_append(self, seq_id) -> bool:
         return self.manager.can_append(seq_id)
 
-    def append(self, seq_id) -> None:
-        self.manager.append_slot(seq_id)
+    def append(self, seq_id, token_id=None) -> None:
+        self.manager.append_slot(seq_id, token_id)
 
     def release(self, seq_id) -> None:
         self.manager.free(seq_id)

@@ -15,7 +15,10 @@ raises nothing.
 The cache is any object with ``refusal(prompt_len, output_len)`` (the OutOfMemory that admitting
 would raise, or None), ``admit(seq_id, prompt_len, output_len)``, ``can_append(seq_id)``,
 ``append(seq_id)`` and ``release(seq_id)``: :class:`~kvlab.contiguous.ContiguousKVCache` and
-:class:`~kvlab.paged.PagedCache` are two.
+:class:`~kvlab.paged.PagedCache` are two. A cache whose ``prefix_caching`` is true also gets the
+token ids (``token_ids=`` to ``refusal`` and ``admit``, the new token's id to ``append``) of
+sequences that know them, and says with ``num_cached_tokens(seq_id)`` how much of a prompt it
+found cached: those tokens count as computed (Lab 07).
 """
 
 from __future__ import annotations
@@ -80,6 +83,13 @@ class ScheduledStep:
     swapped_tokens: int = 0  # K/V moved between GPU and CPU memory (set by the engine)
 
 
+def next_token_id(seq: Sequence) -> int | None:
+    """The id of the token whose slot is taken next (position ``seq.num_tokens``), when the
+    sequence knows its tokens ahead (the simulator's do; a real model's are not known yet)."""
+    ids = seq.token_ids
+    return ids[seq.num_tokens] if ids is not None and len(ids) > seq.num_tokens else None
+
+
 PREEMPTION_MODES = ("recompute", "swap")
 BATCHING_MODES = ("continuous", "static")
 
@@ -129,6 +139,8 @@ class Scheduler:
         self.swapped_in_tokens = 0
         self.recompute_tokens = 0  # K/V dropped by preemption, to be computed again
         self.custom_preempt = preempt  # Lab 06: the learner's own, a function of the scheduler
+        # prefix caching (Lab 07): the cache is told the token ids of prompts and new tokens
+        self.pass_token_ids = bool(getattr(cache, "prefix_caching", False))
 
     def add(self, seq: Sequence) -> None:
         if not isinstance(seq, Sequence):
@@ -161,12 +173,16 @@ class Scheduler:
         nobody is admitted in a step that had to preempt)."""
         step = ScheduledStep()
         can_append, append = self.cache.can_append, self.cache.append
+        pass_ids = self.pass_token_ids
         scheduled = step.scheduled
         for seq in list(self.running):
             if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this step
                 continue
             if can_append(seq.seq_id):  # the usual case, kept fast for long simulations
-                append(seq.seq_id)
+                if pass_ids:
+                    append(seq.seq_id, next_token_id(seq))
+                else:
+                    append(seq.seq_id)
                 seq.num_generated += 1
                 scheduled.append(seq)
             else:
@@ -182,7 +198,11 @@ class Scheduler:
             if self.max_batch is not None and len(self.running) >= self.max_batch:
                 return
             seq = self.waiting[0]
-            refusal = self.cache.refusal(seq.num_tokens, seq.remaining)
+            ids = self._known_ids(seq)
+            if ids is None:
+                refusal = self.cache.refusal(seq.num_tokens, seq.remaining)
+            else:
+                refusal = self.cache.refusal(seq.num_tokens, seq.remaining, token_ids=ids)
             if refusal is not None:
                 step.refused, step.refusal = seq, refusal
                 self._record_refusal(seq, refusal)
@@ -204,7 +224,12 @@ class Scheduler:
             raise TypeError(f"seq must be a kvlab.scheduler.Sequence, got {seq!r}")
         if seq not in self.waiting:
             raise ValueError(f"{seq.seq_id} is not in the queue (status {seq.status.value})")
-        self.cache.admit(seq.seq_id, seq.num_tokens, seq.remaining)
+        ids = self._known_ids(seq)
+        if ids is None:
+            self.cache.admit(seq.seq_id, seq.num_tokens, seq.remaining)
+        else:  # a cached prefix is not computed again
+            self.cache.admit(seq.seq_id, seq.num_tokens, seq.remaining, token_ids=ids)
+            seq.num_computed = max(seq.num_computed, self.cache.num_cached_tokens(seq.seq_id))
         self.waiting.remove(seq)
         swapped = seq.status is SequenceStatus.SWAPPED
         seq.status = SequenceStatus.RUNNING
@@ -237,9 +262,23 @@ class Scheduler:
                 return
         self._decode(seq, step)
 
+    def _known_ids(self, seq: Sequence) -> list[int] | None:
+        """The ids of the tokens a sequence holds, for a prefix-caching cache (None: unknown)."""
+        if not self.pass_token_ids or seq.token_ids is None:
+            return None
+        if len(seq.token_ids) < seq.num_tokens:
+            raise ValueError(
+                f"{seq.seq_id} holds {seq.num_tokens} tokens but knows only "
+                f"{len(seq.token_ids)} token ids"
+            )
+        return seq.token_ids[: seq.num_tokens]
+
     def _decode(self, seq: Sequence, step: ScheduledStep) -> None:
         """A slot for the sequence's next token (inlined in :meth:`schedule`'s hot loop)."""
-        self.cache.append(seq.seq_id)
+        if self.pass_token_ids:
+            self.cache.append(seq.seq_id, next_token_id(seq))
+        else:
+            self.cache.append(seq.seq_id)
         seq.num_generated += 1
         step.scheduled.append(seq)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvlab.validate import non_negative_number, positive_int
@@ -24,16 +24,28 @@ ALPACA_MEANS = (19.31, 58.45)
 
 @dataclass(frozen=True)
 class Request:
-    """One guest: a prompt to read and a number of tokens to generate."""
+    """One guest: a prompt to read and a number of tokens to generate. ``prompt_ids``, when
+    given, are the prompt's token ids (what prefix caching compares, Lab 07)."""
 
     prompt_len: int
     output_len: int
     arrival: float = 0.0
+    prompt_ids: tuple[int, ...] | None = field(default=None, repr=False)
 
     def __post_init__(self):
         positive_int("prompt_len", self.prompt_len)
         positive_int("output_len", self.output_len)
         non_negative_number("arrival", self.arrival)
+        if self.prompt_ids is not None:
+            ids = self.prompt_ids
+            if not isinstance(ids, tuple) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in ids
+            ):
+                raise TypeError(f"prompt_ids must be a tuple of int token ids, got {ids!r:.80}")
+            if len(ids) != self.prompt_len:
+                raise ValueError(
+                    f"prompt_ids holds {len(ids)} ids for prompt_len={self.prompt_len}"
+                )
 
     @property
     def total_len(self) -> int:
@@ -110,6 +122,56 @@ def alpaca_like(
 ) -> list[Request]:
     """Instruction-style requests: short prompts and answers (means ~19 / ~58)."""
     return _generate(n, seed, ALPACA_MEANS, (0.7, 0.8), max_total, rate)
+
+
+VOCAB_SIZE = 32_000  # token ids are drawn from a Llama-sized vocabulary
+
+
+def shared_prefix_like(
+    n: int,
+    prefix_len: int,
+    *,
+    num_prefixes: int = 1,
+    seed: int = 0,
+    rate: float | None = None,
+    means: tuple[float, float] = (30.0, 30.0),
+    max_total: int = 2048,
+) -> list[Request]:
+    """Requests whose prompts start with a shared prefix (a system prompt with few-shot examples)
+    followed by the request's own text, with token ids, for prefix caching.
+
+    The paper's shared-prefix experiment (Sec. 6.4) translates WMT16 sentences after a one-shot
+    prefix of 80 tokens or a five-shot prefix of 341; the defaults give short inputs and answers
+    (means ~30 tokens) in that spirit. Each request uses one of ``num_prefixes`` prefixes, chosen
+    at random (several tenants, each with its own system prompt). Token ids are seeded draws from
+    a 32,000-token vocabulary.
+    """
+    positive_int("n", n)
+    positive_int("prefix_len", prefix_len)
+    positive_int("num_prefixes", num_prefixes)
+    if rate is not None and non_negative_number("rate", rate) == 0:
+        raise ValueError("rate must be > 0 requests per second (or None for all at t=0)")
+    if max_total < prefix_len + 2:
+        raise ValueError(f"max_total ({max_total}) must leave room beyond prefix_len={prefix_len}")
+    rng = random.Random(seed)
+    prefixes = [
+        tuple(rng.randrange(VOCAB_SIZE) for _ in range(prefix_len)) for _ in range(num_prefixes)
+    ]
+    sigma = 0.5
+    room = max_total - prefix_len
+    mu_in = _mu_for_mean(means[0], sigma, room // 2)
+    mu_out = _mu_for_mean(means[1], sigma, room // 2)
+    t = 0.0
+    requests = []
+    for _ in range(n):
+        prefix = prefixes[rng.randrange(num_prefixes)]
+        own = tuple(rng.randrange(VOCAB_SIZE) for _ in range(_draw(rng, mu_in, sigma, room // 2)))
+        output = _draw(rng, mu_out, sigma, room - len(own))
+        if rate is not None:
+            t += rng.expovariate(rate)
+        ids = prefix + own
+        requests.append(Request(len(ids), output, round(t, 6), prompt_ids=ids))
+    return requests
 
 
 def mean_lengths(requests: list[Request]) -> tuple[float, float]:

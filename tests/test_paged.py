@@ -169,7 +169,7 @@ def test_full_shared_rooms_are_never_copied():
     "call, error, match",
     [
         (lambda m: m.allocate("a", 1), ValueError, "'a' already exists"),
-        (lambda m: m.allocate("z", 0), ValueError, "num_tokens must be >= 1"),
+        (lambda m: m.allocate("z", 0), ValueError, r"prompt \(a token count\) must be >= 1"),
         (lambda m: m.append_slot("nobody"), KeyError, "'nobody' is not in the block manager"),
         (lambda m: m.free("nobody"), KeyError, "'nobody'"),
         (lambda m: m.fork("nobody", "x"), KeyError, "'nobody'"),

@@ -92,6 +92,17 @@ class SimResult:
     swapped_tokens: int = 0  # K/V moved out to CPU memory (and as many back in)
     end_time: float = 0.0
     trace: Trace | None = None
+    prefix_caching: bool = False
+    prefix_query_tokens: int = 0  # prompt tokens looked up in the prefix cache (recomputes too)
+    prefix_hit_tokens: int = 0  # of those, found cached (not computed again)
+    evictions: int = 0  # cached blocks handed out again
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Share of the prompt tokens looked up that were found cached."""
+        return (
+            self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
+        )
 
     @property
     def completed(self) -> int:
@@ -122,7 +133,8 @@ class SimResult:
     @property
     def mean_utilization(self) -> float:
         """Share of the memory handed out (blocks, or booked beds) that holds token states,
-        averaged over the steps: the paper's measure of waste."""
+        averaged over the steps: the paper's measure of waste. Shared blocks count once per
+        sequence that reads them, so with prefix caching it can exceed 1."""
         return sum(self.utilization) / self.steps
 
     @property
@@ -186,6 +198,8 @@ class SimResult:
             "latency_p50": self.latency(50),
             "latency_p99": self.latency(99),
         }
+        if self.prefix_caching:
+            row.update(prefix_hit_rate=self.prefix_hit_rate, evictions=self.evictions)
         if self.timed:
             tpots = self.tpots()
             row.update(
@@ -199,8 +213,15 @@ class SimResult:
         return row
 
 
-def make_cache(cache: str, kv_capacity_tokens: int, max_seq_len: int, block_size: int = 16):
-    """One of the four caches over ``kv_capacity_tokens`` token slots of memory."""
+def make_cache(
+    cache: str,
+    kv_capacity_tokens: int,
+    max_seq_len: int,
+    block_size: int = 16,
+    prefix_caching: bool = False,
+):
+    """One of the four caches over ``kv_capacity_tokens`` token slots of memory (the paged one
+    with prefix caching if asked)."""
     if cache not in CACHES:
         raise ValueError(f"cache must be one of {tuple(CACHES)}, got {cache!r}")
     positive_int("kv_capacity_tokens", kv_capacity_tokens)
@@ -213,7 +234,11 @@ def make_cache(cache: str, kv_capacity_tokens: int, max_seq_len: int, block_size
                 f"kv_capacity_tokens ({kv_capacity_tokens}) holds no whole block of "
                 f"block_size={block_size}"
             )
-        return PagedCache(kv_capacity_tokens // block_size, block_size)
+        return PagedCache(
+            kv_capacity_tokens // block_size, block_size, enable_prefix_caching=prefix_caching
+        )
+    if prefix_caching:
+        raise ValueError(f"prefix_caching needs the paged cache, not cache={cache!r}")
     num_slots = max(1, kv_capacity_tokens // max_seq_len)
     return ContiguousKVCache(
         num_slots, max_seq_len, policy=policy, capacity_tokens=kv_capacity_tokens
@@ -260,6 +285,7 @@ def simulate(
     schedule=None,
     preempt=None,
     progress: bool = False,
+    prefix_caching: bool = False,
 ) -> SimResult:
     """Serve ``requests`` to completion on one cache; return a :class:`SimResult`.
 
@@ -270,7 +296,11 @@ def simulate(
     each batch until its longest member is done. Requests arriving at the same time are served in
     the given order; ``seed`` other than 0 shuffles such ties (a seeded, reproducible order).
     ``record=True`` keeps a frame per event in ``result.trace`` (small days only).
-    ``schedule`` and ``preempt`` replace the scheduler's own (Lab 06's exercises). Deterministic.
+    ``schedule`` and ``preempt`` replace the scheduler's own (Lab 06's exercises).
+    ``prefix_caching=True`` (paged only) shares cached prompt prefixes: requests with
+    ``prompt_ids`` are compared by token; the others, and every generated token, get ids of
+    their own that nobody else has (a preempted request may still find its own blocks).
+    Deterministic.
     """
     if not isinstance(requests, list | tuple):
         raise TypeError(f"requests must be a list of kvlab.workload.Request, got {requests!r}")
@@ -284,7 +314,9 @@ def simulate(
         raise ValueError("a custom schedule decides admission itself: use batching='continuous'")
     if not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {seed!r}")
-    kv_cache = make_cache(cache, kv_capacity_tokens, max_seq_len, block_size)
+    if not isinstance(prefix_caching, bool):
+        raise TypeError(f"prefix_caching must be a bool, got {prefix_caching!r}")
+    kv_cache = make_cache(cache, kv_capacity_tokens, max_seq_len, block_size, prefix_caching)
     _check_fits(requests, cache, kv_capacity_tokens, max_seq_len, block_size)
     executor = CostedSteps(step_time)
     recorder = Recorder(kv_cache) if record else None
@@ -303,9 +335,13 @@ def simulate(
     sequences = [
         Sequence(f"r{i}", r.prompt_len, r.output_len, r.arrival) for i, r in enumerate(requests)
     ]
+    if prefix_caching:
+        for i, (seq, r) in enumerate(zip(sequences, requests, strict=True)):
+            seq.token_ids = _token_ids(i, r)
     for i in order:
         engine.add(sequences[i])
     result = SimResult(cache, kv_cache.capacity, sequences, executor.timed)
+    result.prefix_caching = prefix_caching
     result.trace = recorder and recorder.trace
     _run(engine, result, progress)
     scheduler = engine.scheduler
@@ -313,7 +349,22 @@ def simulate(
     result.recompute_tokens = scheduler.recompute_tokens
     result.swapped_tokens = scheduler.swapped_out_tokens
     result.end_time = engine.clock
+    if prefix_caching:
+        stats = kv_cache.manager.prefix_cache_stats
+        result.prefix_query_tokens, result.prefix_hit_tokens = stats.queries, stats.hits
+        result.evictions = stats.evictions
     return result
+
+
+def _token_ids(index: int, request: Request) -> list[int]:
+    """A request's prompt ids (its own, or ids nobody else has) and ids for its answer, which no
+    other request shares (beyond any vocabulary: answers are never compared)."""
+    own = (index + 1) << 32
+    prompt = request.prompt_ids
+    if prompt is None:
+        prompt = range(own, own + request.prompt_len)
+    start = own + (1 << 31)
+    return [*prompt, *range(start, start + request.output_len)]
 
 
 def _run(engine: Engine, result: SimResult, progress: bool) -> None:

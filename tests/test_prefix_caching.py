@@ -1,0 +1,552 @@
+"""Prefix caching in kvlab's block manager (Lab 07): the contract, the invariant after every call,
+and the real bugs other small engines shipped, replayed as scenarios.
+
+The stateful test keeps a shadow of what every slot holds: the whole prefix of ids up to and
+including the token written there (K/V depend on every earlier token). A sequence must read, at
+each of its positions, exactly its own prefix: a wrong share, a stale hash or a missing
+copy-on-write shows up as another prefix in some slot.
+"""
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from kvlab.block_pool import ROOT_HASH, BlockPool, hash_block_tokens
+from kvlab.paged import BlockManager, OutOfBlocks, PagedCache
+from kvlab.scheduler import Scheduler, Sequence
+from kvlab.serve import simulate
+from kvlab.workload import Request, shared_prefix_like
+
+
+def colliding_hash(parent_hash, token_ids):
+    """Every block hashes to one of two values: lookups find wrong candidates all the time."""
+    return len(token_ids) % 2
+
+
+def parent_blind_hash(parent_hash, token_ids):
+    """A hash that forgets the chain: the same tokens after another prefix get the same hash."""
+    return hash(tuple(token_ids))
+
+
+def snapshot(m: BlockManager):
+    """Everything a refused call must leave as it was."""
+    return (
+        {s: m.block_table(s) for s in m.seq_ids},
+        {s: m.num_tokens(s) for s in m.seq_ids},
+        {s: m.token_ids(s) for s in m.seq_ids},
+        [m.ref_count(b) for b in range(m.num_blocks)],
+        m.pool.free_queue.block_ids(),
+        {h: b.block_id for h, b in m.pool.cached.items()},
+        m.prefix_cache_stats,
+    )
+
+
+def holders(m: BlockManager) -> dict[int, int]:
+    """Block -> how many block tables hold it, from the public API only."""
+    counts: dict[int, int] = {}
+    for seq in m.seq_ids:
+        for block in m.block_table(seq):
+            counts[block] = counts.get(block, 0) + 1
+    return counts
+
+
+class SharedMemory:
+    """The shadow: what each slot holds (the prefix of ids written there), kept by the test."""
+
+    def __init__(self, m: BlockManager):
+        self.m = m
+        self.slots: dict[int, tuple] = {}
+
+    def write(self, seq, ids, positions) -> None:
+        for pos in positions:
+            self.slots[self.m.slot(seq, pos)] = tuple(ids[: pos + 1])
+
+    def copy_block(self, src: int, dst: int) -> None:
+        size = self.m.block_size
+        for offset in range(size):
+            value = self.slots.get(src * size + offset)
+            if value is not None:
+                self.slots[dst * size + offset] = value
+
+    def assert_reads_own(self, seq, ids) -> None:
+        for pos in range(self.m.num_tokens(seq)):
+            got = self.slots.get(self.m.slot(seq, pos))
+            assert got == tuple(ids[: pos + 1]), f"{seq!r} reads another prefix at {pos}"
+
+
+# --- the stateful test --------------------------------------------------------------------------
+
+# a small vocabulary and shared stems make hits, partial hits and near-misses common
+STEMS = [(1, 2, 3, 4, 5, 6, 7, 8), (1, 2, 3, 4, 9, 9, 9, 9), (5, 6, 7, 8, 1, 2, 3, 4)]
+prompts = st.builds(
+    lambda stem, cut, tail: list(stem[:cut]) + tail,
+    st.sampled_from(STEMS),
+    st.integers(0, 8),
+    st.lists(st.integers(0, 3), max_size=9),
+).filter(bool)
+
+
+class CachingMachine(RuleBasedStateMachine):
+    """allocate (token ids or a count) / append / fork / free / preempt-and-readmit, with prefix
+    caching on or off and with an honest or a colliding hash."""
+
+    caching = True
+    hash_fn = staticmethod(hash_block_tokens)
+
+    @initialize(num_blocks=st.integers(1, 20), block_size=st.sampled_from([1, 2, 3, 4]))
+    def create(self, num_blocks, block_size):
+        self.m = BlockManager(
+            num_blocks, block_size, enable_prefix_caching=self.caching, hash_fn=self.hash_fn
+        )
+        self.memory = SharedMemory(self.m)
+        self.ids: dict[int, list[int]] = {}  # what each sequence holds, as the test knows it
+        self.by_count: set[int] = set()  # allocated with a count: the manager knows no ids
+        self.next_id = 0
+        self.next_token = 100  # ids of tokens no prompt has
+
+    def _new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def _allocate(self, seq, ids, by_count: bool) -> None:
+        before = snapshot(self.m)
+        asked = self.m.can_allocate(len(ids) if by_count else ids)
+        try:
+            self.m.allocate(seq, len(ids) if by_count else ids)
+        except OutOfBlocks:
+            assert not asked
+            assert snapshot(self.m) == before
+            return
+        assert asked
+        cached = self.m.num_cached_tokens(seq)
+        size = self.m.block_size
+        assert cached % size == 0 and 0 <= cached < len(ids)
+        if by_count or not self.caching:
+            assert cached == 0
+        for pos in range(cached):  # a hit must hold exactly this prompt's prefix
+            assert self.memory.slots.get(self.m.slot(seq, pos)) == tuple(ids[: pos + 1])
+        self.memory.write(seq, ids, range(cached, len(ids)))
+        self.ids[seq] = list(ids)
+        if by_count:
+            self.by_count.add(seq)
+        stats = self.m.prefix_cache_stats
+        assert stats.queries - before[6].queries == (
+            0 if by_count or not self.caching else len(ids)
+        )
+        assert stats.hits - before[6].hits == cached
+
+    @rule(prompt=prompts, by_count=st.booleans())
+    def allocate(self, prompt, by_count):
+        if by_count:  # ids nobody else has: the manager never sees them
+            prompt = list(range(self.next_token, self.next_token + len(prompt)))
+            self.next_token += len(prompt)
+        self._allocate(self._new_id(), prompt, by_count)
+
+    @precondition(lambda self: self.ids)
+    @rule(data=st.data(), fresh=st.booleans())
+    def append(self, data, fresh):
+        seq = data.draw(st.sampled_from(sorted(self.ids)))
+        token = self.next_token if fresh or seq in self.by_count else data.draw(st.integers(0, 3))
+        self.next_token += 1
+        before = snapshot(self.m)
+        asked = self.m.can_append(seq)
+        try:
+            moved = self.m.append_slot(seq, None if seq in self.by_count else token)
+        except OutOfBlocks:
+            assert not asked
+            assert snapshot(self.m) == before
+            return
+        assert asked
+        if moved is not None:
+            self.memory.copy_block(*moved)
+        self.ids[seq].append(token)
+        self.memory.write(seq, self.ids[seq], [len(self.ids[seq]) - 1])
+
+    @precondition(lambda self: self.ids)
+    @rule(data=st.data())
+    def fork(self, data):
+        parent = data.draw(st.sampled_from(sorted(self.ids)))
+        child = self._new_id()
+        self.m.fork(parent, child)
+        self.ids[child] = list(self.ids[parent])
+        if parent in self.by_count:
+            self.by_count.add(child)
+
+    @precondition(lambda self: self.ids)
+    @rule(data=st.data())
+    def free(self, data):
+        seq = data.draw(st.sampled_from(sorted(self.ids)))
+        self.m.free(seq)
+        del self.ids[seq]
+        self.by_count.discard(seq)
+        with pytest.raises(KeyError):
+            self.m.free(seq)
+
+    @precondition(lambda self: self.ids.keys() - self.by_count)
+    @rule(data=st.data())
+    def preempt_and_readmit(self, data):
+        """Recompute preemption: the sequence leaves, then comes back with every token it had
+        as its prompt (its own blocks may still be cached: nano-vllm #233)."""
+        seq = data.draw(st.sampled_from(sorted(self.ids.keys() - self.by_count)))
+        ids = self.ids.pop(seq)
+        self.m.free(seq)
+        self._allocate(seq, ids, by_count=False)
+
+    @invariant()
+    def consistent(self):
+        m = self.m
+        m.check_invariants()
+        counts = holders(m)
+        assert [m.ref_count(b) for b in range(m.num_blocks)] == [
+            counts.get(b, 0) for b in range(m.num_blocks)
+        ]
+        cached = m.cached_block_ids()
+        in_use = len(counts)
+        assert in_use + m.num_free_blocks == m.num_blocks  # cached rooms counted once, as free
+        assert not set(cached) & set(counts)  # a block in use is never evictable
+        assert len(set(cached)) == len(cached) <= m.num_free_blocks
+        if not self.caching:
+            assert not cached and m.prefix_cache_stats.queries == 0
+        for seq, ids in self.ids.items():
+            assert m.num_tokens(seq) == len(ids)
+            self.memory.assert_reads_own(seq, ids)
+
+    def teardown(self):
+        if not hasattr(self, "m"):
+            return
+        for seq in list(self.ids):
+            self.m.free(seq)
+        assert self.m.num_free_blocks == self.m.num_blocks  # every block free or evictable
+        self.m.check_invariants()
+
+
+class PlainMachine(CachingMachine):
+    caching = False
+
+
+class CollidingMachine(CachingMachine):
+    hash_fn = staticmethod(colliding_hash)
+
+
+class ParentBlindMachine(CachingMachine):
+    hash_fn = staticmethod(parent_blind_hash)
+
+
+SETTINGS = settings(max_examples=60, stateful_step_count=30, deadline=None)
+TestPrefixCaching = CachingMachine.TestCase
+TestPrefixCaching.settings = SETTINGS
+TestWithoutPrefixCaching = PlainMachine.TestCase
+TestWithoutPrefixCaching.settings = settings(max_examples=25, stateful_step_count=30, deadline=None)
+TestCollidingHashes = CollidingMachine.TestCase
+TestCollidingHashes.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+TestParentBlindHashes = ParentBlindMachine.TestCase
+TestParentBlindHashes.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+
+
+# --- the contract -------------------------------------------------------------------------------
+
+
+def manager(num_blocks=8, block_size=4, **kw) -> BlockManager:
+    return BlockManager(num_blocks, block_size, enable_prefix_caching=True, **kw)
+
+
+def test_a_second_prompt_shares_the_cached_full_blocks():
+    m = manager()
+    first = m.allocate("a", list(range(10)))  # blocks of 4, 4 and 2 tokens
+    second = m.allocate("b", list(range(10)))
+    assert second[:2] == first[:2] and second[2] != first[2]
+    assert m.num_cached_tokens("a") == 0 and m.num_cached_tokens("b") == 8
+    assert [m.ref_count(b) for b in first[:2]] == [2, 2]
+    assert m.prefix_cache_stats.queries == 20 and m.prefix_cache_stats.hits == 8
+    assert m.prefix_cache_stats.hit_rate == 0.4
+
+
+def test_full_blocks_are_findable_as_soon_as_a_prompt_is_allocated():
+    m = manager()
+    m.allocate("a", list(range(9)))
+    assert m.prefix_cache_stats.cached_blocks == 2  # the partial third block is not hashed
+    m.allocate("b", list(range(9)))
+    assert m.num_cached_tokens("b") == 8
+
+
+def test_a_block_that_fills_while_decoding_becomes_findable():
+    m = manager()
+    m.allocate("a", [1, 2, 3])
+    m.append_slot("a", 4)  # the first block is now full
+    m.allocate("b", [1, 2, 3, 4, 5])
+    assert m.num_cached_tokens("b") == 4 and m.block_table("b")[0] == m.block_table("a")[0]
+
+
+def test_prompt_of_exactly_k_blocks_keeps_its_last_token_to_compute():
+    """nano-vllm #144: a fully cached prompt left nothing to compute, so no logits came out."""
+    for k in (1, 2, 3):
+        m = manager(num_blocks=12)
+        prompt = list(range(4 * k))
+        m.allocate("a", prompt)
+        m.allocate("b", prompt)
+        assert m.num_cached_tokens("b") == 4 * (k - 1)
+        assert m.block_table("b")[: k - 1] == m.block_table("a")[: k - 1]
+        assert m.block_table("b")[-1] != m.block_table("a")[-1]
+    for n in (1, 3, 5):  # k*block_size +- 1 and shorter than one block
+        m = manager(num_blocks=12)
+        m.allocate("a", list(range(n)))
+        m.allocate("b", list(range(n)))
+        assert m.num_cached_tokens("b") == 4 * ((n - 1) // 4)
+
+
+@pytest.mark.parametrize("hash_fn", [hash_block_tokens, parent_blind_hash])
+def test_the_same_block_after_a_different_prefix_never_matches(hash_fn):
+    m = manager(hash_fn=hash_fn)
+    m.allocate("a", [1, 1, 1, 1, 7, 7, 7, 7, 0])
+    m.allocate("b", [2, 2, 2, 2, 7, 7, 7, 7, 0])
+    assert m.num_cached_tokens("b") == 0
+    assert not set(m.block_table("a")) & set(m.block_table("b"))
+
+
+@pytest.mark.parametrize("hash_fn", [colliding_hash, parent_blind_hash, lambda parent, tokens: 0])
+def test_a_hash_collision_never_shares_wrong_tokens(hash_fn):
+    m = manager(num_blocks=12, hash_fn=hash_fn)
+    m.allocate("a", [1, 1, 1, 1, 7, 7, 7, 7, 0])
+    m.allocate("b", [2, 2, 2, 2, 7, 7, 7, 7, 0])  # same second block, other first block
+    assert m.num_cached_tokens("b") == 0
+    m.allocate("c", [1, 1, 1, 1, 7, 7, 7, 7, 5])
+    hits = m.num_cached_tokens("c") // 4  # a colliding second block may not be findable: a miss
+    assert hits >= 1 and m.block_table("c")[:hits] == m.block_table("a")[:hits]
+    m.check_invariants()
+
+
+def test_a_parent_handed_out_again_invalidates_its_children():
+    """A cached child whose parent block was handed out (and refilled) since must not match, even
+    when the hash cannot tell: the parent's epoch confirms it. (LRU with tail-first frees evicts
+    children first, so this guards the pool itself.)"""
+    pool = BlockPool(2)
+    parent, child = pool.get_new_blocks(2)
+    assert pool.cache(parent, 11, (1, 1), None) and pool.cache(child, 22, (2, 2), parent)
+    assert pool.lookup(22, (2, 2), parent) is child
+    pool.free_blocks([parent])  # the parent goes first: only possible by hand
+    assert pool.get_new_block() is parent and pool.num_evictions == 1
+    assert pool.cache(parent, 11, (1, 1), None)  # the same tokens again, recomputed
+    assert pool.lookup(22, (2, 2), parent) is None
+    assert pool.lookup(11, (1, 1), None) is parent
+
+
+def test_freed_cached_blocks_stay_evictable_and_count_once():
+    """sglang #35270: blocks shared by two requests were counted twice as evictable."""
+    m = manager()
+    prompt = list(range(9))
+    m.allocate("a", prompt)
+    m.allocate("b", prompt)
+    shared = m.block_table("a")[:2]
+    m.free("a")
+    assert m.num_free_blocks == 8 - 3  # a's own third block is free; the shared two are held
+    assert not set(m.cached_block_ids()) & set(shared)
+    m.free("b")
+    assert m.num_free_blocks == m.num_blocks
+    assert sorted(m.cached_block_ids()) == sorted(shared)
+    assert m.prefix_cache_stats.cached_blocks == 2
+    m.check_invariants()
+
+
+def test_eviction_takes_the_least_recently_freed_and_forgets_the_hash():
+    """mini-sglang #142: a block table kept pointing at pages that were freed and reused."""
+    m = manager(num_blocks=4, block_size=2)
+    m.allocate("old", [1, 1, 2, 2, 3])  # 3 blocks, 2 cached
+    m.free("old")  # queue: 3 (never used), then old's blocks last first
+    m.allocate("new", [8, 8, 8])  # takes block 3 and the old partial block
+    assert m.prefix_cache_stats.evictions == 0
+    m.allocate("newer", [7, 7])  # takes old's second block: its hash is forgotten
+    assert m.prefix_cache_stats.evictions == 1
+    m.free("new")
+    m.free("newer")
+    m.allocate("again", [1, 1, 2, 2, 3])  # only the first block is still cached
+    assert m.num_cached_tokens("again") == 2
+    m.check_invariants()
+
+
+def test_a_freed_prefix_loses_its_tail_before_its_head():
+    m = manager(num_blocks=6, block_size=2)
+    m.allocate("a", [1, 1, 2, 2, 3, 3, 4])  # blocks for (1,1) (2,2) (3,3) (4)
+    m.free("a")  # queue: the two never used, then (4), (3,3), (2,2), (1,1)
+    m.allocate("x", [9] * 7)  # 4 blocks: the two never used, (4) and (3,3)
+    assert m.prefix_cache_stats.evictions == 1
+    m.free("x")
+    m.allocate("b", [1, 1, 2, 2, 3, 3, 4])
+    assert m.num_cached_tokens("b") == 4  # (1,1) and (2,2) survived
+
+
+def test_blocks_in_use_are_never_evicted():
+    m = manager(num_blocks=6, block_size=2)
+    m.allocate("prefix", [1, 1, 2, 2, 3])
+    table = m.block_table("prefix")
+    m.allocate("other", [5, 5, 5, 5, 5, 5])  # the three free blocks
+    before = snapshot(m)
+    with pytest.raises(OutOfBlocks):
+        m.allocate("more", [6, 6, 6])
+    assert snapshot(m) == before
+    assert m.block_table("prefix") == table and m.prefix_cache_stats.evictions == 0
+    with pytest.raises(OutOfBlocks):  # shares two blocks in use, needs one more: none is free
+        m.allocate("hit", [1, 1, 2, 2, 7])
+    assert snapshot(m) == before
+
+
+def test_out_of_blocks_with_a_partial_hit_changes_nothing():
+    m = manager(num_blocks=4, block_size=2)
+    m.allocate("a", [1, 1, 2, 2, 3])
+    m.free("a")  # 2 cached blocks, all 4 free
+    m.allocate("hog", [9, 9])  # the never-used block
+    before = snapshot(m)
+    assert not m.can_allocate([1, 1, 2, 2, 5, 5, 5, 5, 5])  # 2 hits + 3 new > 3 free - 2 hit
+    with pytest.raises(OutOfBlocks, match="needs 3 free block"):
+        m.allocate("b", [1, 1, 2, 2, 5, 5, 5, 5, 5])
+    assert snapshot(m) == before
+    assert m.can_allocate([1, 1, 2, 2, 5])  # 2 hits + 1 new block
+    m.allocate("b", [1, 1, 2, 2, 5])
+    assert m.num_cached_tokens("b") == 4
+
+
+def test_preempted_sequence_finds_its_own_blocks():
+    """nano-vllm #233: after a preemption by recompute, the readmitted sequence hits its own
+    cached blocks, including those it filled while decoding, and computes only the rest."""
+    m = manager(num_blocks=6, block_size=2)
+    m.allocate("a", [1, 2, 3])
+    for token in (4, 5, 6):
+        m.append_slot("a", token)
+    ids = m.token_ids("a")
+    assert ids == [1, 2, 3, 4, 5, 6]
+    table = m.block_table("a")
+    m.free("a")
+    m.allocate("a", ids)
+    assert m.num_cached_tokens("a") == 4 and m.block_table("a")[:2] == table[:2]
+    m.check_invariants()
+
+
+def test_fork_and_copy_on_write_with_prefix_caching():
+    m = manager()
+    m.allocate("parent", [1, 2, 3, 4, 5, 6])
+    m.fork("parent", "child")
+    assert m.token_ids("child") == [1, 2, 3, 4, 5, 6]
+    src = m.block_table("parent")[1]
+    moved = m.append_slot("child", 7)  # writes into the shared, partly filled second block
+    assert moved is not None and moved[0] == src
+    assert m.append_slot("child", 8) is None  # now its own, and full: hashed
+    m.allocate("reader", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    assert m.num_cached_tokens("reader") == 8
+    assert m.block_table("reader")[:2] == m.block_table("child")[:2]
+    m.check_invariants()
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda m: m.allocate("z", "abc"), TypeError, "prompt must be a token count"),
+        (lambda m: m.allocate("z", []), ValueError, "at least one token id"),
+        (lambda m: m.allocate("z", [1, "2"]), TypeError, r"prompt\[1\] must be an int"),
+        (lambda m: m.allocate("z", [1, True]), TypeError, r"prompt\[1\] must be an int"),
+        (lambda m: m.allocate("z", 0), ValueError, "must be >= 1"),
+        (lambda m: m.append_slot("ids", None), ValueError, "pass the new token's id"),
+        (lambda m: m.append_slot("ids", 2.5), TypeError, "token_id must be an int"),
+        (lambda m: m.append_slot("count", 3), ValueError, "token ids are unknown"),
+        (lambda m: m.free("nobody"), KeyError, "'nobody'"),
+        (lambda m: m.num_cached_tokens("nobody"), KeyError, "'nobody'"),
+        (lambda m: m.allocate("ids", [1]), ValueError, "already exists"),
+    ],
+)
+def test_misuse_raises_and_changes_nothing(call, error, match):
+    m = manager()
+    m.allocate("ids", [1, 2, 3, 4, 5])
+    m.allocate("count", 3)
+    before = snapshot(m)
+    with pytest.raises(error, match=match):
+        call(m)
+    assert snapshot(m) == before
+
+
+def test_without_prefix_caching_token_ids_only_count():
+    m = BlockManager(8, 4)
+    m.allocate("a", [1, 2, 3, 4, 5])
+    m.allocate("b", [1, 2, 3, 4, 5])
+    assert m.num_cached_tokens("b") == 0 and m.token_ids("b") is None
+    m.append_slot("b", 6)  # accepted and checked, not kept
+    with pytest.raises(TypeError):
+        m.append_slot("b", "6")
+    assert m.prefix_cache_stats.queries == 0 and not m.cached_block_ids()
+
+
+def test_hashes_chain_and_are_stable():
+    first = hash_block_tokens(ROOT_HASH, (1, 2, 3, 4))
+    assert hash_block_tokens(first, (5, 6)) != hash_block_tokens(ROOT_HASH, (5, 6))
+    assert first == hash_block_tokens(ROOT_HASH, [1, 2, 3, 4])
+
+
+def test_state_lists_cached_rooms_in_eviction_order():
+    m = manager(num_blocks=4, block_size=2)
+    m.allocate("a", [1, 1, 2, 2, 3])
+    m.free("a")
+    assert m.cached_block_ids() == [b for b in m.pool.free_queue.block_ids() if b in (0, 1)]
+    state = m.state()
+    assert state.cached == tuple(m.cached_block_ids())
+    assert BlockManager(4, 2).state().cached == ()
+
+
+# --- the cache the scheduler drives, and the simulator ------------------------------------------
+
+
+def test_scheduler_counts_a_cached_prefix_as_computed():
+    cache = PagedCache(16, 4, enable_prefix_caching=True)
+    scheduler = Scheduler(cache)
+    prompt = list(range(10))
+    for name in ("a", "b"):
+        scheduler.add(Sequence(name, 10, 3, token_ids=prompt + [100, 101, 102]))
+    step = scheduler.step(0.0)
+    a, b = step.admitted
+    assert a.num_computed == 0 and b.num_computed == 8
+    assert cache.num_cached_tokens("b") == 8
+
+
+def test_refusal_counts_the_cached_prefix():
+    cache = PagedCache(4, 4, enable_prefix_caching=True)
+    cache.admit("a", 9, 1, token_ids=list(range(9)))  # 3 blocks
+    assert cache.refusal(9, 1) is not None  # 3 new blocks, 1 free
+    assert cache.refusal(9, 1, token_ids=list(range(9))) is None  # 2 hits + 1 new block
+    with pytest.raises(ValueError, match="token_ids holds 2 ids"):
+        cache.admit("b", 3, 1, token_ids=[1, 2])
+
+
+def test_simulate_with_prefix_caching_serves_the_same_tokens_with_bigger_batches():
+    day = shared_prefix_like(60, 64, seed=1)
+    kw = dict(cache="paged", kv_capacity_tokens=1024, max_seq_len=512)
+    plain = simulate(day, **kw)
+    cached = simulate(day, **kw, prefix_caching=True)
+    assert cached.completed == plain.completed == len(day)
+    assert cached.tokens_generated == plain.tokens_generated
+    assert cached.prefix_hit_rate > 0.3 and plain.prefix_hit_rate == 0
+    assert cached.mean_batch > plain.mean_batch
+    assert cached.summary()["prefix_hit_rate"] == cached.prefix_hit_rate
+    again = simulate(day, **kw, prefix_caching=True)
+    assert again.times == cached.times and again.prefix_hit_tokens == cached.prefix_hit_tokens
+
+
+def test_simulate_prefix_caching_needs_the_paged_cache():
+    day = [Request(4, 2)]
+    with pytest.raises(ValueError, match="prefix_caching needs the paged cache"):
+        simulate(
+            day, cache="contiguous", kv_capacity_tokens=64, max_seq_len=16, prefix_caching=True
+        )
+    with pytest.raises(TypeError, match="prefix_caching must be a bool"):
+        simulate(day, cache="paged", kv_capacity_tokens=64, max_seq_len=16, prefix_caching=1)
+
+
+def test_requests_without_ids_never_share():
+    day = [Request(20, 3), Request(20, 3)]
+    result = simulate(
+        day, cache="paged", kv_capacity_tokens=256, max_seq_len=64, prefix_caching=True
+    )
+    assert result.prefix_hit_tokens == 0 and result.prefix_query_tokens == 40
+
+
+def test_request_prompt_ids_are_checked():
+    with pytest.raises(ValueError, match="prompt_ids holds 2 ids for prompt_len=3"):
+        Request(3, 1, prompt_ids=(1, 2))
+    with pytest.raises(TypeError, match="prompt_ids must be a tuple of int"):
+        Request(2, 1, prompt_ids=[1, 2])
