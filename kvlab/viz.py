@@ -207,7 +207,13 @@ def _floor_plan_legend(
     handles.append(Patch(facecolor=COLORS["vacant"], edgecolor=COLORS["edge"], label="free"))
     if cached:
         handles.append(
-            Patch(facecolor=COLORS["cached"], edgecolor=COLORS["edge"], label=LEGEND["cached"])
+            Patch(
+                facecolor=COLORS["vacant"],
+                edgecolor=COLORS["cached"],
+                hatch="////",
+                lw=0,
+                label=LEGEND["cached"],
+            )
         )
     if shared:
         handles.append(
@@ -235,7 +241,7 @@ def plot_floor_plan(trace, index: int = -1, beds_per_floor: int | None = None, a
     Beds holding tokens take the guest's colour (guests drawn next to each other never share
     one); booked beds still to be written are amber; booked beds nobody will use are red; free
     beds are white; cached rooms (prefix caching: free, still holding a past guest's tokens) are
-    pale cyan. Small plans (a dozen rooms) outline every room and write its number and its
+    striped in cyan. Small plans (a dozen rooms) outline every room and write its number and its
     guest. Contiguous bookings also outline the largest free extent; under paging any free room
     serves any guest, so a paged plan does not.
     """
@@ -272,7 +278,14 @@ def plot_floor_plan(trace, index: int = -1, beds_per_floor: int | None = None, a
             holders.setdefault(room, []).append(guest)
     cached = [room for room in dict.fromkeys(frame.cached) if room not in holders] if paged else []
     for room in cached:
-        plan.span(room * size, size, facecolor=COLORS["cached"], edgecolor="none")
+        plan.span(
+            room * size,
+            size,
+            facecolor=COLORS["vacant"],
+            edgecolor=COLORS["cached"],
+            hatch="////",
+            lw=0,
+        )
     shared = [room for room, guests in holders.items() if len(guests) > 1]
     for room in shared:
         plan.span(room * size, size, facecolor="none", edgecolor=COLORS["shared"], lw=2)

@@ -139,9 +139,7 @@ def test_cached_rooms_are_drawn_in_the_cached_colour_with_a_legend_entry():
 
     ax = viz.plot_floor_plan(cached_hotel(), -1, beds_per_floor=16)
     cached = [
-        p
-        for p in ax.patches
-        if p.get_facecolor()[3] > 0 and to_hex(p.get_facecolor()) == COLORS["cached"]
+        p for p in ax.patches if p.get_hatch() and to_hex(p.get_edgecolor()) == COLORS["cached"]
     ]
     assert sorted((p.get_x(), p.get_y(), p.get_width()) for p in cached) == [(0, 0, 4), (4, 0, 4)]
     legend, labels = legend_of(ax)
@@ -150,9 +148,11 @@ def test_cached_rooms_are_drawn_in_the_cached_colour_with_a_legend_entry():
         "reserved for future tokens",
         "free",
     ]
-    assert to_hex(legend.legend_handles[-1].get_facecolor()) == COLORS["cached"]
+    handle = legend.legend_handles[-1]
+    assert handle.get_hatch() == "////" and to_hex(handle.get_edgecolor()) == COLORS["cached"]
     assert "6 rooms free (24 beds), 2 of them cached" in ax.get_title()
     plt.close("all")
     first = viz.plot_floor_plan(cached_hotel(), 0, beds_per_floor=16)  # nothing cached yet
-    assert COLORS["cached"] not in fills(first) and "cached" not in " ".join(legend_of(first)[1])
+    assert not any(p.get_hatch() for p in first.patches)
+    assert "cached" not in " ".join(legend_of(first)[1])
     assert "cached" not in first.get_title()

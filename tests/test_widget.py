@@ -559,13 +559,16 @@ def test_cached_runs_keep_every_room_its_guest_and_its_place_in_the_queue(pairs)
 def test_cached_rooms_in_the_svg():
     hotel = HotelFloorPlan(cached_trace(), rooms_per_floor=8)
     svg = hotel.to_svg(7)  # carol checked in: rooms 0, 1 shared, rooms 3, 4 cached
-    cached = f'fill="{COLORS["cached"]}"'
+    cached = 'fill="url(#kvh-cached)"'
     assert svg.count(cached) == 3  # two rooms and the legend's swatch
-    assert re.search(rf'<rect x="[\d.]+" y="[\d.]+" width="12" height="12" {cached}', svg)
+    assert svg.count('<pattern id="kvh-cached"') == 1 and f'fill="{COLORS["cached"]}"' in svg
+    assert re.search(
+        r'<rect x="[\d.]+" y="[\d.]+" width="12" height="12" ' + re.escape(cached), svg
+    )
     assert svg.count('paint-order="stroke">2</text>') == 2  # the key-card count of rooms 0, 1
     assert "2 rooms cached" in svg and LEGEND["cached"] in svg and "shared room" in svg
     assert "1 room cached" in hotel.to_svg(8)
-    assert COLORS["cached"] not in hotel.to_svg(1) and "0 rooms cached" in hotel.to_svg(1)
+    assert "kvh-cached" not in hotel.to_svg(1) and "0 rooms cached" in hotel.to_svg(1)
 
 
 def test_cached_rooms_outside_the_hotel_are_refused():

@@ -2,6 +2,11 @@
 // Self-contained ES module for anywidget: no imports, no network. Colours and legend words come
 // from Python (kvlab.widgets.palette), so the widget, its SVG and the plots agree.
 
+// Cached rooms are striped, so no guest's colour can be mistaken for them.
+function stripes(color) {
+  return `repeating-linear-gradient(135deg, ${color} 0 2px, #ffffff 2px 4px)`;
+}
+
 function frameAt(data, step) {
   // player steps are 1-based; a hotel past its schedule holds its last frame
   const k = Math.min(Math.max(step, 1), data.schedule.length);
@@ -91,7 +96,7 @@ function legend(data) {
   const box = element("div", "kvh-legend");
   const chip = (color, extra) => {
     const c = element("span", "kvh-chip" + (extra ? ` ${extra}` : ""));
-    c.style.backgroundColor = color;
+    c.style.background = color;
     return c;
   };
   const item = (kind, chips) => {
@@ -105,7 +110,7 @@ function legend(data) {
   item("future", [chip(data.palette.future)]);
   item("internal", [chip(data.palette.internal)]);
   item("free", [chip(data.palette.vacant, "kvh-chip-free")]);
-  if (data.has_cached) item("cached", [chip(data.palette.cached, "kvh-chip-free")]);
+  if (data.has_cached) item("cached", [chip(stripes(data.palette.cached), "kvh-chip-free")]);
   if (data.has_shared) item("shared", [chip(data.palette.vacant, "kvh-chip-shared")]);
   return box;
 }
@@ -173,7 +178,7 @@ function render({ model, el }) {
     const { cell, badge } = rooms[room];
     if (owner === -1) {
       cell.className = cached ? "kvh-room kvh-cached" : "kvh-room kvh-free";
-      cell.style.background = cached ? data.palette.cached : "";
+      cell.style.background = cached ? stripes(data.palette.cached) : "";
       cell.style.boxShadow = "";
       badge.textContent = "";
       if (present) cell.classList.add("kvh-dim");

@@ -20,7 +20,7 @@ COLORS = {
     "vacant": "#ffffff",  # a free bed in a floor plan
     "edge": "#d0d7de",  # room borders in a floor plan
     "shared": "#000000",  # outline of a room on several key cards
-    "cached": "#80deea",  # a free room still holding a past guest's tokens (prefix caching)
+    "cached": "#26c6da",  # stripes of a free room still holding a past guest's tokens (prefix caching)
     "accent": "#1565c0",
 }
 
@@ -37,11 +37,11 @@ LEGEND = {
     "internal": "booked, never used",
     "free": "free",
     "shared": "shared room (on several key cards)",
-    "cached": "cached: free, kept for a guest with the same prefix",
+    "cached": "cached (striped): free, kept for a guest with the same prefix",
 }
 
 # Guests' colours: no red, orange or yellow, so amber (future) and red (internal) stay unambiguous,
-# and not the pale cyan of cached rooms.
+# and never striped like cached rooms (whose stripes are cyan).
 # Next entries differ in hue and lightness: neighbours usually take next entries.
 GUEST_PALETTE = (
     "#1f77b4",  # blue

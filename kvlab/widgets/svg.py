@@ -3,7 +3,7 @@
 Same colours and words as the widget: a room fills from the bottom with the guest's tokens, then
 amber beds reserved for future tokens, then red beds never used; a thin strip in the guest's
 colour along the top says whose room it is; shared rooms are outlined in black; cached rooms
-(free, still holding a past guest's tokens) are pale cyan.
+(free, still holding a past guest's tokens) are striped in cyan.
 """
 
 from __future__ import annotations
@@ -17,6 +17,19 @@ CHAR = 4.8  # rough width of one 9-px sans-serif character, to lay out captions 
 HOTEL_WIDTH = 470  # each hotel's width when several are drawn side by side
 
 
+CACHED_FILL = "url(#kvh-cached)"
+
+
+def _stripes(data: dict) -> str:
+    """The striped fill of cached rooms (one id for every hotel: they all draw it alike)."""
+    color = data["palette"]["cached"]
+    return (
+        '<defs><pattern id="kvh-cached" width="4" height="4" patternUnits="userSpaceOnUse" '
+        f'patternTransform="rotate(45)"><rect width="4" height="4" fill="#ffffff"/>'
+        f'<rect width="2" height="4" fill="{color}"/></pattern></defs>'
+    )
+
+
 def _caption(data: dict, step: int) -> tuple[str, str]:
     frame = data["frames"][frame_at(data, step)]
     m = frame["metrics"]
@@ -25,7 +38,7 @@ def _caption(data: dict, step: int) -> tuple[str, str]:
     event = "decode step" if frame["event"] == "step" else frame["event"]
     first = f"step {step}/{len(data['schedule'])} · t = {frame['time']:.2f} s · {event}{who}{note}"
     second = (
-        f"{m['guests']} guests · rooms used {m['rooms_used']}/{data['num_rooms']} · "
+        f"{m['guests']} guest{'' if m['guests'] == 1 else 's'} · rooms used {m['rooms_used']}/{data['num_rooms']} · "
         f"{m['percent_used']}% of beds hold tokens"
     )
     if m["largest_free_run"] is not None:
@@ -48,7 +61,7 @@ def _legend(
     items = [("used", colors), ("future", [data["palette"]["future"]])]
     items += [("internal", [data["palette"]["internal"]]), ("free", [data["palette"]["vacant"]])]
     if cached:
-        items.append(("cached", [data["palette"]["cached"]]))
+        items.append(("cached", [CACHED_FILL]))
     if any(s.refs > 1 for s in states):
         items.append(("shared", [data["palette"]["vacant"]]))
     parts, x, line = [], 2.0, 0
@@ -74,7 +87,7 @@ def _room(x: float, y: float, cell: float, size: int, state, data: dict, cached:
     palette = data["palette"]
     box = f'x="{x:g}" y="{y:g}" width="{cell:g}" height="{cell:g}"'
     if state.guest < 0:
-        fill = palette["cached"] if cached else palette["vacant"]
+        fill = CACHED_FILL if cached else palette["vacant"]
         return [f'<rect {box} fill="{fill}" stroke="{palette["edge"]}"/>']
     color = data["colors"][state.guest]
     full = state.used + state.future + state.internal == size
@@ -119,7 +132,8 @@ def hotel_svg(
     pitch = cell + GAP
     width = LABEL + rooms_per_floor * pitch
     width = max(width, CHAR * max(len(first), len(second)))
-    parts = [
+    parts = [_stripes(data)] if cached else []
+    parts += [
         f'<text x="2" y="12" font-size="11" font-weight="bold">{escape(title or "hotel floor plan")}</text>',
         f'<text x="2" y="26" font-size="9">{escape(first)}</text>',
         f'<text x="2" y="38" font-size="9">{escape(second)}</text>',
