@@ -249,3 +249,37 @@ def test_bad_input(run, name):
     if run is parallel_sampling:
         with pytest.raises(ValueError, match="length_sigma"):
             run(good, 2, length_sigma=-1)
+
+
+def test_prefix_plots_draw_what_they_are_given():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from kvlab.models import OPT_13B
+    from kvlab.roofline import A100_40GB, StepTime
+    from kvlab.serve import simulate
+    from kvlab.viz_sharing import (
+        plot_hit_rate_by_block_size,
+        plot_hit_rate_by_memory,
+        plot_prefix_days,
+    )
+    from kvlab.workload import shared_prefix_like
+
+    day = shared_prefix_like(20, 40, seed=0)
+    setup = dict(kv_capacity_tokens=1024, max_seq_len=512, step_time=StepTime(OPT_13B, A100_40GB))
+    runs = {
+        "oracle": simulate(day, cache="contiguous-oracle", **setup),
+        "cached": simulate(day, cache="paged", prefix_caching=True, **setup),
+    }
+    fig = plot_prefix_days({"one-shot": runs}, baseline="oracle")
+    ax = fig.axes[0]
+    heights = sorted(p.get_height() for p in ax.patches)
+    assert heights == sorted(r.tokens_per_second for r in runs.values())
+    notes = [t.get_text() for t in ax.texts]
+    ratio = runs["cached"].tokens_per_second / runs["oracle"].tokens_per_second
+    assert "1.00×" in notes and f"{ratio:.2f}×" in notes
+    assert any(line.get_linestyle() == "--" for line in ax.lines)  # the paper's mark
+    fig = plot_hit_rate_by_block_size([1, 16, 64], {"day": [0.9, 0.8, 0.1]})
+    assert list(fig.axes[0].lines[0].get_ydata()) == [90.0, 80.0, 10.0]
+    fig = plot_hit_rate_by_memory([1024, 2048], {"4 prefixes": [0.25, 0.5]})
+    assert list(fig.axes[0].lines[0].get_ydata()) == [25.0, 50.0]
