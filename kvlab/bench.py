@@ -70,6 +70,16 @@ def allocator(n: int = 1_000_000) -> dict:
         for i in range(count):
             append("a", i)
 
+    def append_engine(count):  # a decode slot first, its K/V reported computed a step later
+        m = BlockManager(count // 16 + 2, 16, enable_prefix_caching=True)
+        ids = [0]
+        m.allocate("a", ids)
+        append, computed = m.append_slot, m.cache_computed
+        for i in range(1, count + 1):
+            append("a")
+            ids.append(i)
+            computed("a", ids, i)
+
     def allocate_hit_free(count, tokens=512):
         m = BlockManager(64, 16, enable_prefix_caching=True)
         prompt = list(range(tokens))
@@ -82,6 +92,9 @@ def allocator(n: int = 1_000_000) -> dict:
     results = {
         "append_slot_per_s (one guest)": _rate(append_one_guest, n),
         "append_slot_per_s (prefix caching, a block hashed every 16)": _rate(append_cached, n),
+        "append_slot+cache_computed_per_s (prefix caching, as the engine decodes)": _rate(
+            append_engine, n
+        ),
         "append_slot_per_s (256 guests, round robin)": _rate(append_round_robin, n),
         "allocate+free_per_s (512 tokens = 32 rooms)": _rate(allocate_free, n // 20),
         "fork+free_per_s (32 shared rooms)": _rate(fork_free, n // 20),

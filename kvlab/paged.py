@@ -69,6 +69,9 @@ def _prompt(prompt) -> tuple[int, list[int] | None]:
     return len(ids), ids
 
 
+_BROKEN = object()  # a chain cut by a hash collision: later blocks of it are never found
+
+
 class BlockManager:
     """Keeps every sequence's block table on top of a :class:`~kvlab.block_pool.BlockPool`.
 
@@ -77,6 +80,11 @@ class BlockManager:
     tokens are known becomes findable by a hash chained to its parent's. Blocks nobody holds stay
     cached in the free queue until they are handed out again (least recently freed first).
     ``hash_fn(parent_hash, token_ids)`` is for tests that force collisions.
+
+    A block is findable once the K/V of all its tokens are written. Called by hand,
+    ``append_slot(seq_id, token_id)`` means the token's K/V are written now. An engine that
+    reserves a slot before it knows the token (a decode step) calls ``append_slot(seq_id)`` and
+    later :meth:`cache_computed` with the ids whose K/V it has computed.
     """
 
     def __init__(
@@ -100,6 +108,9 @@ class BlockManager:
         self._tokens: dict[Hashable, int] = {}
         self._token_ids: dict[Hashable, list[int]] = {}  # with prefix caching, when known
         self._hashes: dict[Hashable, list] = {}  # chained hashes of each known full block
+        # the findable block a sequence's next full block follows (None: the first block); a
+        # block that fills with the same tokens as a findable one follows that one
+        self._parents: dict[Hashable, object] = {}
         self._num_cached: dict[Hashable, int] = {}  # prompt tokens found cached at allocate
         self._queries = self._hits = 0
         self.final: dict[Hashable, int] = {}  # expected final length per sequence, when known
@@ -237,14 +248,51 @@ class BlockManager:
         return needed, available, cached, hashes
 
     def _cache_full_blocks(self, seq_id) -> None:
-        """Make the sequence's full blocks that are not yet hashed findable, in order."""
+        """Make the sequence's full blocks whose token ids are known findable, in order. A block
+        whose tokens a findable block already holds (after the same prefix) stays unfindable,
+        and the next block follows the findable one, so the rest of the prefix is found too."""
         ids, hashes, table = self._token_ids[seq_id], self._hashes[seq_id], self._tables[seq_id]
-        size = self.block_size
-        for i in range(len(hashes), self._tokens[seq_id] // size):
+        size, pool = self.block_size, self.pool
+        parent = self._parents[seq_id]
+        for i in range(len(hashes), len(ids) // size):
             tokens = tuple(ids[i * size : (i + 1) * size])
             block_hash = self.hash_fn(hashes[-1] if hashes else ROOT_HASH, tokens)
             hashes.append(block_hash)
-            self.pool.cache(table[i], block_hash, tokens, table[i - 1] if i else None)
+            if parent is _BROKEN:
+                continue
+            found = pool.lookup(block_hash, tokens, parent)
+            if found is None and pool.cache(table[i], block_hash, tokens, parent):
+                found = table[i]
+            parent = _BROKEN if found is None else found
+        self._parents[seq_id] = parent
+
+    def cache_computed(self, seq_id, token_ids, num_computed: int) -> None:
+        """The K/V of the sequence's first ``num_computed`` tokens, ``token_ids[:num_computed]``,
+        are written: the full blocks they complete become findable. For engines that reserve a
+        slot before its token is known (``append_slot(seq_id)`` without an id); ``token_ids`` is
+        the sequence's whole list so far, of which only the new part is read."""
+        ids = self._token_ids.get(seq_id)
+        if ids is None:
+            self._table(seq_id)
+            if self.enable_prefix_caching:
+                raise ValueError(f"{seq_id!r} was allocated with a token count: no ids to cache")
+            return
+        known = len(ids)
+        if not known <= num_computed <= self._tokens[seq_id]:
+            if 0 <= num_computed < known:
+                return  # already known
+            raise ValueError(
+                f"num_computed must be in 0..{self._tokens[seq_id]} (the tokens {seq_id!r} "
+                f"holds), got {num_computed}"
+            )
+        new = token_ids[known:num_computed]
+        if len(new) != num_computed - known:
+            raise ValueError(f"token_ids holds {len(token_ids)} ids, fewer than {num_computed}")
+        if any(t.__class__ is not int for t in new):
+            new = [_token_id(t, f"token_ids[{known + i}]") for i, t in enumerate(new)]
+        ids.extend(new)
+        if len(ids) // self.block_size > len(self._hashes[seq_id]):
+            self._cache_full_blocks(seq_id)
 
     # --- changes -----------------------------------------------------------------------------
     def allocate(self, seq_id, prompt) -> list[int]:
@@ -262,6 +310,7 @@ class BlockManager:
         self._num_cached[seq_id] = len(cached) * self.block_size
         if ids is not None and self.enable_prefix_caching:
             self._token_ids[seq_id], self._hashes[seq_id] = ids, hashes
+            self._parents[seq_id] = cached[-1] if cached else None
             self._queries += num_tokens
             self._hits += len(cached) * self.block_size
             self._cache_full_blocks(seq_id)
@@ -276,13 +325,12 @@ class BlockManager:
         caller copies the shared block's K and V into the new one.
         """
         table = self._table(seq_id)
-        ids = self._token_ids.get(seq_id)
-        if ids is not None:
-            if token_id.__class__ is not int:  # the usual int passes without a call
-                token_id = self._check_token_id(seq_id, ids, token_id)
-        elif token_id is not None:
-            self._check_token_id(seq_id, ids, token_id)
         tokens = self._tokens[seq_id]
+        ids = None  # without an id (an engine's decode slot) the id comes with cache_computed
+        if token_id is not None:
+            ids = self._token_ids.get(seq_id)
+            if ids is None or token_id.__class__ is not int or len(ids) != tokens:
+                token_id = self._check_token_id(seq_id, ids, token_id, tokens)
         moved = None
         if tokens % self.block_size == 0:  # the last block is full: take a fresh one
             if not self.pool.free_queue:
@@ -296,26 +344,25 @@ class BlockManager:
             self.pool.free_blocks([last])
             moved = last.block_id, table[-1].block_id
         self._tokens[seq_id] = tokens + 1
-        if ids is not None:
+        if ids is not None and token_id is not None:
             ids.append(token_id)
             if (tokens + 1) % self.block_size == 0:
                 self._cache_full_blocks(seq_id)
         return moved
 
-    def _check_token_id(self, seq_id, ids, token_id) -> int | None:
-        if ids is None:
-            if not self.enable_prefix_caching:
-                return _token_id(token_id, "token_id")  # checked, then not needed
+    def _check_token_id(self, seq_id, ids, token_id, tokens: int) -> int:
+        token_id = _token_id(token_id, "token_id")
+        if ids is None and self.enable_prefix_caching:
             raise ValueError(
                 f"{seq_id!r} was allocated with a token count, so its token ids are unknown: "
                 "call append_slot without token_id (or allocate it with token ids)"
             )
-        if token_id is None:
+        if ids is not None and len(ids) != tokens:
             raise ValueError(
-                f"{seq_id!r} was allocated with token ids and prefix caching is on: pass the new "
-                "token's id, append_slot(seq_id, token_id)"
+                f"{seq_id!r} knows the ids of {len(ids)} of its {tokens} tokens: give the missing "
+                "ones to cache_computed before appending with a token_id"
             )
-        return _token_id(token_id, "token_id")
+        return token_id
 
     def fork(self, parent_id, child_id) -> None:
         """The child shares every block of the parent (each block's ref_count goes up by one)."""
@@ -328,6 +375,7 @@ class BlockManager:
         if parent_id in self._token_ids:
             self._token_ids[child_id] = list(self._token_ids[parent_id])
             self._hashes[child_id] = list(self._hashes[parent_id])
+            self._parents[child_id] = self._parents[parent_id]
         if parent_id in self.final:
             self.final[child_id] = self.final[parent_id]
 
@@ -340,6 +388,7 @@ class BlockManager:
         del self._tables[seq_id], self._tokens[seq_id], self._num_cached[seq_id]
         self._token_ids.pop(seq_id, None)
         self._hashes.pop(seq_id, None)
+        self._parents.pop(seq_id, None)
         self.final.pop(seq_id, None)
 
     # --- checks --------------------------------------------------------------------------------
@@ -352,7 +401,7 @@ class BlockManager:
             tokens = self._tokens[seq_id]
             assert len(table) == -(-tokens // self.block_size), f"{seq_id!r}: wrong table length"
             ids = self._token_ids.get(seq_id)
-            assert ids is None or len(ids) == tokens, f"{seq_id!r}: token ids do not match"
+            assert ids is None or len(ids) <= tokens, f"{seq_id!r}: more ids than tokens"
             for block in table:
                 holders[block.block_id] = holders.get(block.block_id, 0) + 1
         queue = self.pool.free_queue
@@ -442,6 +491,10 @@ class PagedCache:
         more = 0 if output_len == 0 else 1
         manager = self.manager
         ids = None if token_ids is None else list(token_ids)
+        if ids is not None and len(ids) != prompt_len:
+            raise ValueError(
+                f"token_ids holds {len(ids)} ids for a prompt of prompt_len={prompt_len}"
+            )
         needed, available, _, _ = manager._plan(prompt_len, ids, extra=more)
         if needed > available:
             return OutOfBlocks(f"{needed} free block(s) needed, {available} free", needed=needed)
@@ -468,6 +521,9 @@ class PagedCache:
 
     def append(self, seq_id, token_id=None) -> None:
         self.manager.append_slot(seq_id, token_id)
+
+    def cache_computed(self, seq_id, token_ids, num_computed: int) -> None:
+        self.manager.cache_computed(seq_id, token_ids, num_computed)
 
     def release(self, seq_id) -> None:
         self.manager.free(seq_id)

@@ -16,9 +16,10 @@ The cache is any object with ``refusal(prompt_len, output_len)`` (the OutOfMemor
 would raise, or None), ``admit(seq_id, prompt_len, output_len)``, ``can_append(seq_id)``,
 ``append(seq_id)`` and ``release(seq_id)``: :class:`~kvlab.contiguous.ContiguousKVCache` and
 :class:`~kvlab.paged.PagedCache` are two. A cache whose ``prefix_caching`` is true also gets the
-token ids (``token_ids=`` to ``refusal`` and ``admit``, the new token's id to ``append``) of
-sequences that know them, and says with ``num_cached_tokens(seq_id)`` how much of a prompt it
-found cached: those tokens count as computed (Lab 07).
+token ids of sequences that know them (``token_ids=`` to ``refusal`` and ``admit``; after each
+decode slot, ``cache_computed(seq_id, token_ids, n)`` with the n tokens whose K/V exist by the
+end of the step), and says with ``num_cached_tokens(seq_id)`` how much of a prompt it found
+cached: those tokens count as computed, and are neither recomputed nor swapped back in (Lab 07).
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ class Sequence:
     num_generated: int = 0
     num_computed: int = 0  # tokens whose K and V are in the cache (0 again after a recompute)
     num_preemptions: int = 0
+    num_cached_tokens: int = 0  # found in a prefix cache at its last admission (not computed)
+    num_dropped: int = 0  # K/V its last preemption by recompute dropped (until readmitted)
     first_token_time: float | None = None  # set by the engine, on its clock
     finish_time: float | None = None
 
@@ -81,13 +84,6 @@ class ScheduledStep:
     refusal: OutOfMemory | None = None  # why
     finished: list[Sequence] = field(default_factory=list)  # retired at the start of the step
     swapped_tokens: int = 0  # K/V moved between GPU and CPU memory (set by the engine)
-
-
-def next_token_id(seq: Sequence) -> int | None:
-    """The id of the token whose slot is taken next (position ``seq.num_tokens``), when the
-    sequence knows its tokens ahead (the simulator's do; a real model's are not known yet)."""
-    ids = seq.token_ids
-    return ids[seq.num_tokens] if ids is not None and len(ids) > seq.num_tokens else None
 
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -179,11 +175,10 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this step
                 continue
             if can_append(seq.seq_id):  # the usual case, kept fast for long simulations
-                if pass_ids:
-                    append(seq.seq_id, next_token_id(seq))
-                else:
-                    append(seq.seq_id)
+                append(seq.seq_id)
                 seq.num_generated += 1
+                if pass_ids:
+                    self._cache_computed(seq)
                 scheduled.append(seq)
             else:
                 self._make_room(seq, step)
@@ -227,16 +222,19 @@ class Scheduler:
         ids = self._known_ids(seq)
         if ids is None:
             self.cache.admit(seq.seq_id, seq.num_tokens, seq.remaining)
-        else:  # a cached prefix is not computed again
+        else:  # a cached prefix is neither computed again nor swapped back in
             self.cache.admit(seq.seq_id, seq.num_tokens, seq.remaining, token_ids=ids)
-            seq.num_computed = max(seq.num_computed, self.cache.num_cached_tokens(seq.seq_id))
+            seq.num_cached_tokens = self.cache.num_cached_tokens(seq.seq_id)
+            self.recompute_tokens -= min(seq.num_cached_tokens, seq.num_dropped)
+            seq.num_computed = max(seq.num_computed, seq.num_cached_tokens)
+        seq.num_dropped = 0
         self.waiting.remove(seq)
         swapped = seq.status is SequenceStatus.SWAPPED
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
         self._record("check-in", seq.seq_id)
         if swapped:
-            self.swapped_in_tokens += seq.num_computed
+            self.swapped_in_tokens += seq.num_computed - seq.num_cached_tokens
             if self.swapper is not None:
                 self.swapper.swap_in(seq)
 
@@ -273,13 +271,19 @@ class Scheduler:
             )
         return seq.token_ids[: seq.num_tokens]
 
+    def _cache_computed(self, seq: Sequence) -> None:
+        """Tell a prefix-caching cache which tokens have K/V at the end of this step: all but the
+        one whose slot was just taken (it is produced in this step, its K/V written in the next)."""
+        if seq.token_ids is not None:
+            done = min(len(seq.token_ids), seq.num_tokens - 1)
+            self.cache.cache_computed(seq.seq_id, seq.token_ids, done)
+
     def _decode(self, seq: Sequence, step: ScheduledStep) -> None:
         """A slot for the sequence's next token (inlined in :meth:`schedule`'s hot loop)."""
-        if self.pass_token_ids:
-            self.cache.append(seq.seq_id, next_token_id(seq))
-        else:
-            self.cache.append(seq.seq_id)
+        self.cache.append(seq.seq_id)
         seq.num_generated += 1
+        if self.pass_token_ids:
+            self._cache_computed(seq)
         step.scheduled.append(seq)
 
     def preempt(self) -> Sequence:
@@ -301,6 +305,7 @@ class Scheduler:
             victim.status = SequenceStatus.SWAPPED
         else:
             self.recompute_tokens += victim.num_computed
+            victim.num_dropped = victim.num_computed
             victim.num_computed = 0
             victim.status = SequenceStatus.PREEMPTED
         self.cache.release(victim.seq_id)
@@ -326,7 +331,8 @@ class Scheduler:
         if self.preemption == "swap":
             self.swapped_out_tokens += victim.num_computed
         else:
-            self.recompute_tokens += computed.get(id(victim), 0)
+            victim.num_dropped = computed.get(id(victim), 0)
+            self.recompute_tokens += victim.num_dropped
         victim.num_preemptions += 1
         self.num_preemptions += 1
         self._record("preemption", victim.seq_id)

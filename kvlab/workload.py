@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import math
+import operator
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,11 +38,8 @@ class Request:
         positive_int("output_len", self.output_len)
         non_negative_number("arrival", self.arrival)
         if self.prompt_ids is not None:
-            ids = self.prompt_ids
-            if not isinstance(ids, tuple) or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in ids
-            ):
-                raise TypeError(f"prompt_ids must be a tuple of int token ids, got {ids!r:.80}")
+            ids = _token_ids(self.prompt_ids)
+            object.__setattr__(self, "prompt_ids", ids)  # frozen: kept as a tuple of ints
             if len(ids) != self.prompt_len:
                 raise ValueError(
                     f"prompt_ids holds {len(ids)} ids for prompt_len={self.prompt_len}"
@@ -50,6 +48,18 @@ class Request:
     @property
     def total_len(self) -> int:
         return self.prompt_len + self.output_len
+
+
+def _token_ids(ids) -> tuple[int, ...]:
+    """Token ids as a tuple of ints (NumPy integers too; never bools or strings)."""
+    try:
+        if isinstance(ids, (str, bytes)) or any(isinstance(t, bool) for t in ids):
+            raise TypeError
+        return tuple(operator.index(t) for t in ids)
+    except TypeError:
+        raise TypeError(
+            f"prompt_ids must be a sequence of int token ids, got {ids!r:.80}"
+        ) from None
 
 
 def _phi(z: float) -> float:

@@ -8,7 +8,7 @@ copy-on-write shows up as another prefix in some slot.
 """
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -70,7 +70,8 @@ class SharedMemory:
                 self.slots[dst * size + offset] = value
 
     def assert_reads_own(self, seq, ids) -> None:
-        for pos in range(self.m.num_tokens(seq)):
+        """``ids``: the sequence's tokens whose K/V are written (a prefix of what it holds)."""
+        for pos in range(len(ids)):
             got = self.slots.get(self.m.slot(seq, pos))
             assert got == tuple(ids[: pos + 1]), f"{seq!r} reads another prefix at {pos}"
 
@@ -88,8 +89,9 @@ prompts = st.builds(
 
 
 class CachingMachine(RuleBasedStateMachine):
-    """allocate (token ids or a count) / append / fork / free / preempt-and-readmit, with prefix
-    caching on or off and with an honest or a colliding hash."""
+    """allocate (token ids or a count) / append / fork / free / preempt-and-readmit, and an
+    engine's way of appending (a slot reserved first, its K/V computed later), with prefix
+    caching on or off and with honest, colliding or parent-blind hashes."""
 
     caching = True
     hash_fn = staticmethod(hash_block_tokens)
@@ -101,6 +103,7 @@ class CachingMachine(RuleBasedStateMachine):
         )
         self.memory = SharedMemory(self.m)
         self.ids: dict[int, list[int]] = {}  # what each sequence holds, as the test knows it
+        self.computed: dict[int, int] = {}  # of those, how many have their K/V written
         self.by_count: set[int] = set()  # allocated with a count: the manager knows no ids
         self.next_id = 0
         self.next_token = 100  # ids of tokens no prompt has
@@ -124,10 +127,10 @@ class CachingMachine(RuleBasedStateMachine):
         assert cached % size == 0 and 0 <= cached < len(ids)
         if by_count or not self.caching:
             assert cached == 0
-        for pos in range(cached):  # a hit must hold exactly this prompt's prefix
+        for pos in range(cached):  # a hit must hold exactly this prompt's prefix, computed
             assert self.memory.slots.get(self.m.slot(seq, pos)) == tuple(ids[: pos + 1])
         self.memory.write(seq, ids, range(cached, len(ids)))
-        self.ids[seq] = list(ids)
+        self.ids[seq], self.computed[seq] = list(ids), len(ids)
         if by_count:
             self.by_count.add(seq)
         stats = self.m.prefix_cache_stats
@@ -136,6 +139,12 @@ class CachingMachine(RuleBasedStateMachine):
         )
         assert stats.hits - before[6].hits == cached
 
+    def _lagging(self) -> list[int]:
+        return sorted(s for s in self.ids if self.computed[s] < len(self.ids[s]))
+
+    def _in_step(self) -> list[int]:
+        return sorted(s for s in self.ids if self.computed[s] == len(self.ids[s]))
+
     @rule(prompt=prompts, by_count=st.booleans())
     def allocate(self, prompt, by_count):
         if by_count:  # ids nobody else has: the manager never sees them
@@ -143,16 +152,11 @@ class CachingMachine(RuleBasedStateMachine):
             self.next_token += len(prompt)
         self._allocate(self._new_id(), prompt, by_count)
 
-    @precondition(lambda self: self.ids)
-    @rule(data=st.data(), fresh=st.booleans())
-    def append(self, data, fresh):
-        seq = data.draw(st.sampled_from(sorted(self.ids)))
-        token = self.next_token if fresh or seq in self.by_count else data.draw(st.integers(0, 3))
-        self.next_token += 1
+    def _append(self, seq, token, with_id: bool) -> None:
         before = snapshot(self.m)
         asked = self.m.can_append(seq)
         try:
-            moved = self.m.append_slot(seq, None if seq in self.by_count else token)
+            moved = self.m.append_slot(seq, token if with_id else None)
         except OutOfBlocks:
             assert not asked
             assert snapshot(self.m) == before
@@ -161,7 +165,41 @@ class CachingMachine(RuleBasedStateMachine):
         if moved is not None:
             self.memory.copy_block(*moved)
         self.ids[seq].append(token)
-        self.memory.write(seq, self.ids[seq], [len(self.ids[seq]) - 1])
+        if with_id or seq in self.by_count:  # written now
+            self.computed[seq] += 1
+            self.memory.write(seq, self.ids[seq], [len(self.ids[seq]) - 1])
+
+    @precondition(lambda self: self._in_step())
+    @rule(data=st.data(), fresh=st.booleans())
+    def append(self, data, fresh):
+        """By hand: the new token's id given, its K/V written at once."""
+        seq = data.draw(st.sampled_from(self._in_step()))
+        token = self.next_token if fresh or seq in self.by_count else data.draw(st.integers(0, 3))
+        self.next_token += 1
+        self._append(seq, token, with_id=seq not in self.by_count)
+
+    @precondition(lambda self: self.ids.keys() - self.by_count)
+    @rule(data=st.data(), fresh=st.booleans())
+    def reserve(self, data, fresh):
+        """An engine's decode slot: reserved before its token's K/V are computed."""
+        seq = data.draw(st.sampled_from(sorted(self.ids.keys() - self.by_count)))
+        token = self.next_token if fresh else data.draw(st.integers(0, 3))
+        self.next_token += 1
+        self._append(seq, token, with_id=False)
+
+    @precondition(lambda self: self._lagging())
+    @rule(data=st.data())
+    def compute(self, data):
+        """The engine has computed the K/V of some reserved slots: it says so."""
+        seq = data.draw(st.sampled_from(self._lagging()))
+        ids, done = self.ids[seq], self.computed[seq]
+        upto = data.draw(st.integers(done, len(ids)))
+        self.m.cache_computed(seq, ids, upto)
+        self.memory.write(seq, ids, range(done, upto))
+        self.computed[seq] = upto
+        if self.caching and upto < len(ids):
+            with pytest.raises(ValueError, match="give the missing ones to cache_computed"):
+                self.m.append_slot(seq, 0)
 
     @precondition(lambda self: self.ids)
     @rule(data=st.data())
@@ -169,7 +207,7 @@ class CachingMachine(RuleBasedStateMachine):
         parent = data.draw(st.sampled_from(sorted(self.ids)))
         child = self._new_id()
         self.m.fork(parent, child)
-        self.ids[child] = list(self.ids[parent])
+        self.ids[child], self.computed[child] = list(self.ids[parent]), self.computed[parent]
         if parent in self.by_count:
             self.by_count.add(child)
 
@@ -178,7 +216,7 @@ class CachingMachine(RuleBasedStateMachine):
     def free(self, data):
         seq = data.draw(st.sampled_from(sorted(self.ids)))
         self.m.free(seq)
-        del self.ids[seq]
+        del self.ids[seq], self.computed[seq]
         self.by_count.discard(seq)
         with pytest.raises(KeyError):
             self.m.free(seq)
@@ -190,6 +228,7 @@ class CachingMachine(RuleBasedStateMachine):
         as its prompt (its own blocks may still be cached: nano-vllm #233)."""
         seq = data.draw(st.sampled_from(sorted(self.ids.keys() - self.by_count)))
         ids = self.ids.pop(seq)
+        del self.computed[seq]
         self.m.free(seq)
         self._allocate(seq, ids, by_count=False)
 
@@ -210,7 +249,10 @@ class CachingMachine(RuleBasedStateMachine):
             assert not cached and m.prefix_cache_stats.queries == 0
         for seq, ids in self.ids.items():
             assert m.num_tokens(seq) == len(ids)
-            self.memory.assert_reads_own(seq, ids)
+            known = m.token_ids(seq)
+            if self.caching and seq not in self.by_count:
+                assert known == ids[: self.computed[seq]]
+            self.memory.assert_reads_own(seq, ids[: self.computed[seq]])
 
     def teardown(self):
         if not hasattr(self, "m"):
@@ -444,11 +486,14 @@ def test_fork_and_copy_on_write_with_prefix_caching():
         (lambda m: m.allocate("z", [1, "2"]), TypeError, r"prompt\[1\] must be an int"),
         (lambda m: m.allocate("z", [1, True]), TypeError, r"prompt\[1\] must be an int"),
         (lambda m: m.allocate("z", 0), ValueError, "must be >= 1"),
-        (lambda m: m.append_slot("ids", None), ValueError, "pass the new token's id"),
         (lambda m: m.append_slot("ids", 2.5), TypeError, "token_id must be an int"),
         (lambda m: m.append_slot("count", 3), ValueError, "token ids are unknown"),
         (lambda m: m.free("nobody"), KeyError, "'nobody'"),
         (lambda m: m.num_cached_tokens("nobody"), KeyError, "'nobody'"),
+        (lambda m: m.cache_computed("nobody", [1], 1), KeyError, "'nobody'"),
+        (lambda m: m.cache_computed("ids", [1, 2, 3, 4, 5, 6], 6), ValueError, r"in 0\.\.5"),
+        (lambda m: m.cache_computed("ids", [1, 2, 3, 4, 5], -1), ValueError, "got -1"),
+        (lambda m: m.cache_computed("count", [1, 2, 3], 2), ValueError, "token count"),
         (lambda m: m.allocate("ids", [1]), ValueError, "already exists"),
     ],
 )
@@ -548,5 +593,162 @@ def test_requests_without_ids_never_share():
 def test_request_prompt_ids_are_checked():
     with pytest.raises(ValueError, match="prompt_ids holds 2 ids for prompt_len=3"):
         Request(3, 1, prompt_ids=(1, 2))
-    with pytest.raises(TypeError, match="prompt_ids must be a tuple of int"):
-        Request(2, 1, prompt_ids=[1, 2])
+    with pytest.raises(TypeError, match="prompt_ids must be a sequence of int token ids"):
+        Request(2, 1, prompt_ids=[1, "2"])
+    with pytest.raises(TypeError, match="prompt_ids must be a sequence of int token ids"):
+        Request(2, 1, prompt_ids=[1, True])
+    import numpy as np
+
+    assert Request(2, 1, prompt_ids=np.array([3, 4])).prompt_ids == (3, 4)
+
+
+def test_a_block_filled_twice_does_not_hide_the_rest_of_the_prefix():
+    """Two sequences fill a block with the same tokens: the second copy is not findable, and the
+    block after it follows the findable copy, so a later prompt finds the whole prefix."""
+    m = manager(num_blocks=16)
+    first = [1, 2, 3, 4]
+    m.allocate("A", [*first, 5])
+    m.allocate("B", [*first, 5, 6, 7, 8])  # shares A's first block, owns (5, 6, 7, 8)
+    for token in (6, 7, 8, 9, 10, 11, 12):
+        m.append_slot("A", token)  # A fills its own (5, 6, 7, 8): the same tokens as B's
+    for token in (9, 10, 11, 12):
+        m.append_slot("B", token)
+    m.allocate("C", [*first, *range(5, 14)])
+    assert m.num_cached_tokens("C") == 12
+    for seq in ("A", "B", "C"):
+        m.free(seq)
+    m.allocate("D", [*first, *range(5, 14)])
+    assert m.num_cached_tokens("D") == 12
+    m.check_invariants()
+
+
+class ShadowExecutor:
+    """Computes nothing, but keeps what each slot holds and checks what each step reads: the
+    engine computes positions [num_computed, num_tokens - 1) and attends to every earlier one."""
+
+    def __init__(self, cache):
+        self.manager, self.slots, self.reads = cache.manager, {}, 0
+
+    def execute(self, step):
+        for seq in step.scheduled:
+            start, stop = seq.num_computed, seq.num_tokens - 1
+            for pos in range(start):
+                got = self.slots.get(self.manager.slot(seq.seq_id, pos))
+                assert got == tuple(seq.token_ids[: pos + 1]), (seq.seq_id, pos)
+                self.reads += 1
+            for pos in range(start, stop):
+                self.slots[self.manager.slot(seq.seq_id, pos)] = tuple(seq.token_ids[: pos + 1])
+        return None
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    turns=st.lists(st.tuples(st.integers(1, 6), st.integers(1, 5)), min_size=2, max_size=8),
+    num_blocks=st.integers(4, 14),
+    block_size=st.sampled_from([1, 2, 3, 4]),
+    mode=st.sampled_from(["recompute", "swap"]),
+)
+def test_the_engine_never_reads_k_v_that_was_not_computed(turns, num_blocks, block_size, mode):
+    """A chat: each request's prompt is the previous prompt, its answer and a new question, so
+    answers (whose last token is never computed) come back in later prompts. Every hit must hold
+    computed K/V, under memory pressure and both kinds of preemption."""
+    from kvlab.serve.engine import Engine
+
+    history, requests, token = [], [], 0
+    for i, (question, answer) in enumerate(turns):
+        history += list(range(token, token + question))
+        token += question
+        reply = list(range(token, token + answer))
+        token += answer
+        requests.append((list(history), reply, float(i)))
+        history += reply
+    total = max(len(p) + len(r) for p, r, _ in requests)
+    num_blocks = max(num_blocks, -(-total // block_size) + 1)
+    cache = PagedCache(num_blocks, block_size, enable_prefix_caching=True)
+    executor = ShadowExecutor(cache)
+    engine = Engine(cache, executor, preemption=mode)
+    sequences = []
+    for i, (prompt, reply, arrival) in enumerate(requests):
+        seq = Sequence(f"r{i}", len(prompt), len(reply), arrival, token_ids=prompt + reply)
+        sequences.append(seq)
+        engine.add(seq)
+    engine.run(max_steps=10_000)
+    assert all(seq.finish_time is not None for seq in sequences)
+    cache.manager.check_invariants()
+    stats = cache.prefix_cache_stats
+    assert stats.hits <= stats.queries
+    scheduler = engine.scheduler
+    assert scheduler.recompute_tokens >= 0 and scheduler.swapped_in_tokens >= 0
+
+
+def test_an_answer_last_token_is_never_cached():
+    """The engine never computes the K/V of a finished answer's last token, so a later prompt
+    holding it must not find that block cached."""
+    from kvlab.serve.engine import Engine
+
+    cache = PagedCache(8, 4, enable_prefix_caching=True)
+    engine = Engine(cache)
+    engine.add(Sequence("a", 3, 1, token_ids=[1, 2, 3, 4]))
+    engine.add(Sequence("b", 5, 1, arrival=5, token_ids=[1, 2, 3, 4, 5, 6]))
+    engine.run()
+    assert cache.prefix_cache_stats.hits == 0
+
+
+def test_a_prompt_only_sequence_caches_as_its_tokens_come():
+    """A real model knows its prompt only; the tokens it generates join seq.token_ids after each
+    step, and their blocks become findable once computed."""
+    cache = PagedCache(16, 2, enable_prefix_caching=True)
+    scheduler = Scheduler(cache)
+    seq = Sequence("a", 3, 4, token_ids=[1, 2, 3])
+    scheduler.add(seq)
+    for step in range(4):
+        scheduler.step(float(step))
+        seq.token_ids.append(10 + step)  # the model's token, known after the step
+    assert cache.manager.token_ids("a") == [1, 2, 3, 10, 11, 12]
+    cache.admit("b", 7, 1, token_ids=[1, 2, 3, 10, 11, 12, 99])
+    assert cache.num_cached_tokens("b") == 6
+
+
+def test_swapping_back_in_skips_the_cached_prefix():
+    from kvlab.serve.engine import Engine
+
+    class Swapper:
+        def __init__(self):
+            self.swapped_in = []
+
+        def execute(self, step):
+            return None
+
+        def swap_out(self, seq):
+            pass
+
+        def swap_in(self, seq):
+            self.swapped_in.append((seq.num_cached_tokens, seq.num_computed))
+
+    prompt = list(range(8))
+    cache = PagedCache(6, 4, enable_prefix_caching=True)
+    swapper = Swapper()
+    engine = Engine(cache, swapper, preemption="swap")
+    for name in ("a", "b"):
+        engine.add(Sequence(name, 8, 8, token_ids=prompt + [100 + ord(name)] * 8))
+    engine.run()
+    scheduler = engine.scheduler
+    assert scheduler.num_preemptions >= 1 and swapper.swapped_in
+    assert scheduler.swapped_in_tokens == sum(done - cached for cached, done in swapper.swapped_in)
+    assert any(cached > 0 for cached, _ in swapper.swapped_in)
+
+
+def test_cache_computed_checks_the_new_ids_and_changes_nothing_on_error():
+    m = manager()
+    m.allocate("a", [1, 2, 3])
+    m.append_slot("a")  # an engine's slot: its id comes later
+    m.append_slot("a")
+    before = snapshot(m)
+    with pytest.raises(ValueError, match="fewer than 5"):
+        m.cache_computed("a", [1, 2, 3, 4], 5)
+    with pytest.raises(TypeError, match=r"token_ids\[3\] must be an int"):
+        m.cache_computed("a", [1, 2, 3, "4", 5], 5)
+    assert snapshot(m) == before
+    m.cache_computed("a", [1, 2, 3, 4, 5], 4)  # the first block is complete and computed
+    m.cache_computed("a", [1, 2, 3, 4, 5], 2)  # already known: nothing to do
+    assert m.token_ids("a") == [1, 2, 3, 4] and m.prefix_cache_stats.cached_blocks == 1

@@ -238,10 +238,15 @@ class TinyExecutor:
         self.swapped[seq.seq_id] = (k, v)
 
     def swap_in(self, seq) -> None:
-        """Write a readmitted sequence's swapped K/V back into its new slots."""
+        """Write a readmitted sequence's swapped K/V back into its new slots (past any prefix a
+        prefix cache found: those blocks are shared and never written)."""
         k, v = self.swapped.pop(seq.seq_id)
-        slot_mapping = self._tensor(self.store.slots(seq.seq_id, range(k.shape[1])))
+        first = seq.num_cached_tokens
+        slot_mapping = self._tensor(self.store.slots(seq.seq_id, range(first, k.shape[1])))
         for layer in range(self.model.config.num_layers):
             self.store.write(
-                layer, slot_mapping, k[layer].to(self.device), v[layer].to(self.device)
+                layer,
+                slot_mapping,
+                k[layer, first:].to(self.device),
+                v[layer, first:].to(self.device),
             )
