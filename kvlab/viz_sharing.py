@@ -112,24 +112,30 @@ def plot_prefix_days(days: dict, baseline: str, paper: dict = PAPER_PREFIX_SPEED
     return fig
 
 
+def _hit_rate_lines(xs, hit_rates: dict, xlabel: str, title: str):
+    """Hit rate (%) against a log2 axis, one line per entry of ``hit_rates``."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    for k, (label, rates) in enumerate(hit_rates.items()):
+        color = SERIES_COLORS[k % len(SERIES_COLORS)]
+        ax.plot(xs, [r * 100 for r in rates], marker="o", color=color, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [f"{x:,}" for x in xs])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("prompt tokens found cached (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=7)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def plot_hit_rate_by_block_size(sizes, hit_rates: dict, title=None):
     """Share of prompt tokens found cached against the room size (log scale), one line per day.
 
     ``hit_rates``: ``{day: [hit rate per size]}``.
     """
-    fig, ax = plt.subplots(figsize=(6.4, 3.2))
-    for k, (day, rates) in enumerate(hit_rates.items()):
-        color = SERIES_COLORS[k % len(SERIES_COLORS)]
-        ax.plot(sizes, [r * 100 for r in rates], marker="o", color=color, label=day)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sizes, [str(s) for s in sizes])
-    ax.set_xlabel("beds per room (block size)")
-    ax.set_ylabel("prompt tokens found cached (%)")
-    ax.set_ylim(0, 100)
-    ax.legend(fontsize=7)
-    ax.set_title(title or "Only whole rooms are shared", fontsize=10)
-    fig.tight_layout()
-    return fig
+    xlabel = "beds per room (block size)"
+    return _hit_rate_lines(sizes, hit_rates, xlabel, title or "Only whole rooms are shared")
 
 
 def plot_hit_rate_by_memory(capacities, hit_rates: dict, title=None):
@@ -138,16 +144,5 @@ def plot_hit_rate_by_memory(capacities, hit_rates: dict, title=None):
 
     ``hit_rates``: ``{label: [hit rate per capacity]}``; ``capacities`` in token slots.
     """
-    fig, ax = plt.subplots(figsize=(6.4, 3.2))
-    for k, (label, rates) in enumerate(hit_rates.items()):
-        color = SERIES_COLORS[k % len(SERIES_COLORS)]
-        ax.plot(capacities, [r * 100 for r in rates], marker="o", color=color, label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(capacities, [f"{c:,}" for c in capacities])
-    ax.set_xlabel("beds in the hotel (KV token slots)")
-    ax.set_ylabel("prompt tokens found cached (%)")
-    ax.set_ylim(0, 100)
-    ax.legend(fontsize=7)
-    ax.set_title(title or "When memory runs short, cached rooms are evicted", fontsize=10)
-    fig.tight_layout()
-    return fig
+    title = title or "When memory runs short, cached rooms are evicted"
+    return _hit_rate_lines(capacities, hit_rates, "beds in the hotel (KV token slots)", title)
