@@ -135,6 +135,8 @@ def test_the_notebook_is_the_courses_format():
 COPY_PATH = "        self.ref_counts[last] -= 1  # shared and partly filled: move to a copy\n"
 COUNTED = "        self.tokens[seq_id] = tokens + 1\n"
 CHECK_FREE = "        if not self.free_blocks:\n"
+FULL_PATH_NEW = "            table.append(new)\n"
+FULL_PATH = f"{FULL_PATH_NEW}            return None"
 
 
 @pytest.mark.parametrize(
@@ -155,6 +157,28 @@ CHECK_FREE = "        if not self.free_blocks:\n"
             checks.FULL_SHARED,
             "a full shared room",
         ),
+        (
+            [f"{FULL_PATH} => {FULL_PATH_NEW}            return last, new"],
+            checks.FULL_PAIR,  # a pair for every full room: one hint, alone or shared
+            "a guest alone",
+        ),
+        (
+            [
+                f"{FULL_PATH} => {FULL_PATH_NEW}            if self.ref_counts[last] > 1:\n"
+                "                self.ref_counts[last] -= 1\n            return None"
+            ],
+            checks.KEPT_FULL,
+            "a full shared room",
+        ),
+        (
+            [
+                f"{FULL_PATH} => {FULL_PATH_NEW}            self.ref_counts[last] -= 1\n"
+                "            return None"
+            ],
+            checks.KEPT_FULL,
+            "a guest alone",
+        ),
+        (["return last, new => return [last, new]"], checks.RETURN_TUPLE, "after a fork"),
         (
             ["self.ref_counts[last] == 1:  # => self.ref_counts[last] < 1:  #"],
             checks.HELD_ONCE,
@@ -224,6 +248,17 @@ def test_a_full_shared_room_copied_is_named_at_the_call():
     )
 
 
+def test_a_pair_for_every_full_room_is_one_problem():
+    """Returned for a full room alone (check 1) and for a full shared room (check 3): one hint,
+    the later failure folded."""
+    result = named(
+        COW, [f"{FULL_PATH} => {FULL_PATH_NEW}            return last, new"], checks.FULL_PAIR
+    )
+    shared = [o for o in failures(result) if o.name.startswith("a full shared room")]
+    assert shared and folded(result), result.report()
+    assert checks.FULL_SHARED not in result.report()
+
+
 def test_an_undiagnosed_copy_on_write_mistake_gets_the_neutral_note():
     result = grade(COW, "return last, new => return last, new + 1")
     first = failures(result)[0]
@@ -267,6 +302,7 @@ def test_the_random_evening_prints_every_call(capsys):
 
 LOOKUP = "if hit is None or tuple(hit.token_ids) != block or hit.parent_hash != parent:"
 RANGE = "range((len(token_ids) - 1) // block_size)"
+SLICE = "block = tuple(token_ids[i * block_size : (i + 1) * block_size])"
 
 
 @pytest.mark.parametrize(
@@ -276,6 +312,16 @@ RANGE = "range((len(token_ids) - 1) // block_size)"
         (
             ["key = hash_block_tokens(parent, block) => key = hash_block_tokens(ROOT_HASH, block)"],
             checks.UNCHAINED,
+            "the rooms of an earlier prompt",
+        ),
+        (
+            [f"{SLICE} => block = tuple(token_ids[i : i + block_size])"],
+            checks.OVERLAP,
+            "the rooms of an earlier prompt",
+        ),
+        (
+            ["        parent = key\n => " + "        parent = hit.parent_hash\n"],
+            checks.PARENT_HASH,
             "the rooms of an earlier prompt",
         ),
         (["            break => " + "            continue"], checks.NO_STOP, "a hole in the cache"),
@@ -311,6 +357,16 @@ RANGE = "range((len(token_ids) - 1) // block_size)"
             "the rooms of an earlier prompt",
         ),
         (["rooms.append(hit.block_id) => rooms.append(key)"], checks.RETURN_HASHES, None),
+        (
+            ["rooms.append(hit.block_id) => rooms.append(hit)"],
+            checks.RETURN_IDS,
+            "the rooms of an earlier prompt",
+        ),
+        (
+            ["rooms.append(hit.block_id) => rooms.append(str(hit.block_id))"],
+            checks.RETURN_ID_TEXT,
+            "the rooms of an earlier prompt",
+        ),
         (["    return rooms => " + "    return tuple(rooms)"], checks.RETURN_LIST, None),
     ],
     ids=lambda v: v[0][:40] if isinstance(v, list) else None,
@@ -382,6 +438,7 @@ def test_the_random_prompts_replay():
 
 EVICT_LINE = "del cached[block_hashes.pop(block)]"
 TAKE_LINE = "block = free_queue.pop(0)  # the room freed longest ago"
+CHECK_EMPTY = '    if not free_queue:\n        raise OutOfBlocks("no free room to hand out")\n'
 
 
 @pytest.mark.parametrize(
@@ -400,7 +457,7 @@ TAKE_LINE = "block = free_queue.pop(0)  # the room freed longest ago"
             "a cached room at the front",
         ),
         (
-            ['    if not free_queue:\n        raise OutOfBlocks("no free room to hand out")\n => '],
+            [f"{CHECK_EMPTY} => "],
             checks.EMPTY,
             "an empty queue",
         ),
@@ -421,10 +478,40 @@ TAKE_LINE = "block = free_queue.pop(0)  # the room freed longest ago"
         ([f"{TAKE_LINE} => block = free_queue[0]"], checks.NOT_TAKEN, "a plain free room"),
         (
             [f"{TAKE_LINE} => block, free_queue = free_queue[0], free_queue[1:]"],
-            checks.NOT_TAKEN,
+            checks.REBOUND,
             "a plain free room",
         ),
         (["    return block => " + "    return None"], checks.RETURN_ROOM, "a plain free room"),
+        (
+            ["    return block => " + "    return block, None"],
+            checks.RETURN_ALONE.format(kind="tuple"),
+            "a plain free room",
+        ),
+        (
+            ["    return block => " + "    return str(block)"],
+            checks.RETURN_TEXT.format(kind="str"),
+            "a plain free room",
+        ),
+        (
+            [
+                f"{EVICT_LINE} => h = block_hashes.pop(block)\n        del cached[h]\n        return h"
+            ],
+            checks.RETURN_HASH,
+            "a cached room at the front",
+        ),
+        (
+            [
+                f"{CHECK_EMPTY} => ",
+                f"{TAKE_LINE} => block = free_queue.pop(0) if free_queue else None",
+            ],
+            checks.EMPTY_NONE,
+            "an empty queue",
+        ),
+        (
+            ['raise OutOfBlocks("no free room to hand out") => return -1'],
+            checks.EMPTY_VALUE,
+            "an empty queue",
+        ),
         (
             [f"{EVICT_LINE} => cached.clear(); block_hashes.clear()"],
             checks.OVER_EVICT,
@@ -456,6 +543,22 @@ def test_an_undiagnosed_eviction_mistake_gets_the_neutral_note():
     result = grade(EVICT, "free_queue.pop(0) => free_queue.pop(1)")
     first = failures(result)[0]
     assert neutral(first) and not hints(first), result.report()
+
+
+@pytest.mark.parametrize(
+    "which, edit",
+    [
+        (EVICT, "    return block => " + "    return block + 1, None"),
+        (EVICT, "    return block => " + "    return str(block + 1)"),
+        (PREFIX, "rooms.append(hit.block_id) => rooms.append(hit.token_ids)"),
+    ],
+    ids=["tuple without the room", "text of another room", "the blocks' tokens"],
+)
+def test_a_wrong_type_is_named_only_when_it_holds_the_answer(which, edit):
+    """A type hint says what to return instead; where the value in it is wrong too, the cause
+    is not recognised."""
+    first = failures(grade(which, edit))[0]
+    assert neutral(first) and not hints(first), first.details
 
 
 def test_an_endless_take_block_is_stopped_and_the_rest_skipped():

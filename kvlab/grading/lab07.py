@@ -15,7 +15,9 @@ its reference).
 rule the lab states (chained hashes, stop at the first miss, a hit confirmed by tokens and parent,
 full blocks only, the last token never covered); a wrong answer is named when a usual slip gives it
 on the same input and the learner's code also gives that slip's answer on a case built so that only
-that slip goes wrong there (the checks' own cases, ``CASES``).
+that slip goes wrong there (the checks' own cases, ``CASES``). Two slips give the same answers
+on every input and are told apart by the learner's bytecode: ``parent = hit.parent_hash`` from a
+parent never advanced, and (in ``07.eviction``) a rebound ``free_queue`` from one never shortened.
 
 ``07.eviction``: ``take_block(free_queue, cached, block_hashes)`` is compared with vLLM's rule (the
 front of the queue, strictly; a cached room there forgets its hash in both maps); what it returned
@@ -27,6 +29,7 @@ A class or function that hands its work to kvlab's manager or pool is refused (`
 from __future__ import annotations
 
 import copy
+import dis
 import functools
 import inspect
 import numbers
@@ -78,6 +81,33 @@ def _quietly(probe):
         return None
 
 
+def _instructions(fn) -> list:
+    """The bytecode of ``fn``'s own body (none for an object without code)."""
+    code = getattr(fn, "__code__", None)
+    return list(dis.get_instructions(code)) if code is not None else []
+
+
+STORES = {"STORE_FAST", "STORE_NAME", "STORE_DEREF", "STORE_GLOBAL"}
+
+
+def _stores_attribute(fn, attribute: str) -> bool:
+    """Whether ``fn`` assigns ``something.attribute`` to a name (``parent = hit.parent_hash``)."""
+    code = _instructions(fn)
+    return any(
+        a.opname == "LOAD_ATTR" and a.argval == attribute and b.opname in STORES
+        for a, b in zip(code, code[1:], strict=False)
+    )
+
+
+def _rebinds_argument(fn, index: int) -> bool:
+    """Whether ``fn`` assigns a new value to its argument number ``index`` (``queue = ...``)."""
+    code = getattr(fn, "__code__", None)
+    if code is None or index >= code.co_argcount:
+        return False
+    name = code.co_varnames[index]
+    return any(i.opname in STORES and i.argval == name for i in _instructions(fn))
+
+
 # === 07.copy_on_write ==========================================================================
 
 cow = exercise("07.copy_on_write", "append_slot with shared rooms (copy-on-write)", expects="class")
@@ -127,6 +157,20 @@ SWAPPED = (
     "and (dst, src) would overwrite the shared room with the new room's stale contents"
 )
 RETURN_NONE = "return None when nothing is copied: the caller copies whatever append_slot returns"
+FULL_PAIR = (
+    "return None when the last room was full: the token went to a new room and nothing was "
+    "copied, so there is no (src, dst); a pair is returned only after moving to a copy of a "
+    "shared, partly filled room"
+)
+RETURN_TUPLE = (
+    "return the pair as a tuple, `return src, dst` (append_slot is annotated "
+    "tuple[int, int] | None), not as a list"
+)
+KEPT_FULL = (
+    "the full room stays on this key card (the token went to a new room after it), so this guest "
+    "still holds it: leave its ref_count as it is. A reference is dropped only when a shared room "
+    "leaves the key card, replaced by its copy"
+)
 DROP_REF = (
     "drop one reference to the shared room when you move to a copy (ref_counts[src] -= 1): this "
     "key card no longer holds it, and with a ref_count one too high it never goes back to the "
@@ -192,6 +236,18 @@ def _copies_held_once(cls) -> bool:
         before = list(m.block_table("probe"))
         value = m.append_slot("probe")
         return value is not None or list(m.block_table("probe")) != before
+
+    return bool(_quietly(probe))
+
+
+def _pairs_full_alone(cls) -> bool:
+    """Whether the learner's append_slot returns a pair when a full room only this guest holds
+    gets a new room after it (so a pair for a full shared room is the same slip)."""
+
+    def probe():
+        m = cls(8, 4)
+        m.allocate("probe", 4)
+        return _pair(m.append_slot("probe")) is not None
 
     return bool(_quietly(probe))
 
@@ -334,8 +390,8 @@ class _Judge(ClassDriver):
                 return DROP_REF
             if got < want:
                 return DROP_ONE
-        if block == last["src"] and last["did"] == NEW and last["shared"] and got < want:
-            return FULL_SHARED
+        if block == last["src"] and last["did"] == NEW and got < want:
+            return KEPT_FULL  # a reference dropped to the full room, still on the key card
         return None
 
     @staticmethod
@@ -441,18 +497,27 @@ class _Judge(ClassDriver):
     def _returned(self, moved, want: str, before: list, after: list, holders: int) -> None:
         if want != COPY:
             if moved is not None:
-                pair = _pair(moved)
-                full_shared = want == NEW and holders > 1 and pair == (before[-1], after[-1])
+                hint = RETURN_NONE
+                if want == NEW and _pair(moved) is not None:  # a pair for a full room
+                    alone = holders == 1 or _pairs_full_alone(self.cls)
+                    hint = FULL_PAIR if alone else FULL_SHARED
                 self.fail(
                     "nothing was copied: append_slot returns None",
                     expected="None",
                     got=short(moved),
-                    hint=FULL_SHARED if full_shared else RETURN_NONE,
+                    hint=hint,
                 )
             return
         src, dst = before[-1], after[-1]
         pair = _pair(moved)
         if pair == (src, dst):
+            if not isinstance(moved, tuple):
+                self.fail(
+                    "after a move to a copy append_slot returns the tuple (src, dst)",
+                    expected=f"({src}, {dst})",
+                    got=short(moved),
+                    hint=RETURN_TUPLE,
+                )
             return
         hint = None
         if moved is None:
@@ -667,6 +732,17 @@ UNCHAINED = (
     "parent = the previous block's hash (ROOT_HASH only for the first). Hashed on their own, the "
     "same tokens after another prefix look cached, but their K and V differ"
 )
+PARENT_HASH = (
+    "the next block's parent is the hash of this block, the key you just looked up (parent = "
+    "key), not this block's own parent_hash: that is the hash of the block before it, so your "
+    "parent never moves past ROOT_HASH and every later block is looked up as if it opened the "
+    "prompt"
+)
+OVERLAP = (
+    "the blocks overlap: block i is token_ids[i * block_size : (i + 1) * block_size], the "
+    "block_size tokens after the i blocks before it; token_ids[i : i + block_size] starts only "
+    "one token after the block before it"
+)
 NO_STOP = (
     "stop at the first block that is not cached: the blocks after it follow a prefix whose K and "
     "V are not in the cache, so they must be computed anyway"
@@ -698,6 +774,11 @@ TUPLE_LIST = (
     "equals a list: compare tuple(entry.token_ids) == tuple(block)"
 )
 RETURN_HASHES = "return the cached rooms' block ids (entry.block_id), not their hashes"
+RETURN_ID_TEXT = "return the room numbers as ints (entry.block_id), not as their text"
+RETURN_IDS = (
+    "return each entry's block_id (entry.block_id, an int), not the CachedBlock entries: the "
+    "caller puts room numbers on the key card"
+)
 RETURN_LIST = "return a list of room numbers (block ids), [] when nothing is cached"
 
 
@@ -712,10 +793,12 @@ def cached_prefix(
     confirm_tokens: bool = True,
     confirm_parent: bool = True,
     blocks: str = "right",
+    overlap: bool = False,
 ) -> list[int]:
     """The lab's rule (with the defaults), or one of its usual slips. ``chained``: "yes" (the
     rule), "root" (every block hashed with ROOT_HASH as its parent), "key" (hashed with
-    ROOT_HASH, while the parent a hit is confirmed with follows those keys)."""
+    ROOT_HASH, while the parent a hit is confirmed with follows those keys). ``overlap``: block
+    i is ``token_ids[i : i + block_size]``."""
     n = len(token_ids)
     count = {
         "right": (n - 1) // block_size,
@@ -725,7 +808,8 @@ def cached_prefix(
     }[blocks]
     hits, parent = [], ROOT_HASH
     for i in range(max(count, 0)):
-        block = tuple(token_ids[i * block_size : (i + 1) * block_size])
+        start = i if overlap else i * block_size
+        block = tuple(token_ids[start : start + block_size])
         key_parent = parent if chained == "yes" else ROOT_HASH
         key = hash_block_tokens(key_parent, block)
         entry = cached.get(key)
@@ -768,6 +852,10 @@ def cache_prompt(cached: dict, token_ids, block_size: int, room_ids) -> list[int
     return rooms
 
 
+def _room_number(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def _prompt_text(token_ids) -> str:
     text = str(list(token_ids))
     if len(text) > 70:
@@ -800,6 +888,17 @@ def _expect_prefix(fn, token_ids, block_size: int, cached: dict, story: str, rep
             expected=_rooms(expected),
             got=short(got),
             hint=hint,
+        )
+    if not all(_room_number(room) for room in got):
+        entries = bool(got) and all(hasattr(room, "block_id") for room in got)
+        text = [str(room) for room in expected] == [str(room).strip() for room in got]
+        raise CheckFailed(
+            "longest_cached_prefix returns room numbers (ints)",
+            input=where,
+            replay=replay,
+            expected=_rooms(expected),
+            got=short(got, 90),
+            hint=RETURN_IDS if entries else RETURN_ID_TEXT if text else None,
         )
     if got != expected:
         hint, cause = _prefix_slip(fn, got, token_ids, block_size, cached)
@@ -889,6 +988,17 @@ def _half_block():
     return _earlier(EARLIER[:10], story, {key: CachedBlock(55, parent, tuple(EARLIER[8:10]))})
 
 
+def _overlapping():
+    cached: dict = {}
+    rooms = iter([50, 51, 52])
+    cache_prompt(cached, [1, 2, 3, 4, 5, 6, 7, 8], 4, rooms)
+    cache_prompt(cached, [1, 2, 3, 4, 2, 3, 4, 5], 4, rooms)
+    story = (
+        "cached: the rooms of two earlier prompts, 1234 5678 (rooms 50, 51) and 1234 2345 (50, 52)"
+    )
+    return story, [1, 2, 3, 4, 5, 6, 7, 8, 9], 4, cached
+
+
 def _one_bed(token_ids):
     cached: dict = {}
     cache_prompt(cached, [3, 4], 1, iter([8, 9]))
@@ -900,6 +1010,7 @@ CASES = {
     "diverges": lambda: _earlier([*EARLIER[:8], 90, 91, 92, 93, *EARLIER[12:], 5]),
     "splits early": lambda: _earlier([*EARLIER[:6], 1, 2, 3]),
     "empty": lambda: ("an empty cache", [5, 6, 7, 8, 9], 4, {}),
+    "next block": _overlapping,
     "other opening": lambda: _two_openings([1, 1, 1, 1, 5, 5, 5, 5, 9]),
     "chain": lambda: _two_openings([1, 1, 1, 1, 2, 2, 2, 2, 9, 9, 9, 9]),
     "hole": _hole,
@@ -918,10 +1029,11 @@ CASES = {
 # A slip is named only when the learner's answer is the slip's both on the failing input and on
 # its own case, built so that only that slip goes wrong there; one cause for each family, so a
 # variant seen later folds into the first.
-CHAIN, STOP, CONFIRM, WHICH = (
-    f"07.cached_prefix: {c}" for c in ("chain", "stop", "confirm", "blocks")
+CHAIN, STOP, CONFIRM, WHICH, SLICE = (
+    f"07.cached_prefix: {c}" for c in ("chain", "stop", "confirm", "blocks", "slice")
 )
 PREFIX_SLIPS = [
+    (dict(overlap=True), OVERLAP, SLICE, "next block"),
     (dict(chained="root"), UNCHAINED, CHAIN, "chain"),
     (dict(chained="root", confirm_parent=False), UNCHAINED, CHAIN, "chain"),
     (dict(chained="key"), UNCHAINED, CHAIN, "chain"),
@@ -946,6 +1058,8 @@ def _prefix_slip(fn, got, token_ids, block_size, cached) -> tuple[str | None, st
         _, *probe = CASES[case]()
         slip = cached_prefix(*probe, **how)
         if _quietly(functools.partial(fn, list(probe[0]), *probe[1:])) == slip:
+            if how.get("chained") == "root" and _stores_attribute(fn, "parent_hash"):
+                hint = PARENT_HASH  # `parent = entry.parent_hash`: the parent stays ROOT_HASH
             return hint, cause
     if got and got == _chain_hashes(token_ids, block_size, len(got)):
         return RETURN_HASHES, RETURN_HASHES
@@ -967,7 +1081,7 @@ def _try(fn, *names: str) -> None:
     "not cached"
 )
 def _found(fn):
-    _try(fn, "past the end", "diverges", "splits early", "empty")
+    _try(fn, "past the end", "diverges", "splits early", "empty", "next block")
 
 
 @prefix.check(
@@ -1067,6 +1181,10 @@ PLAIN_FIRST = (
     "or not"
 )
 NOT_TAKEN = (
+    "the room you hand out must leave the queue: take it with free_queue.pop(0), which removes "
+    "it, or the next call hands the same room to another guest"
+)
+REBOUND = (
     "take the room off the queue in place (free_queue.pop(0)): the caller keeps using its own "
     "list, and a new list bound to the name stays inside your function"
 )
@@ -1098,7 +1216,38 @@ EMPTY = (
     "raise OutOfBlocks when free_queue is empty, before taking anything (pop(0) of an empty list "
     "raises IndexError)"
 )
+EMPTY_NONE = (
+    "an empty queue must raise OutOfBlocks (kvlab.paged.OutOfBlocks), not return None: "
+    "`if not free_queue: raise OutOfBlocks(...)` before taking anything"
+)
+EMPTY_VALUE = (
+    "an empty queue must raise OutOfBlocks (kvlab.paged.OutOfBlocks), not return a value: "
+    "`if not free_queue: raise OutOfBlocks(...)` before taking anything"
+)
 RETURN_ROOM = "return the room number you took"
+RETURN_HASH = (
+    "return the room number (the block you took), not its hash: block_hashes[block] is the key "
+    "of its block in cached"
+)
+
+# a room number returned as another type: {kind} is the type's name
+RETURN_ALONE = "return the room number alone, an int (return block), not a {kind} holding it"
+RETURN_TEXT = "return the room number, an int (return block), not its text (a {kind})"
+RETURN_NUMBER = "return the room number, an int (return block), not a {kind}"
+
+
+def _room_type_slip(got, expected: int) -> str | None:
+    """The hint for a room number returned as something other than an int."""
+    if got is None:
+        return RETURN_ROOM
+    kind = type(got).__name__
+    if isinstance(got, (tuple, list)) and expected in got:
+        return RETURN_ALONE.format(kind=kind)
+    if isinstance(got, str) and got.strip() == str(expected):
+        return RETURN_TEXT.format(kind=kind)
+    if isinstance(got, numbers.Real) and not isinstance(got, bool) and got == expected:
+        return RETURN_NUMBER.format(kind=kind)
+    return None
 
 
 def reference_take(free_queue: list, cached: dict, block_hashes: dict) -> int:
@@ -1153,11 +1302,13 @@ def _expect_take(fn, queue: list, cached: dict, hashes: dict, story: str, replay
             "take_block returns the room number it took",
             expected=str(expected),
             got=short(got),
-            hint=RETURN_ROOM if got is None else None,
+            hint=_room_type_slip(got, expected),
         )
     if got != expected:
         hint = None
-        if got == before[0][-1]:
+        if front in before[2] and got == before[2][front]:
+            hint = RETURN_HASH
+        elif got == before[0][-1]:
             hint = BACK
         elif front in before[2] and got == next((b for b in before[0] if b not in before[2]), None):
             hint = PLAIN_FIRST
@@ -1167,7 +1318,9 @@ def _expect_take(fn, queue: list, cached: dict, hashes: dict, story: str, replay
             f"room {expected} leaves the queue, the others keep their order",
             expected=str(want_queue),
             got=short(queue),
-            hint=NOT_TAKEN if queue == before[0] else None,
+            hint=(REBOUND if _rebinds_argument(fn, 0) else NOT_TAKEN)
+            if queue == before[0]
+            else None,
         )
     if cached != want_cached or hashes != want_hashes:
         hint = None
@@ -1210,7 +1363,8 @@ def _expect_refused(fn, queue: list, cached: dict, hashes: dict, story: str, rep
         error = raised
     if not isinstance(error, MemoryError):
         if error is None:
-            got_text, hint = f"no error, returned {short(got)}", EMPTY
+            got_text = f"no error, returned {short(got)}"
+            hint = EMPTY_NONE if got is None else EMPTY_VALUE
         else:
             got_text = explain_exception(error)[0]
             hint = EMPTY if isinstance(error, IndexError) else "raise OutOfBlocks here"
