@@ -4,58 +4,28 @@ a refused append_slot that counted its token too early gets the hint for that, n
 Each learner edit fails the check that targets it, names the mistake, and later failures fold.
 """
 
-import json
 import pathlib
-import tempfile
+
+from grading_notebook import cell_sources, edited, failures, folded, hints, neutral, run_cell
 
 from kvlab.grading import Status, run_checks
-from kvlab.grading.report import NO_DIAGNOSIS, SAME_PROBLEM
 from kvlab.paged import BlockManager as KvlabBlockManager
 
 ROOT = pathlib.Path(__file__).parents[1]
+CELLS = cell_sources(ROOT / "solutions" / "03_paged_allocator.ipynb")
 HEADER = "from kvlab.paged import BlockManager as ReferenceBlockManager\n"
 HEADER += "from kvlab.paged import OutOfBlocks\n"  # what the lab's first cell imports
 
 
 def learner(source: str, name: str):
-    """``name`` from ``source`` run as a notebook cell would run it: from a file outside kvlab,
-    with the lab's imports, so the checks see it as the learner's code."""
-    path = pathlib.Path(tempfile.mkdtemp(prefix="kvlab-learner-")) / "cell.py"
-    path.write_text(HEADER + source)
-    namespace = {}
-    exec(compile(HEADER + source, str(path), "exec"), namespace)
-    return namespace[name]
+    """``name`` from ``source`` run as a notebook cell, with the lab's imports."""
+    return run_cell(HEADER + source, name)
 
 
 def solution_cell(cell_id: str, name: str, *edits: str):
     """The solution cell of Lab 03 with its solution markers removed and ``edits`` ("old => new")
     made: one learner's version of the exercise."""
-    cells = json.loads((ROOT / "solutions" / "03_paged_allocator.ipynb").read_text())["cells"]
-    source = next("".join(c["source"]) for c in cells if c.get("id") == cell_id)
-    source = "".join(line for line in source.splitlines(True) if "### " not in line)
-    for edit in edits:
-        old, new = edit.split(" => ")
-        assert old in source, old
-        source = source.replace(old, new)
-    return learner(source, name)
-
-
-def failures(result):
-    return [o for o in result.outcomes if not o.passed]
-
-
-def hints(outcome) -> list[str]:
-    return [d for d in outcome.details if d.startswith("hint:")]
-
-
-def folded(result) -> bool:
-    """Every failure after the first says it is probably the same problem as the first."""
-    first, *later = failures(result)
-    return all(o.details[0] == f"{SAME_PROBLEM} (“{first.name}”)" for o in later)
-
-
-def neutral(outcome) -> bool:
-    return any(d.startswith(f"note:     {NO_DIAGNOSIS}") for d in outcome.details)
+    return learner(edited(CELLS[cell_id], *edits), name)
 
 
 # --- the block manager is the learner's own --------------------------------------------------

@@ -6,24 +6,22 @@ neutral note; kvlab's own manager, a legitimate other room order, code that rais
 returns the wrong type are handled as the framework does.
 """
 
-import json
 import pathlib
 import random
-import tempfile
 
 import nbformat
 import pytest
+from grading_notebook import cell_sources, edited, failures, folded, hints, neutral, run_cell
 
 from kvlab.block_pool import BlockPool
-from kvlab.grading import Status, lab03, run_checks
+from kvlab.grading import Status, key_cards, lab03, run_checks
 from kvlab.grading import lab07 as checks
-from kvlab.grading.report import NO_DIAGNOSIS, SAME_PROBLEM
 from kvlab.labgen import RAISES_TAG, make_lab
 from kvlab.paged import BlockManager
 
 ROOT = pathlib.Path(__file__).parents[1]
 NOTEBOOK = ROOT / "solutions" / "07_sharing.ipynb"
-CELLS = {c["id"]: "".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"]}
+CELLS = cell_sources(NOTEBOOK)
 HEADER = CELLS["lab07-imports"] + "\n"  # what the lab's imports cell brings into scope
 COW = ("07.copy_on_write", "cow-exercise", "SharingBlockManager")
 PREFIX = ("07.cached_prefix", "prefix-exercise", "longest_cached_prefix")
@@ -31,46 +29,18 @@ EVICT = ("07.eviction", "evict-exercise", "take_block")
 
 
 def learner(source: str, name: str):
-    """``name`` from ``source`` run as a notebook cell would run it: from a file outside kvlab,
-    after the lab's imports, so the checks see it as the learner's code."""
-    path = pathlib.Path(tempfile.mkdtemp(prefix="kvlab-learner-")) / "cell.py"
-    path.write_text(HEADER + source)
-    namespace = {}
-    exec(compile(HEADER + source, str(path), "exec"), namespace)
-    return namespace[name]
+    """``name`` from ``source`` run as a notebook cell, after the lab's imports."""
+    return run_cell(HEADER + source, name)
 
 
 def solution(which, *edits: str):
     """The solution cell of an exercise, its markers removed and ``edits`` ("old => new") made."""
     _, cell_id, name = which
-    source = "".join(line for line in CELLS[cell_id].splitlines(True) if "### " not in line)
-    for edit in edits:
-        old, new = edit.split(" => ")
-        assert source.count(old) == 1, old
-        source = source.replace(old, new)
-    return learner(source, name)
+    return learner(edited(CELLS[cell_id], *edits), name)
 
 
 def grade(which, *edits: str, **kwargs):
     return run_checks(which[0], solution(which, *edits), **kwargs)
-
-
-def failures(result):
-    return [o for o in result.outcomes if not o.passed]
-
-
-def hints(outcome) -> list[str]:
-    return [d for d in outcome.details if d.startswith("hint:")]
-
-
-def folded(result) -> bool:
-    """Every failure after the first says it is probably the same problem as the first."""
-    first, *later = failures(result)
-    return all(o.details[0] == f"{SAME_PROBLEM} (“{first.name}”)" for o in later)
-
-
-def neutral(outcome) -> bool:
-    return any(d.startswith(f"note:     {NO_DIAGNOSIS}") for d in outcome.details)
 
 
 def named(which, edits, hint: str, first: str | None = None):
@@ -214,7 +184,7 @@ FULL_PATH = f"{FULL_PATH_NEW}            return None"
         ),
         (
             [f"    {COUNTED}            return None\n => " + "            return None\n"],
-            checks.NOT_COUNTED,
+            key_cards.NOT_COUNTED,
             "a guest alone",
         ),
         (

@@ -10,16 +10,13 @@ that inherits from kvlab's manager or hands its calls to one fails (``refuse_ref
 
 from __future__ import annotations
 
-import functools
-import numbers
 import random
 
 from kvlab.grading.blame import explain_exception
-from kvlab.grading.class_driver import ClassDriver
 from kvlab.grading.expect import CheckFailed, call_without_mutation, plural, short
+from kvlab.grading.key_cards import NOT_COUNTED, UNKNOWN_ID, KeyCardJudge, evening, rooms_for
 from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise
-from kvlab.grading.report import failure_details
 from kvlab.paged import BlockManager
 
 manager = exercise("03.block_manager", "allocate, append_slot and free", expects="class")
@@ -36,11 +33,6 @@ KVLAB_MANAGER = (
     BlockManager.can_allocate,
 )
 TASK = "handing out the rooms"
-
-
-def rooms_for(tokens: int, block_size: int) -> int:
-    """ceil(tokens / block_size): the rooms a guest holding ``tokens`` tokens needs."""
-    return -(-tokens // block_size)
 
 
 # --- the usual slips, recognised by probing the learner's class ------------------------------
@@ -89,7 +81,6 @@ APPEND_SLIPS = [
         "append_slot takes a new room for every token: take one only when the last room is full",
     ),
 ]
-NOT_COUNTED = "append_slot does not count the new token: add one to the guest's num_tokens"
 
 
 def _quietly(probe):
@@ -148,7 +139,7 @@ def append_slip(cls) -> str | None:
 # --- the judge -------------------------------------------------------------------------------
 
 
-class _Judge(ClassDriver):
+class _Judge(KeyCardJudge):
     """Makes calls on the learner's manager, and the same calls on kvlab's, and checks kvlab's
     invariants after each one: every key card holds ceil(tokens / block_size) rooms for the tokens
     kvlab's manager counts, no room is on two key cards, and free rooms plus held rooms make
@@ -156,76 +147,17 @@ class _Judge(ClassDriver):
 
     guarded = KVLAB_MANAGER
     task = TASK
-    shown = 8  # calls shown in a transcript before it is cut
-    runs = True
 
     def __init__(self, cls, num_blocks: int, block_size: int, echo=False, returns=False):
-        self.num_blocks, self.block_size = num_blocks, block_size
         self.returns = returns  # judge allocate's return value (one check does)
-        self.appended = False
-        reference = BlockManager(num_blocks, block_size)
-        super().__init__(cls, num_blocks, block_size, reference=reference, echo=echo)
-        self.check()
-
-    # what the learner's manager holds, and what it should
-    def tables(self) -> dict:
-        return {s: list(self.obj.block_table(s)) for s in self.reference.seq_ids}
-
-    def state(self) -> tuple:
-        counts = {s: self.obj.num_tokens(s) for s in self.reference.seq_ids}
-        return self.tables(), self.obj.num_free_blocks, counts
+        super().__init__(cls, num_blocks, block_size, echo=echo)
 
     def rooms_slip(self) -> str | None:
         """A known miscount of rooms: allocate's first (every guest checks in), then append's."""
         return allocate_slip(self.cls) or (append_slip(self.cls) if self.appended else None)
 
-    def check(self, method: str | None = None, free_before: int | None = None, rooms: int = 0):
-        """kvlab's invariants; ``method`` took (or gave back, for free) ``rooms`` rooms."""
-        used: dict[int, object] = {}
-        for seq in self.reference.seq_ids:
-            tokens = self.reference.num_tokens(seq)
-            table = list(self.obj.block_table(seq))
-            need = rooms_for(tokens, self.block_size)
-            if len(table) != need:
-                self.fail(
-                    f"{seq!r} holds {plural(tokens, 'token')}, so its key card needs "
-                    f"ceil({tokens} / {self.block_size}) = {plural(need, 'room')}",
-                    expected=plural(need, "room"),
-                    got=f"{plural(len(table), 'room')}: {short(table)}",
-                    hint=self.rooms_slip(),
-                )
-            for block in table:
-                integral = isinstance(block, numbers.Integral) and not isinstance(block, bool)
-                if not integral or not 0 <= block < self.num_blocks:
-                    self.fail(
-                        "room numbers must be ints in range(num_blocks)",
-                        expected=f"ints in 0…{self.num_blocks - 1}",
-                        got=short(table),
-                    )
-                if block in used:
-                    where = "twice on" if used[block] == seq else f"on {used[block]!r}'s and"
-                    self.fail(f"room {block} is {where} {seq!r}'s key card")
-                used[block] = seq
-            got_tokens = self.obj.num_tokens(seq)
-            if got_tokens != tokens:
-                counted = method == "append_slot" and got_tokens == tokens - 1
-                self.fail(
-                    f"num_tokens({seq!r}) should be {tokens}",
-                    expected=str(tokens),
-                    got=short(got_tokens),
-                    hint=NOT_COUNTED if counted else None,
-                )
-        free = self.obj.num_free_blocks
-        if free != self.num_blocks - len(used):
-            self.fail(
-                "free rooms + rooms on key cards must make num_blocks",
-                expected=str(self.num_blocks),
-                got=f"{free} free + {len(used)} held = {free + len(used)}",
-                hint=self._count_slip(method, free_before, free, rooms),
-            )
-
     @staticmethod
-    def _count_slip(method, before, after, rooms) -> str | None:
+    def count_slip(method, before, after, rooms) -> str | None:
         """What the free list's change says about the call that just ran."""
         if method is None or before is None:
             return None
@@ -265,9 +197,7 @@ class _Judge(ClassDriver):
         return message, hint
 
     def allocate(self, seq, n: int) -> None:
-        before = self.obj.num_free_blocks
-        table = self.twin("allocate", seq, n)
-        self.check("allocate", before, rooms_for(n, self.block_size))
+        table = super().allocate(seq, n)
         card = list(self.obj.block_table(seq))
         if self.returns and not (isinstance(table, (list, tuple)) and list(table) == card):
             self.fail(
@@ -371,12 +301,6 @@ class _Judge(ClassDriver):
 
 # --- checks, method by method ----------------------------------------------------------------
 
-# a call with an id nobody checked in with: why it must be refused, and the fix when it is not
-UNKNOWN_ID = {
-    "why": "'nobody' never checked in",
-    "missing": "an unknown id raises KeyError (reading block_tables[seq_id] does)",
-}
-
 
 @manager.check(
     "allocate: n tokens get a key card of ceil(n / block_size) rooms (n = 1, 8, 7, 9 with 4 beds a room)"
@@ -475,11 +399,19 @@ def _tiny(cls):
 EVENING_SEED, EVENING_STEPS = 11, 300
 
 
-def _evening_replay(cls, seed: int, steps: int, calls: int) -> str:
-    return (
-        f"random.Random({seed}), step {steps}: `from kvlab.grading.lab03 import "
-        f"random_evening; random_evening({cls.__name__}, steps={steps})` prints every call"
-    )
+def _evening_call(judge, rng, step: int) -> None:
+    """One step of the random evening: a check-in, a token or a check-out."""
+    guests = judge.reference  # kvlab's manager beside the learner's: who holds how many tokens
+    roll = rng.random()
+    free_beds = judge.obj.num_free_blocks * 3
+    if roll < 0.3 and free_beds:
+        judge.allocate(f"g{step}", rng.randint(1, min(free_beds, 10)))
+    elif roll < 0.85 and guests.seq_ids:
+        seq = rng.choice(sorted(guests.seq_ids))
+        if guests.num_tokens(seq) % 3 or judge.obj.num_free_blocks:
+            judge.append(seq)
+    elif guests.seq_ids:
+        judge.free(rng.choice(sorted(guests.seq_ids)))
 
 
 def random_evening(cls, steps: int = EVENING_STEPS, seed: int = EVENING_SEED, echo: bool = True):
@@ -487,29 +419,9 @@ def random_evening(cls, steps: int = EVENING_STEPS, seed: int = EVENING_SEED, ec
     check-outs drawn from ``random.Random(seed)``. With ``echo`` it prints every call and, if the
     manager breaks an invariant, the check's report: run it in a cell to see how a failure came
     about. Returns the judge (its ``obj`` is the manager), or None when ``cls`` cannot be built."""
-    rng = random.Random(seed)
-    judge = None
-    try:
-        judge = _Judge(cls, 24, 3, echo=echo)
-        guests = judge.reference  # kvlab's manager beside the learner's: who holds how many tokens
-        for step in range(steps):
-            judge.transcript.replay = functools.partial(_evening_replay, cls, seed, step + 1)
-            roll = rng.random()
-            free_beds = judge.obj.num_free_blocks * 3
-            if roll < 0.3 and free_beds:
-                judge.allocate(f"g{step}", rng.randint(1, min(free_beds, 10)))
-            elif roll < 0.85 and guests.seq_ids:
-                seq = rng.choice(sorted(guests.seq_ids))
-                if guests.num_tokens(seq) % 3 or judge.obj.num_free_blocks:
-                    judge.append(seq)
-            elif guests.seq_ids:
-                judge.free(rng.choice(sorted(guests.seq_ids)))
-    except CheckFailed as failure:
-        if not echo:
-            raise
-        shown = [d for d in failure_details(failure) if not d.startswith(("input:", "replay:"))]
-        print("\n".join(shown))
-    return judge
+    return evening(
+        _Judge, cls, _evening_call, run=random_evening, steps=steps, seed=seed, echo=echo
+    )
 
 
 @manager.check("a random evening: 300 check-ins, tokens and check-outs")

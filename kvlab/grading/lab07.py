@@ -39,9 +39,9 @@ from typing import NamedTuple
 
 from kvlab.block_pool import ROOT_HASH, BlockPool, hash_block_tokens
 from kvlab.grading.blame import exception_cause, explain_exception
-from kvlab.grading.class_driver import ClassDriver
 from kvlab.grading.expect import CheckFailed, call_without_mutation, plural, short
-from kvlab.grading.lab03 import NOT_COUNTED, append_slip, rooms_for
+from kvlab.grading.key_cards import UNKNOWN_ID, KeyCardJudge, evening
+from kvlab.grading.lab03 import append_slip
 from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise
 from kvlab.grading.report import failure_details
@@ -252,85 +252,33 @@ def _pairs_full_alone(cls) -> bool:
     return bool(_quietly(probe))
 
 
-class _Judge(ClassDriver):
+class _Judge(KeyCardJudge):
     """Calls on the learner's manager and the same calls on kvlab's, with kvlab's invariants
     checked after each one (see the module's docstring). Room numbers are never compared with
     kvlab's: only which guests share which entries of their key cards."""
 
     guarded = KVLAB_CODE
     task = COW_TASK
-    shown = 8
-    runs = True
+    shared = True
 
     def __init__(self, cls, num_blocks: int, block_size: int, echo: bool = False):
-        self.num_blocks, self.block_size = num_blocks, block_size
-        self.appended = False
         self.last: dict | None = None  # what the last append_slot did: for the ref-count hints
-        reference = BlockManager(num_blocks, block_size)
-        super().__init__(cls, num_blocks, block_size, reference=reference, echo=echo)
-        self.check()
+        super().__init__(cls, num_blocks, block_size, echo=echo)
 
     # --- what the learner's manager holds ----------------------------------------------------
-    def tables(self) -> dict:
-        return {s: list(self.obj.block_table(s)) for s in self.reference.seq_ids}
-
     def refs(self) -> list:
         return [self.obj.ref_count(b) for b in range(self.num_blocks)]
 
     def state(self) -> tuple:
-        counts = {s: self.obj.num_tokens(s) for s in self.reference.seq_ids}
-        return self.tables(), self.obj.num_free_blocks, counts, self.refs()
+        return (*super().state(), self.refs())
 
     def rooms_slip(self) -> str | None:
         return append_slip(self.cls) if self.appended else None
 
-    # --- the invariants ----------------------------------------------------------------------
-    def check(self, method: str | None = None, free_before: int | None = None, rooms: int = 0):
-        """kvlab's invariants after ``method``, which took ``rooms`` rooms off the free list."""
-        tables = {}
-        for seq in self.reference.seq_ids:
-            tokens = self.reference.num_tokens(seq)
-            table = list(self.obj.block_table(seq))
-            need = rooms_for(tokens, self.block_size)
-            if len(table) != need:
-                self.fail(
-                    f"{seq!r} holds {plural(tokens, 'token')}, so its key card needs "
-                    f"ceil({tokens} / {self.block_size}) = {plural(need, 'room')}",
-                    expected=plural(need, "room"),
-                    got=f"{plural(len(table), 'room')}: {short(table)}",
-                    hint=self.rooms_slip(),
-                )
-            for block in table:
-                integral = isinstance(block, numbers.Integral) and not isinstance(block, bool)
-                if not integral or not 0 <= block < self.num_blocks:
-                    self.fail(
-                        "room numbers must be ints in range(num_blocks)",
-                        expected=f"ints in 0…{self.num_blocks - 1}",
-                        got=short(table),
-                    )
-            if len(set(table)) != len(table):
-                self.fail(f"a room is twice on {seq!r}'s key card", got=short(table))
-            got_tokens = self.obj.num_tokens(seq)
-            if got_tokens != tokens:
-                counted = method == "append_slot" and got_tokens == tokens - 1
-                self.fail(
-                    f"num_tokens({seq!r}) should be {tokens}",
-                    expected=str(tokens),
-                    got=short(got_tokens),
-                    hint=NOT_COUNTED if counted else None,
-                )
-            tables[seq] = table
+    # --- the invariants besides the key cards' own (KeyCardJudge.check) ----------------------
+    def check_sharing(self, tables: dict) -> None:
         self._same_sharing(tables)
         self._ref_counts(tables)
-        held = {b for t in tables.values() for b in t}
-        free = self.obj.num_free_blocks
-        if free != self.num_blocks - len(held):
-            self.fail(
-                "free rooms + rooms on key cards must make num_blocks",
-                expected=str(self.num_blocks),
-                got=f"{free} free + {len(held)} held = {free + len(held)}",
-                hint=self._count_slip(method, free_before, free, rooms),
-            )
 
     def _same_sharing(self, tables: dict) -> None:
         """The guests share the same entries of their key cards as kvlab's guests do."""
@@ -395,7 +343,7 @@ class _Judge(ClassDriver):
         return None
 
     @staticmethod
-    def _count_slip(method, before, after, rooms) -> str | None:
+    def count_slip(method, before, after, rooms) -> str | None:
         if method != "append_slot" or before is None:
             return None
         if before - after < rooms:
@@ -420,9 +368,7 @@ class _Judge(ClassDriver):
 
     def allocate(self, seq, n: int) -> None:
         self.last = None
-        before = self.obj.num_free_blocks
-        self.twin("allocate", seq, n)
-        self.check("allocate", before, rooms_for(n, self.block_size))
+        super().allocate(seq, n)
 
     def fork(self, parent, child) -> None:
         self.last = None
@@ -579,12 +525,6 @@ class _Judge(ClassDriver):
         )
 
 
-UNKNOWN_ID = {
-    "why": "'nobody' never checked in",
-    "missing": "an unknown id raises KeyError (reading block_tables[seq_id] does)",
-}
-
-
 @cow.check(
     "a guest alone in their rooms: append_slot fills the empty beds in place, takes a new room "
     "when the last is full, and returns None"
@@ -666,11 +606,25 @@ def _refused(cls):
 EVENING_SEED, EVENING_STEPS = 7, 300
 
 
-def _evening_replay(cls, seed: int, steps: int, calls: int) -> str:
-    return (
-        f"random.Random({seed}), step {steps}: `from kvlab.grading.lab07 import beam_evening; "
-        f"beam_evening({cls.__name__}, steps={steps})` prints every call"
-    )
+def _evening_call(judge, rng, step: int) -> None:
+    """One step of the beam evening: a check-in, a fork, a token (refused when no room is free)
+    or a check-out."""
+    guests = judge.reference
+    roll = rng.random()
+    seqs = sorted(guests.seq_ids)
+    free_beds = guests.num_free_blocks * 3
+    if (roll < 0.12 or not seqs) and free_beds:
+        judge.allocate(f"g{step}", rng.randint(1, min(free_beds, 8)))
+    elif roll < 0.35 and seqs and len(seqs) < 10:
+        judge.fork(rng.choice(seqs), f"g{step}")
+    elif roll < 0.80 and seqs:
+        seq = rng.choice(seqs)
+        if judge.can_append(seq):
+            judge.append(seq)
+        else:
+            judge.refused_append(seq, f"{seq!r} needs a room and none is free")
+    elif seqs:
+        judge.free(rng.choice(seqs))
 
 
 def beam_evening(cls, steps: int = EVENING_STEPS, seed: int = EVENING_SEED, echo: bool = True):
@@ -678,34 +632,7 @@ def beam_evening(cls, steps: int = EVENING_STEPS, seed: int = EVENING_SEED, echo
     (refused when no room is free) and check-outs drawn from ``random.Random(seed)``. With
     ``echo`` it prints every call and, if the manager breaks an invariant, the check's report.
     Returns the judge (its ``obj`` is the manager), or None when ``cls`` cannot be built."""
-    rng = random.Random(seed)
-    judge = None
-    try:
-        judge = _Judge(cls, 24, 3, echo=echo)
-        guests = judge.reference
-        for step in range(steps):
-            judge.transcript.replay = functools.partial(_evening_replay, cls, seed, step + 1)
-            roll = rng.random()
-            seqs = sorted(guests.seq_ids)
-            free_beds = guests.num_free_blocks * 3
-            if (roll < 0.12 or not seqs) and free_beds:
-                judge.allocate(f"g{step}", rng.randint(1, min(free_beds, 8)))
-            elif roll < 0.35 and seqs and len(seqs) < 10:
-                judge.fork(rng.choice(seqs), f"g{step}")
-            elif roll < 0.80 and seqs:
-                seq = rng.choice(seqs)
-                if judge.can_append(seq):
-                    judge.append(seq)
-                else:
-                    judge.refused_append(seq, f"{seq!r} needs a room and none is free")
-            elif seqs:
-                judge.free(rng.choice(seqs))
-    except CheckFailed as failure:
-        if not echo:
-            raise
-        shown = [d for d in failure_details(failure) if not d.startswith(("input:", "replay:"))]
-        print("\n".join(shown))
-    return judge
+    return evening(_Judge, cls, _evening_call, run=beam_evening, steps=steps, seed=seed, echo=echo)
 
 
 @cow.check("beam search at random: 300 check-ins, forks, tokens and check-outs")
@@ -879,38 +806,24 @@ def _expect_prefix(fn, token_ids, block_size: int, cached: dict, story: str, rep
         raise
     except Exception as error:
         raise _raised(error, where, replay) from None
+
+    def fail(message, **details):
+        raise CheckFailed(message, input=where, replay=replay, expected=_rooms(expected), **details)
+
     if not isinstance(got, list):
         hint = RETURN_LIST if got is None or isinstance(got, (tuple, int)) else None
-        raise CheckFailed(
-            "longest_cached_prefix returns a list",
-            input=where,
-            replay=replay,
-            expected=_rooms(expected),
-            got=short(got),
-            hint=hint,
-        )
+        fail("longest_cached_prefix returns a list", got=short(got), hint=hint)
     if not all(_room_number(room) for room in got):
         entries = bool(got) and all(hasattr(room, "block_id") for room in got)
         text = [str(room) for room in expected] == [str(room).strip() for room in got]
-        raise CheckFailed(
+        fail(
             "longest_cached_prefix returns room numbers (ints)",
-            input=where,
-            replay=replay,
-            expected=_rooms(expected),
             got=short(got, 90),
             hint=RETURN_IDS if entries else RETURN_ID_TEXT if text else None,
         )
     if got != expected:
         hint, cause = _prefix_slip(fn, got, token_ids, block_size, cached)
-        raise CheckFailed(
-            "wrong rooms",
-            input=where,
-            replay=replay,
-            expected=_rooms(expected),
-            got=_rooms(got),
-            hint=hint,
-            cause=cause,
-        )
+        fail("wrong rooms", got=_rooms(got), hint=hint, cause=cause)
 
 
 # --- the cases the checks try, by name (the slips' probes are among them) --------------------
@@ -1278,6 +1191,18 @@ def _take_error_slip(error, queue, hashes) -> str | None:
     return None
 
 
+def _take(fn, queue: list, cached: dict, hashes: dict) -> tuple:
+    """The learner's ``fn(queue, cached, hashes)`` under the hand-over guard: ``(room, None)``,
+    or ``(None, error)`` when it raised (a method not written yet passes through)."""
+    try:
+        with refuse_reference(*KVLAB_CODE, learner=fn, task=EVICT_TASK):
+            return fn(queue, cached, hashes), None
+    except NotImplementedError:
+        raise
+    except Exception as error:
+        return None, error
+
+
 def _expect_take(fn, queue: list, cached: dict, hashes: dict, story: str, replay=None):
     """Call ``fn`` on the three structures (changed in place, as the caller's) and compare them
     and the room returned with the rule's. Returns the room."""
@@ -1289,13 +1214,9 @@ def _expect_take(fn, queue: list, cached: dict, hashes: dict, story: str, replay
     def fail(message, **details):
         raise CheckFailed(message, input=where, replay=replay, **details)
 
-    try:
-        with refuse_reference(*KVLAB_CODE, learner=fn, task=EVICT_TASK):
-            got = fn(queue, cached, hashes)
-    except NotImplementedError:
-        raise
-    except Exception as error:
-        raise _raised(error, where, replay, _take_error_slip(error, before[0], before[2])) from None
+    got, error = _take(fn, queue, cached, hashes)
+    if error is not None:
+        raise _raised(error, where, replay, _take_error_slip(error, before[0], before[2]))
     front = before[0][0]
     if isinstance(got, bool) or not isinstance(got, numbers.Integral):
         fail(
@@ -1353,14 +1274,7 @@ def _expect_refused(fn, queue: list, cached: dict, hashes: dict, story: str, rep
     """An empty queue: OutOfBlocks (a MemoryError), nothing changed."""
     where = f"{story}: {_hotel_text(queue, cached, hashes)}"
     before = (list(queue), dict(cached), dict(hashes))
-    error = None
-    try:
-        with refuse_reference(*KVLAB_CODE, learner=fn, task=EVICT_TASK):
-            got = fn(queue, cached, hashes)
-    except NotImplementedError:
-        raise
-    except Exception as raised:
-        error = raised
+    got, error = _take(fn, queue, cached, hashes)
     if not isinstance(error, MemoryError):
         if error is None:
             got_text = f"no error, returned {short(got)}"

@@ -1,0 +1,166 @@
+"""A learner's block manager judged by its key cards (Lab 03's, and Lab 07's with shared rooms).
+
+:class:`KeyCardJudge` makes calls on the learner's manager and the same calls on kvlab's
+``BlockManager``, and checks kvlab's invariants after each one, never kvlab's room numbers: every
+key card holds ceil(tokens / block_size) rooms for the tokens kvlab's manager counts, room numbers
+are ints in range(num_blocks), the token counts are kvlab's, and free rooms plus held rooms make
+num_blocks. Without shared rooms (``shared = False``, Lab 03) no room is on two key cards; with
+them (Lab 07's reference counts) a room may be on several, though never twice on one, and the lab
+checks who shares what (:meth:`KeyCardJudge.check_sharing`). :func:`evening` drives a judge
+through a random evening that a learner can replay with every call printed.
+"""
+
+from __future__ import annotations
+
+import functools
+import numbers
+import random
+
+from kvlab.grading.class_driver import ClassDriver
+from kvlab.grading.expect import CheckFailed, plural, short
+from kvlab.grading.report import failure_details
+from kvlab.paged import BlockManager
+
+NOT_COUNTED = "append_slot does not count the new token: add one to the guest's num_tokens"
+
+# a call with an id nobody checked in with: why it must be refused, and the fix when it is not
+UNKNOWN_ID = {
+    "why": "'nobody' never checked in",
+    "missing": "an unknown id raises KeyError (reading block_tables[seq_id] does)",
+}
+
+
+def rooms_for(tokens: int, block_size: int) -> int:
+    """ceil(tokens / block_size): the rooms a guest holding ``tokens`` tokens needs."""
+    return -(-tokens // block_size)
+
+
+class KeyCardJudge(ClassDriver):
+    """The learner's manager ``cls(num_blocks, block_size)`` beside kvlab's (see the module's
+    docstring), checked once built and after every call. Each lab says which usual slip a wrong
+    count of rooms (:meth:`rooms_slip`) or of free rooms (:meth:`count_slip`) shows."""
+
+    shared = False  # a room may be on several key cards (Lab 07's reference counts)
+    shown = 8  # calls shown in a transcript before it is cut
+    runs = True
+
+    def __init__(self, cls, num_blocks: int, block_size: int, echo: bool = False):
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.appended = False  # append_slot was called: its slips may explain a miscount
+        reference = BlockManager(num_blocks, block_size)
+        super().__init__(cls, num_blocks, block_size, reference=reference, echo=echo)
+        self.check()
+
+    # --- what the learner's manager holds ----------------------------------------------------
+    def tables(self) -> dict:
+        return {s: list(self.obj.block_table(s)) for s in self.reference.seq_ids}
+
+    def state(self) -> tuple:
+        counts = {s: self.obj.num_tokens(s) for s in self.reference.seq_ids}
+        return self.tables(), self.obj.num_free_blocks, counts
+
+    # --- the invariants ----------------------------------------------------------------------
+    def check(self, method: str | None = None, free_before: int | None = None, rooms: int = 0):
+        """kvlab's invariants after ``method``, which took ``rooms`` rooms off the free list (or
+        gave them back, for free)."""
+        used: dict[int, object] = {}  # without shared rooms: room -> the guest holding it
+        tables = {}
+        for seq in self.reference.seq_ids:
+            tokens = self.reference.num_tokens(seq)
+            table = list(self.obj.block_table(seq))
+            need = rooms_for(tokens, self.block_size)
+            if len(table) != need:
+                self.fail(
+                    f"{seq!r} holds {plural(tokens, 'token')}, so its key card needs "
+                    f"ceil({tokens} / {self.block_size}) = {plural(need, 'room')}",
+                    expected=plural(need, "room"),
+                    got=f"{plural(len(table), 'room')}: {short(table)}",
+                    hint=self.rooms_slip(),
+                )
+            for block in table:
+                integral = isinstance(block, numbers.Integral) and not isinstance(block, bool)
+                if not integral or not 0 <= block < self.num_blocks:
+                    self.fail(
+                        "room numbers must be ints in range(num_blocks)",
+                        expected=f"ints in 0…{self.num_blocks - 1}",
+                        got=short(table),
+                    )
+                if not self.shared:
+                    if block in used:
+                        where = "twice on" if used[block] == seq else f"on {used[block]!r}'s and"
+                        self.fail(f"room {block} is {where} {seq!r}'s key card")
+                    used[block] = seq
+            if self.shared and len(set(table)) != len(table):
+                self.fail(f"a room is twice on {seq!r}'s key card", got=short(table))
+            got_tokens = self.obj.num_tokens(seq)
+            if got_tokens != tokens:
+                counted = method == "append_slot" and got_tokens == tokens - 1
+                self.fail(
+                    f"num_tokens({seq!r}) should be {tokens}",
+                    expected=str(tokens),
+                    got=short(got_tokens),
+                    hint=NOT_COUNTED if counted else None,
+                )
+            tables[seq] = table
+        self.check_sharing(tables)
+        held = {b for t in tables.values() for b in t}
+        free = self.obj.num_free_blocks
+        if free != self.num_blocks - len(held):
+            self.fail(
+                "free rooms + rooms on key cards must make num_blocks",
+                expected=str(self.num_blocks),
+                got=f"{free} free + {len(held)} held = {free + len(held)}",
+                hint=self.count_slip(method, free_before, free, rooms),
+            )
+
+    # --- what each lab says ------------------------------------------------------------------
+    def rooms_slip(self) -> str | None:
+        """The hint for a key card with the wrong number of rooms (None: not recognised)."""
+        return None
+
+    def count_slip(self, method, before, after, rooms) -> str | None:
+        """The hint for free rooms that went from ``before`` to ``after`` in ``method``, which
+        should have moved ``rooms`` rooms (None: not recognised)."""
+        return None
+
+    def check_sharing(self, tables: dict) -> None:
+        """With shared rooms: the lab's checks of who shares which rooms (``tables``: each
+        guest's key card, already checked on its own)."""
+
+    # --- calls -------------------------------------------------------------------------------
+    def allocate(self, seq, n: int):
+        """``allocate(seq, n)`` on both managers, then the invariants; what the learner's
+        returned."""
+        before = self.obj.num_free_blocks
+        table = self.twin("allocate", seq, n)
+        self.check("allocate", before, rooms_for(n, self.block_size))
+        return table
+
+
+def _evening_replay(run, cls, seed: int, steps: int, calls: int) -> str:
+    name = run.__name__
+    return (
+        f"random.Random({seed}), step {steps}: `from {run.__module__} import {name}; "
+        f"{name}({cls.__name__}, steps={steps})` prints every call"
+    )
+
+
+def evening(judge_type, cls, call, *, run, steps: int, seed: int, echo: bool):
+    """A random evening on ``cls``: ``judge_type(cls, 24, 3)`` (24 rooms of 3 beds), then
+    ``call(judge, rng, step)`` for each step, with ``rng = random.Random(seed)``. A failure's
+    replay names ``run``, the lab's function that runs this evening, to see every call. With
+    ``echo`` every call is printed and a failure's report too, instead of raising. Returns the
+    judge, or None when ``cls`` cannot be built."""
+    rng = random.Random(seed)
+    judge = None
+    try:
+        judge = judge_type(cls, 24, 3, echo=echo)
+        for step in range(steps):
+            judge.transcript.replay = functools.partial(_evening_replay, run, cls, seed, step + 1)
+            call(judge, rng, step)
+    except CheckFailed as failure:
+        if not echo:
+            raise
+        shown = [d for d in failure_details(failure) if not d.startswith(("input:", "replay:"))]
+        print("\n".join(shown))
+    return judge
