@@ -1,4 +1,4 @@
-"""The ``kvlab`` command: doctor, grade, labs, bench, kernel."""
+"""The ``kvlab`` command: doctor, grade, labs, bench, kernel, plan."""
 
 from __future__ import annotations
 
@@ -22,6 +22,32 @@ def _labs(args) -> int:
         return 1 if problems else 0
     for path in labgen.write_labs(args.solutions, args.out):
         print(f"wrote {path}")
+    return 0
+
+
+def _plan(args) -> int:
+    """Print the capacity and cost plan (or its JSON); bad input exits 2 with the message."""
+    import json
+
+    from kvlab.planner import plan
+
+    try:
+        result = plan(
+            args.model,
+            args.gpu,
+            num_gpus=args.gpus,
+            gpu_memory_utilization=args.utilization,
+            workload=args.workload,
+            max_seq_len=args.max_seq_len,
+            block_size=args.block_size,
+            price_per_gpu_hour=args.price,
+            target_tokens_per_s=args.target,
+            max_num_seqs=args.max_num_seqs,
+        )
+    except (ValueError, TypeError) as e:
+        print(f"kvlab plan: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(result.to_dict(), indent=2) if args.json else result)
     return 0
 
 
@@ -69,6 +95,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--requests", type=int, help="serve: requests in the timed run (default 10,000)"
     )
 
+    plan = sub.add_parser(
+        "plan", help="capacity and cost of a model on GPUs: contiguous vs paged KV cache"
+    )
+    plan.add_argument("--model", required=True, help="a model preset, e.g. Llama-3-8B")
+    plan.add_argument("--gpu", required=True, help="a GPU preset, e.g. H100-80GB")
+    plan.add_argument("--gpus", type=int, default=1, help="GPUs per copy, tensor parallel (1)")
+    plan.add_argument("--workload", default="sharegpt", help="sharegpt or alpaca (sharegpt)")
+    plan.add_argument("--max-seq-len", type=int, help="longest request (default: the model's)")
+    plan.add_argument("--block-size", type=int, default=16, help="tokens per KV block (16)")
+    plan.add_argument(
+        "--utilization", type=float, default=0.9, help="share of GPU memory to use (0.9)"
+    )
+    plan.add_argument("--price", type=float, help="dollars per GPU-hour (default: catalogue's)")
+    plan.add_argument("--target", type=float, help="generated tokens/s to size GPUs for")
+    plan.add_argument("--max-num-seqs", type=int, help="cap on requests running at once")
+    plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
     labs = sub.add_parser("labs", help="write learner notebooks from the solutions")
     labs.add_argument("--solutions", type=Path, help="default: the course's solutions/")
     labs.add_argument("--out", type=Path, help="default: the course's labs/")
@@ -95,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         from kvlab.bench import main as bench
 
         return bench(args.name, args.out, args.budget, args.requests)
+    if args.command == "plan":
+        return _plan(args)
     return _labs(args)
 
 
