@@ -434,3 +434,29 @@ def plot_throughput_sweep(budgets: list[int], throughput: dict[str, list[float]]
     ax.legend(fontsize=7)
     ax.figure.tight_layout()
     return ax
+
+
+def plot_plan(plan, axes=None, title: str | None = None):
+    """A :class:`kvlab.planner.Plan` in two panels: requests served at once per cache, and what a
+    million generated tokens cost (tokens per second when the plan has no price)."""
+    if axes is None:
+        fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.0))
+    left, right = axes
+    rows = plan.table()
+    names = [r["system"].replace(" (paged)", "\n(paged)").replace("Orca ", "Orca\n") for r in rows]
+    colors = [COLORS["free"]] * (len(rows) - 1) + [COLORS["used"]]
+    at_once = [r["concurrency"] for r in rows]
+    _label_bars(left, [left.bar(names, at_once, color=colors)], "{:,.0f}", 7)
+    left.set_ylabel("requests served at once")
+    priced = all(r["cost_per_million_tokens"] is not None for r in rows)
+    values = [r["cost_per_million_tokens"] if priced else r["tokens_per_s"] for r in rows]
+    bars = right.bar(names, values, color=colors)
+    _label_bars(right, [bars], "${:,.3f}" if priced else "{:,.0f}", 7)
+    right.set_ylabel("$ per million generated tokens" if priced else "generated tokens / s")
+    for ax in axes:
+        ax.tick_params(axis="x", labelsize=7)
+        ax.margins(y=0.15)
+    fig = left.figure
+    fig.suptitle(title or plan.setup, fontsize=9)
+    fig.tight_layout()
+    return fig

@@ -176,10 +176,13 @@ def format_grade(grade: NotebookGrade) -> str:
     for e in grade.exercises:
         lines.append(f"  {e.id:<{width}}  {e.passed:>3}/{e.total:<3} {e.status:<16} {e.title}")
     pct = 100 * grade.passed / grade.total if grade.total else 0
-    lines.append(
-        f"  {'total':<{width}}  {grade.passed:>3}/{grade.total:<3} ({pct:.0f}%)"
-        f"  in {grade.seconds:.0f} s"
-    )
+    if not grade.exercises:  # a notebook with no exercise (Lab 08): it ran, nothing to score
+        lines.append(f"  no exercises to grade; ran in {grade.seconds:.0f} s")
+    else:
+        lines.append(
+            f"  {'total':<{width}}  {grade.passed:>3}/{grade.total:<3} ({pct:.0f}%)"
+            f"  in {grade.seconds:.0f} s"
+        )
     if grade.error_cells:
         lines.append(f"  cells that raised: {', '.join(map(str, grade.error_cells))}")
     return "\n".join(lines)

@@ -4,10 +4,14 @@ The widget classes load on first use, so the plots can share :mod:`kvlab.widgets
 without importing anywidget and ipywidgets.
 """
 
-__all__ = ["HotelFloorPlan", "HotelPlayer", "animate", "compare"]
+__all__ = ["HotelFloorPlan", "HotelPlayer", "PlanForm", "animate", "compare"]
 
 
 def __getattr__(name: str):
+    if name == "PlanForm":
+        from kvlab.widgets.plan_form import PlanForm
+
+        return PlanForm
     if name in __all__:
         from kvlab.widgets import floorplan
 
