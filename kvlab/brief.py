@@ -17,15 +17,17 @@ STORY = """\
 *KV cache*, and it grows by one slot per generated token. Think of GPU memory as a hotel and requests as
 guests. A serving system that books every guest the largest suite they might ever need (a whole maximum-length
 request) leaves most of its beds empty: the PagedAttention paper measured only 20–38% of KV memory holding
-real tokens in such systems, against 96% with paging.
+real tokens in such systems, against 96% with paging (the planner, counting only the last block's empty beds,
+says 99%).
 
 **Why adding GPUs is the expensive fix.** When the hotel looks full, guests queue and the GPUs' arithmetic sits
 idle waiting for memory. Buying more GPUs adds rooms, but they are booked the same wasteful way.
 
 **What paging buys.** Paging (vLLM's PagedAttention) hands out small rooms of 16 beds only as a guest needs them,
-so almost every bed holds a token and several times more requests run at once on the same GPU. Decoding is
-limited by memory bandwidth, so serving more requests in one pass costs little extra time: more tokens per
-second, and a cheaper token.
+so almost every bed holds a token and several times more requests run at once on the same GPU. The model's
+weights are read from memory once per step for all of them, so more requests per step give more tokens per
+second and a cheaper token, while memory bandwidth is the limit. Each request is served more slowly, which is why
+servers cap how many run at once.
 
 **What sharing buys.** Requests that start alike (the same system prompt, the same examples, several answers
 to one prompt) can share rooms instead of holding copies, which frees more memory still (prefix caching).
@@ -40,27 +42,72 @@ def _gpus(n: int) -> str:
     return f"{n:,} GPU" if n == 1 else f"{n:,} GPUs"
 
 
+def _table(p: Plan) -> str:
+    """The plan's rows in a leader's words (no internal names)."""
+    priced = p.price_per_gpu_hour is not None
+    head = ["booking", "requests at once", "memory holding tokens", "tokens/s (all users)"]
+    head += ["tokens/s per user"] + (["$ per million tokens*"] if priced else [])
+    head += ["GPUs for the target"] if p.target_tokens_per_s else []
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in p.table():
+        cells = [row["system"], f"{row['concurrency']:,.0f}", f"{row['memory_holding_tokens']:.0%}"]
+        cells += [f"{row['tokens_per_s']:,.0f}", f"{row['tokens_per_s_per_request']:,.0f}"]
+        if priced:
+            cells.append(f"{row['cost_per_million_tokens']:,.3f}")
+        if p.target_tokens_per_s:
+            cells.append(f"{row['gpus_needed']:,}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _plan_lines(name: str, p: Plan) -> list[str]:
     paged, orca = p.paged, p.contiguous
-    lines = [f"### {name}", "", p.setup + ".", ""]
-    lines.append(p.to_markdown())
-    lines.append("")
-    lines.append(
+    lines = [f"### {name}", "", p.setup + ".", "", _table(p), ""]
+    line = (
         f"Paged: about **{paged.concurrency:,.0f}** requests at once against {orca.concurrency:,.0f} "
         f"with max-length booking ({p.concurrency_gain:.1f}×), "
         f"{paged.tokens_per_s:,.0f} against {orca.tokens_per_s:,.0f} generated tokens/s "
         f"({p.throughput_gain:.1f}×)."
     )
     if paged.cost_per_million_tokens is not None:
-        lines[-1] += (
+        line += (
             f" A million tokens cost ${paged.cost_per_million_tokens:,.3f} instead of "
             f"${orca.cost_per_million_tokens:,.3f}."
         )
     if paged.gpus_needed is not None:
-        lines[-1] += (
+        line += (
             f" For {p.target_tokens_per_s:,.0f} tokens/s: {_gpus(paged.gpus_needed)} paged, "
             f"{_gpus(orca.gpus_needed)} with max-length booking."
         )
+    return lines + [line, "", p._verdict()]
+
+
+def _lower_first(name: str) -> str:
+    return name[:1].lower() + name[1:]
+
+
+def _bottom_line(plans: dict[str, Plan]) -> list[str]:
+    """Three lines a reader who stops here takes away."""
+    low = min(p.concurrency_gain for p in plans.values())
+    high = max(p.concurrency_gain for p in plans.values())
+    fits = f"about {low:.0f}×" if round(low) == round(high) else f"{low:.0f}–{high:.0f}×"
+    best = max(plans, key=lambda name: plans[name].throughput_gain)
+    flat = [_lower_first(name) for name, p in plans.items() if p.throughput_gain < 1.05]
+    lines = [
+        "**Bottom line**",
+        "",
+        f"- Paging fits {fits} as many requests at once on the same GPUs.",
+        f"- Where memory is the limit it turns them into up to "
+        f"{plans[best].throughput_gain:.1f}× the tokens per second ({_lower_first(best)}): cheaper "
+        "tokens, fewer GPUs for a load.",
+    ]
+    if flat:
+        lines.append(
+            f"- Where the GPUs' arithmetic is the limit ({', '.join(flat)}) it adds requests, not "
+            "tokens per second. One request is never faster."
+        )
+    else:
+        lines.append("- One request is never faster: the gain is in how many are served at once.")
     return lines
 
 
@@ -73,7 +120,7 @@ def brief_markdown(
     for name, p in plans.items():
         if not isinstance(p, Plan):
             raise TypeError(f"plans[{name!r}] must be a kvlab.planner.Plan, got {p!r}")
-    lines = [f"# {title}", "", STORY, "", "## What the planner says", ""]
+    lines = [f"# {title}", "", *_bottom_line(plans), "", STORY, "", "## What the planner says", ""]
     for name, p in plans.items():
         lines += _plan_lines(name, p) + [""]
     prices = sorted(
@@ -86,6 +133,8 @@ def brief_markdown(
     lines += [
         "## Assumptions",
         "",
+        "- \\* Costs are data-sheet bounds (the roofline: peak bandwidth and FLOP/s); real engines reach a"
+        " fraction of them, so expect real costs a few times higher. Compare the ratios.",
         "- Every request waiting (a busy server); lengths like the ShareGPT or Alpaca data sets the paper used.",
         "- Tokens per second from the roofline: the GPU's peak memory bandwidth and FLOP/s (tensor parallel: summed,"
         " communication ignored). Real engines reach a fraction of them.",
@@ -108,7 +157,7 @@ def brief_figure(plans: dict[str, Plan]):
     for row, (name, p) in zip(axes, plans.items(), strict=True):
         viz.plot_plan(p, axes=row)
         row[0].set_title(name, fontsize=9, loc="left")
-    fig.suptitle("Requests served at once and what a million tokens cost, per hotel", fontsize=10)
+    fig.suptitle("Requests served at once and what a million tokens cost, per set-up", fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -29,7 +30,7 @@ def _plan(args) -> int:
     """Print the capacity and cost plan (or its JSON); bad input exits 2 with the message."""
     import json
 
-    from kvlab.planner import plan
+    from kvlab.planner import in_words, plan
 
     try:
         result = plan(
@@ -45,10 +46,27 @@ def _plan(args) -> int:
             max_num_seqs=args.max_num_seqs,
         )
     except (ValueError, TypeError) as e:
-        print(f"kvlab plan: error: {e}", file=sys.stderr)
+        print(f"kvlab plan: error: {in_words(str(e), PLAN_FLAGS)}", file=sys.stderr)
         return 2
-    print(json.dumps(result.to_dict(), indent=2) if args.json else result)
+    try:
+        print(json.dumps(result.to_dict(), indent=2) if args.json else result, flush=True)
+    except BrokenPipeError:  # `kvlab plan ... | head`: the reader left, which is fine
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
+
+
+# the planner's argument names as `kvlab plan` spells them, for its error messages
+PLAN_FLAGS = {
+    "num_gpus": "--gpus",
+    "gpu_memory_utilization": "--utilization",
+    "max_seq_len": "--max-seq-len",
+    "block_size": "--block-size",
+    "price_per_gpu_hour": "--price",
+    "target_tokens_per_s": "--target",
+    "max_num_seqs": "--max-num-seqs",
+    "weights_bytes": "weights",
+    "overhead_bytes": "overhead",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,8 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--requests", type=int, help="serve: requests in the timed run (default 10,000)"
     )
 
+    from kvlab.gpus import CATALOGUE
+    from kvlab.models import PRESETS
+
     plan = sub.add_parser(
-        "plan", help="capacity and cost of a model on GPUs: contiguous vs paged KV cache"
+        "plan",
+        help="capacity and cost of a model on GPUs: contiguous vs paged KV cache",
+        epilog=f"models: {', '.join(PRESETS)}; GPUs: {', '.join(CATALOGUE)} (prices are "
+        "assumptions: pass --price)",
     )
     plan.add_argument("--model", required=True, help="a model preset, e.g. Llama-3-8B")
     plan.add_argument("--gpu", required=True, help="a GPU preset, e.g. H100-80GB")

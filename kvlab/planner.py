@@ -487,7 +487,9 @@ class Plan:
         ]
         for est, label in ((paged, "Paged (vLLM)"), (contiguous, "Max-length booking (Orca)")):
             line = (
-                f"{label}: about {est.concurrency:,.0f} requests at once, {est.tokens_per_s:,.0f} "
+                f"{label}: about {est.concurrency:,.0f} "
+                f"{'request' if round(est.concurrency) == 1 else 'requests'} at once, "
+                f"{est.tokens_per_s:,.0f} "
                 f"generated tokens/s in all ({est.tokens_per_s_per_request:,.0f} per request; "
                 f"{est.memory_holding_tokens:.0%} of the KV memory holds tokens)"
             )
@@ -618,6 +620,16 @@ class Plan:
         }
 
 
+def in_words(message: str, names: dict[str, str]) -> str:
+    """An error message with the API's argument names replaced by what a user typed (a command's
+    flags, a form's labels)."""
+    import re
+
+    for name, said in names.items():
+        message = re.sub(rf"\b{name}\b", said, message)
+    return message
+
+
 def _gib(n: float) -> str:
     return f"{n / GiB:,.1f} GiB"
 
@@ -691,8 +703,8 @@ def plan(
     where = f"{num_gpus} x {card.name}" if num_gpus > 1 else f"one {card.name}"
     if weights >= memory:
         raise ValueError(
-            f"weights_bytes ({_gib(weights)}) is larger than the GPU memory of {where} "
-            f"({_gib(memory)}): raise num_gpus or pick a larger GPU"
+            f"weights_bytes = {_gib(weights)}: more than the GPU memory of {where} "
+            f"({_gib(memory)}); raise num_gpus or pick a larger GPU"
         )
     kv_bytes = usable - weights - overhead
     if kv_bytes <= 0:

@@ -42,12 +42,17 @@ def test_each_control_re_plans(form):
     picture = bytes(form.picture.value)
     form.max_seq_len.value = 2048
     assert form.plan.max_seq_len == 2048 and bytes(form.picture.value) != picture
+    form.max_num_seqs.value = 64
+    assert form.plan.max_num_seqs == 64 and form.plan.paged.concurrency == 64
+    form.max_num_seqs.value = 0
+    assert form.plan.max_num_seqs is None
 
 
 def test_a_set_up_that_cannot_run_says_why_and_recovers():
     form = PlanForm(model="Llama-3-70B", gpu="L4-24GB")
     assert form.plan is None and "No plan:" in form.summary.value
-    assert "raise num_gpus" in form.error and bytes(form.picture.value) == b""
+    assert "raise GPUs" in form.error and "num_gpus" not in form.error
+    assert bytes(form.picture.value) == b""
     form.gpu.value, form.num_gpus.value = "H200-141GB", 8
     assert form.plan is not None and form.plan.num_gpus == 8
 
@@ -86,9 +91,13 @@ def test_the_brief_tells_the_story_and_gives_each_plan(plans):
     text = brief_markdown(plans)
     assert text.startswith("# KV-cache memory: the leader's brief")
     assert "What it does not buy" in text and "20–38%" in text
+    assert text.index("**Bottom line**") < text.index("**The hotel.**")
+    assert "about 15× as many requests at once" in text
+    assert "(a 70B model on 8 H200s) it adds requests, not tokens per second" in text
     for name, p in plans.items():
-        assert f"### {name}" in text and p.to_markdown() in text
-        assert f"{p.paged.concurrency:,.0f}" in text
+        assert f"### {name}" in text and p._verdict() in text
+        assert f"| vLLM (paged) | {p.paged.concurrency:,.0f} | 99% |" in text
+        assert "| cache |" not in text  # no internal names in a leader's table
     assert "H100-80GB $2.90" in text  # the prices are shown as assumptions
     with pytest.raises(ValueError, match="at least one"):
         brief_markdown({})

@@ -282,7 +282,12 @@ def test_plan_is_instant_once_the_workload_is_sampled():
         (("Llama-3-8B", "B200"), {}, ValueError, "presets are A100-40GB, .*L4-24GB"),
         ((42, "H100-80GB"), {}, TypeError, "model must be"),
         (("Llama-3-8B", None), {}, TypeError, "gpu must be"),
-        (("Llama-3-70B", "H100-80GB"), {}, ValueError, "larger than the GPU memory"),
+        (
+            ("Llama-3-70B", "H100-80GB"),
+            {},
+            ValueError,
+            "weights_bytes = 131.5 GiB: more than the GPU memory",
+        ),
         (("Llama-3-8B", "L4-24GB"), {"weights_bytes": 22 * GiB}, ValueError, "leave no memory"),
         (("Llama-3-8B", "H100-80GB"), {"weights_bytes": 0}, ValueError, "weights_bytes must be"),
         (("Llama-3-8B", "H100-80GB"), {"overhead_bytes": -1}, ValueError, "overhead_bytes"),
@@ -368,7 +373,7 @@ def test_cli_errors_exit_2_with_the_message(capsys):
     err = capsys.readouterr().err
     assert "kvlab plan: error: unknown gpu 'B200'; presets are A100-40GB" in err
     assert cli_main(["plan", "--model", "Llama-3-8B", "--gpu", "L4", "--utilization", "2"]) == 2
-    assert "gpu_memory_utilization must be in (0, 1]" in capsys.readouterr().err
+    assert "--utilization must be in (0, 1]" in capsys.readouterr().err
 
 
 def test_cli_entry_point():
@@ -390,4 +395,24 @@ def test_cli_entry_point():
         env=LEARNER_ENV,
         timeout=120,
     )
-    assert bad.returncode == 2 and "larger than the GPU memory" in bad.stderr
+    assert bad.returncode == 2 and "weights = 131.5 GiB: more than the GPU memory" in bad.stderr
+
+
+def test_cli_output_piped_into_head_ends_quietly():
+    """`kvlab plan ... | head -1`: the reader leaves early (here, before anything is written); no
+    BrokenPipeError traceback."""
+    import shlex
+
+    command = " ".join(
+        map(shlex.quote, [*kvlab_cli(), "plan", "--model", "OPT-13B", "--gpu", "A100-40GB"])
+    )
+    out = subprocess.run(
+        f"{command} | true",
+        shell=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=LEARNER_ENV,
+        timeout=120,
+    )
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr

@@ -16,10 +16,21 @@ import ipywidgets as widgets
 
 from kvlab.gpus import CATALOGUE
 from kvlab.models import PRESETS
-from kvlab.planner import plan
+from kvlab.planner import in_words, plan
 
 CONTEXTS = (2048, 4096, 8192, 32768)
 WORKLOADS = (("ShareGPT-like chats", "sharegpt"), ("Alpaca-like instructions", "alpaca"))
+# the planner's argument names as the form labels them, for its messages
+LABELS = {
+    "num_gpus": "GPUs",
+    "gpu_memory_utilization": "the share of memory used",
+    "max_seq_len": "context",
+    "price_per_gpu_hour": "$ per GPU-hour",
+    "target_tokens_per_s": "target tokens/s",
+    "max_num_seqs": "max requests at once",
+    "weights_bytes": "weights",
+    "overhead_bytes": "overhead",
+}
 
 
 def _png(fig) -> bytes:
@@ -49,6 +60,7 @@ class PlanForm(widgets.VBox):
         workload: str = "sharegpt",
         max_seq_len: int = 8192,
         target_tokens_per_s: float = 0.0,
+        max_num_seqs: int = 0,
     ):
         if model not in PRESETS:
             raise ValueError(f"model must be one of {', '.join(PRESETS)}, got {model!r}")
@@ -94,6 +106,15 @@ class PlanForm(widgets.VBox):
             style=style,
             layout=wide,
         )
+        self.max_num_seqs = widgets.BoundedIntText(
+            value=max_num_seqs,
+            min=0,
+            max=1_000_000,
+            step=64,
+            description="max at once (0: no cap)",
+            style=style,
+            layout=wide,
+        )
         self.summary = widgets.HTML()
         self.picture = widgets.Image(format="png", layout=widgets.Layout(max_width="760px"))
         self.plan = None
@@ -101,12 +122,13 @@ class PlanForm(widgets.VBox):
         self._quiet = False
         self.model.observe(self._model_changed, "value")
         self.gpu.observe(self._gpu_changed, "value")
-        for control in (self.num_gpus, self.workload, self.max_seq_len, self.price, self.target):
+        others = (self.num_gpus, self.workload, self.max_seq_len, self.price, self.target)
+        for control in (*others, self.max_num_seqs):
             control.observe(self._changed, "value")
         controls = widgets.HBox(
             [
                 widgets.VBox([self.model, self.gpu, self.num_gpus, self.workload]),
-                widgets.VBox([self.max_seq_len, self.price, self.target]),
+                widgets.VBox([self.max_seq_len, self.price, self.target, self.max_num_seqs]),
             ]
         )
         super().__init__([controls, self.summary, self.picture])
@@ -146,9 +168,10 @@ class PlanForm(widgets.VBox):
                 max_seq_len=self.max_seq_len.value,
                 price_per_gpu_hour=self.price.value,
                 target_tokens_per_s=self.target.value or None,
+                max_num_seqs=self.max_num_seqs.value or None,
             )
         except (ValueError, TypeError) as problem:
-            self.plan, self.error = None, str(problem)
+            self.plan, self.error = None, in_words(str(problem), LABELS)
             self.summary.value = (
                 f'<p style="color:#c62828"><b>No plan:</b> {html.escape(self.error)}</p>'
             )
@@ -181,7 +204,8 @@ class PlanForm(widgets.VBox):
         return (
             f"PlanForm(model={self.model.value!r}, gpu={self.gpu.value!r}, "
             f"num_gpus={self.num_gpus.value}, workload={self.workload.value!r}, "
-            f"max_seq_len={self.max_seq_len.value})"
+            f"max_seq_len={self.max_seq_len.value}, price={self.price.value:g}, "
+            f"target={self.target.value:g}, max_num_seqs={self.max_num_seqs.value})"
         )
 
     def _repr_mimebundle_(self, **kwargs):
