@@ -81,7 +81,7 @@ $(TRITON_GPU_DIR)/.installed: | install-test
 test: install-test browser triton-gpu
 	$(VENV)/bin/ruff check kvlab tests
 	$(VENV)/bin/ruff format --check kvlab tests
-	KVLAB_TRITON_GPU_DIR=$(TRITON_GPU_DIR) $(PY) -m pytest tests -p no:cacheprovider $(PYTEST_ARGS)
+	KVLAB_TRITON_GPU_DIR=$(TRITON_GPU_DIR) $(PY) -m pytest tests -p no:cacheprovider --durations=15 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-notebooks
 
 test-notebooks: install-test $(KERNEL_SPEC)
