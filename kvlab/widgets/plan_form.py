@@ -49,6 +49,32 @@ def _contexts(model: str) -> list[int]:
     return fits or [limit]
 
 
+STYLE = {"description_width": "110px"}
+
+
+def _choice(description: str, options, value) -> widgets.Dropdown:
+    return widgets.Dropdown(
+        options=options,
+        value=value,
+        description=description,
+        style=STYLE,
+        layout=widgets.Layout(width="330px"),
+    )
+
+
+def _number(kind, description: str, value, most, step):
+    """A number box from 0 to ``most`` (values outside are clamped by the widget)."""
+    return kind(
+        value=value,
+        min=0,
+        max=most,
+        step=step,
+        description=description,
+        style=STYLE,
+        layout=widgets.Layout(width="330px"),
+    )
+
+
 class PlanForm(widgets.VBox):
     """The planner as a form: every change re-plans and redraws (a fraction of a second)."""
 
@@ -66,54 +92,20 @@ class PlanForm(widgets.VBox):
             raise ValueError(f"model must be one of {', '.join(PRESETS)}, got {model!r}")
         if gpu not in CATALOGUE:
             raise ValueError(f"gpu must be one of {', '.join(CATALOGUE)}, got {gpu!r}")
-        style = {"description_width": "110px"}
-        wide = widgets.Layout(width="330px")
-        self.model = widgets.Dropdown(
-            options=list(PRESETS), value=model, description="model", style=style, layout=wide
-        )
-        self.gpu = widgets.Dropdown(
-            options=list(CATALOGUE), value=gpu, description="GPU", style=style, layout=wide
-        )
-        self.num_gpus = widgets.Dropdown(
-            options=[1, 2, 4, 8], value=num_gpus, description="GPUs", style=style, layout=wide
-        )
-        self.workload = widgets.Dropdown(
-            options=WORKLOADS, value=workload, description="workload", style=style, layout=wide
-        )
         contexts = _contexts(model)
-        self.max_seq_len = widgets.Dropdown(
-            options=contexts,
-            value=max_seq_len if max_seq_len in contexts else contexts[-1],
-            description="context (tokens)",
-            style=style,
-            layout=wide,
-        )
-        self.price = widgets.BoundedFloatText(
-            value=CATALOGUE[gpu].price_per_hour or 0.0,
-            min=0.0,
-            max=1000.0,
-            step=0.1,
-            description="$ per GPU-hour",
-            style=style,
-            layout=wide,
-        )
-        self.target = widgets.BoundedFloatText(
-            value=target_tokens_per_s,
-            min=0.0,
-            max=1e9,
-            step=1000.0,
-            description="target tokens/s",
-            style=style,
-            layout=wide,
-        )
-        self.max_num_seqs = widgets.BoundedIntText(
-            value=max_num_seqs,
-            min=0,
-            max=1_000_000,
-            step=64,
-            description="max at once (0: no cap)",
-            style=style,
-            layout=wide,
+        self.model = _choice("model", list(PRESETS), model)
+        self.gpu = _choice("GPU", list(CATALOGUE), gpu)
+        self.num_gpus = _choice("GPUs", [1, 2, 4, 8], num_gpus)
+        self.workload = _choice("workload", WORKLOADS, workload)
+        context = max_seq_len if max_seq_len in contexts else contexts[-1]
+        self.max_seq_len = _choice("context (tokens)", contexts, context)
+        price = CATALOGUE[gpu].price_per_hour or 0.0
+        self.price = _number(widgets.BoundedFloatText, "$ per GPU-hour", price, 1000.0, 0.1)
+        target = target_tokens_per_s
+        self.target = _number(widgets.BoundedFloatText, "target tokens/s", target, 1e9, 1000.0)
+        cap, most = max_num_seqs, 1_000_000
+        self.max_num_seqs = _number(
+            widgets.BoundedIntText, "max at once (0: no cap)", cap, most, 64
         )
         self.summary = widgets.HTML()
         self.picture = widgets.Image(format="png", layout=widgets.Layout(max_width="760px"))
