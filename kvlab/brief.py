@@ -17,8 +17,7 @@ STORY = """\
 *KV cache*, and it grows by one slot per generated token. Think of GPU memory as a hotel and requests as
 guests. A serving system that books every guest the largest suite they might ever need (a whole maximum-length
 request) leaves most of its beds empty: the PagedAttention paper measured only 20–38% of KV memory holding
-real tokens in such systems, against 96% with paging (the planner, counting only the last block's empty beds,
-says 99%).
+real tokens in such systems, against 96% with paging.
 
 **Why adding GPUs is the expensive fix.** When the hotel looks full, guests queue and the GPUs' arithmetic sits
 idle waiting for memory. Buying more GPUs adds rooms, but they are booked the same wasteful way.
@@ -46,7 +45,7 @@ def _table(p: Plan) -> str:
     """The plan's rows in a leader's words (no internal names)."""
     priced = p.price_per_gpu_hour is not None
     head = ["booking", "requests at once", "memory holding tokens", "tokens/s (all users)"]
-    head += ["tokens/s per user"] + (["$ per million tokens*"] if priced else [])
+    head += ["tokens/s per user"] + (["$ per million generated tokens*"] if priced else [])
     head += ["GPUs for the target"] if p.target_tokens_per_s else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in p.table():
@@ -92,23 +91,45 @@ def _bottom_line(plans: dict[str, Plan]) -> list[str]:
     high = max(p.concurrency_gain for p in plans.values())
     fits = f"about {low:.0f}×" if round(low) == round(high) else f"{low:.0f}–{high:.0f}×"
     best = max(plans, key=lambda name: plans[name].throughput_gain)
-    flat = [_lower_first(name) for name, p in plans.items() if p.throughput_gain < 1.05]
+    flat = {name: p for name, p in plans.items() if p.throughput_gain < 1.05}
     lines = [
         "**Bottom line**",
         "",
         f"- Paging fits {fits} as many requests at once on the same GPUs.",
-        f"- Where memory is the limit it turns them into up to "
-        f"{plans[best].throughput_gain:.1f}× the tokens per second ({_lower_first(best)}): cheaper "
-        "tokens, fewer GPUs for a load.",
     ]
-    if flat:
+    if len(flat) < len(plans):
         lines.append(
-            f"- Where the GPUs' arithmetic is the limit ({', '.join(flat)}) it adds requests, not "
-            "tokens per second. One request is never faster."
+            f"- Where memory is the limit it turns them into up to "
+            f"{plans[best].throughput_gain:.1f}× the tokens per second ({_lower_first(best)}): "
+            "cheaper tokens, fewer GPUs for a load."
         )
-    else:
-        lines.append("- One request is never faster: the gain is in how many are served at once.")
+    for name, p in flat.items():
+        lines.append(f"- {name}: more requests, not more tokens per second: {_why_flat(p)}.")
+    lines.append("- One request is never faster: the gain is in how many are served at once.")
     return lines
+
+
+def _why_flat(p: Plan) -> str:
+    capped = p.max_num_seqs is not None and p.contiguous.concurrency >= p.max_num_seqs
+    if capped:
+        return f"the cap of {p.max_num_seqs:,} requests at once binds every booking"
+    if p.paged.bound == "compute":
+        return "the GPUs' arithmetic is already the limit"
+    return "the requests book nearly their maximum length whatever the booking"
+
+
+def _memory_assumptions(plans: dict[str, Plan]) -> str:
+    """How each plan's memory was split, from the plans themselves."""
+    parts = []
+    for name, p in plans.items():
+        gib = 2**30
+        parts.append(
+            f"{_lower_first(name)}: {p.gpu_memory_utilization:.0%} of GPU memory used, "
+            f"{p.weights_bytes / gib:,.1f} GiB of weights, {p.overhead_bytes / gib:,.1f} GiB of "
+            f"overhead, {p.kv_cache_bytes / gib:,.1f} GiB of KV cache, {p.paged.memory_holding_tokens:.0%} "
+            "of it holding tokens when paged"
+        )
+    return "- Memory: " + "; ".join(parts) + "."
 
 
 def brief_markdown(
@@ -127,7 +148,7 @@ def brief_markdown(
         {
             f"{p.gpu.name} ${p.price_per_gpu_hour:.2f}"
             for p in plans.values()
-            if p.price_per_gpu_hour
+            if p.price_per_gpu_hour is not None
         }
     )
     lines += [
@@ -139,7 +160,7 @@ def brief_markdown(
         "- Tokens per second from the roofline: the GPU's peak memory bandwidth and FLOP/s (tensor parallel: summed,"
         " communication ignored). Real engines reach a fraction of them.",
         f"- Prices per GPU-hour are assumptions to edit: {', '.join(prices) or 'none given'}.",
-        "- Weights in 16 bits; 90% of GPU memory used, 2 GiB per GPU of overhead, the rest for the KV cache.",
+        _memory_assumptions(plans),
         "",
         "Source of the measured figures: Kwon et al., *Efficient Memory Management for Large Language Model Serving"
         " with PagedAttention*, SOSP 2023. Computed with the kvlab course's planner (`kvlab plan`).",

@@ -133,13 +133,27 @@ def _resolve_model(model) -> ModelSpec:
 def _resolve_gpu(gpu) -> PricedGPU:
     if isinstance(gpu, PricedGPU):
         return gpu
-    if isinstance(gpu, GPU):
-        return with_price(gpu, None)
+    if isinstance(gpu, GPU):  # kvlab.roofline's presets: the catalogue's cards, with no price
+        same = gpu_catalogue.ROOFLINE_CARDS.get(gpu)
+        return with_price(gpu_catalogue.CATALOGUE[same] if same else gpu, None)
     if isinstance(gpu, str):
         return gpu_catalogue.lookup(gpu)
     raise TypeError(
         f"gpu must be a kvlab.gpus.PricedGPU, a kvlab.roofline.GPU or a preset's name, got "
         f"{type(gpu).__name__} {gpu!r}"
+    )
+
+
+def _check_split(spec: ModelSpec, num_gpus: int) -> None:
+    """Tensor parallel splits every layer's heads evenly over the GPUs (KV heads may be copied
+    when there are more GPUs than KV heads), as vLLM requires."""
+    q, kv = spec.num_q_heads, spec.num_kv_heads
+    if num_gpus == 1 or (q % num_gpus == 0 and (kv % num_gpus == 0 or num_gpus % kv == 0)):
+        return
+    fits = [n for n in range(1, q + 1) if q % n == 0 and (kv % n == 0 or n % kv == 0)]
+    raise ValueError(
+        f"num_gpus={num_gpus} does not split {spec.name}'s {q} query heads and {kv} KV heads "
+        f"evenly (tensor parallel needs that): use one of {', '.join(map(str, fits[:8]))}"
     )
 
 
@@ -494,7 +508,7 @@ class Plan:
                 f"{est.memory_holding_tokens:.0%} of the KV memory holds tokens)"
             )
             if est.cost_per_million_tokens is not None:
-                line += f", ${est.cost_per_million_tokens:,.2f} per million tokens"
+                line += f", ${est.cost_per_million_tokens:,.2f} per million generated tokens"
             if est.gpus_needed is not None:
                 gpus = "GPU" if est.gpus_needed == 1 else "GPUs"
                 line += f", {est.gpus_needed:,} {gpus} for {self.target_tokens_per_s:,.0f} tokens/s"
@@ -514,6 +528,12 @@ class Plan:
     def _verdict(self) -> str:
         LIMITS = {"compute": "arithmetic (FLOP/s)", "memory": "memory bandwidth"}  # noqa: N806
         gain, speed = self.concurrency_gain, self.throughput_gain
+        if gain < 0.95:
+            return (
+                f"Paging serves fewer requests at once here ({gain:.2f}x): blocks of "
+                f"{self.block_size} tokens waste more than max-length booking on these requests; "
+                "use smaller blocks."
+            )
         if gain < 1.05:
             capped = (
                 self.max_num_seqs is not None and self.contiguous.concurrency >= self.max_num_seqs
@@ -543,7 +563,7 @@ class Plan:
 
     def _formatted_rows(self) -> tuple[list[str], list[list[str]]]:
         header = ["cache", "system", "requests at once", "KV holding tokens", "tokens/s"]
-        header += ["each", "$ per M tokens", "GPUs for target"]
+        header += ["each", "$ per M generated", "GPUs for target"]
         rows = []
         for est in self.policies.values():
             rows.append(
@@ -657,7 +677,9 @@ def plan(
     tensor parallel. ``weights_bytes`` defaults to ``num_params x dtype_bytes`` (give it for a
     quantised model), ``overhead_bytes`` (all GPUs together) to ``num_gpus x``
     :data:`DEFAULT_OVERHEAD_PER_GPU`. ``workload``: ``"sharegpt"``, ``"alpaca"`` or a list of
-    :class:`~kvlab.workload.Request`. ``max_seq_len`` (prompt + output) defaults to the model's
+    :class:`~kvlab.workload.Request` (read as a distribution of lengths: the plan is for a busy
+    server with such requests always waiting, however few the list). ``max_seq_len`` (prompt +
+    output) defaults to the model's
     context. ``price_per_gpu_hour`` overrides the catalogue's assumed price. ``target_tokens_per_s``
     (generated tokens per second, all users together) sizes ``gpus_needed``. ``max_num_seqs`` caps
     the requests running at once (vLLM's ``--max-num-seqs``; None: memory is the only limit).
@@ -668,6 +690,7 @@ def plan(
     spec = _resolve_model(model)
     card = _resolve_gpu(gpu)
     num_gpus = positive_int("num_gpus", num_gpus)
+    _check_split(spec, num_gpus)
     util = _number("gpu_memory_utilization", gpu_memory_utilization)
     if util > 1:
         raise ValueError(

@@ -93,7 +93,10 @@ def test_the_brief_tells_the_story_and_gives_each_plan(plans):
     assert "What it does not buy" in text and "20–38%" in text
     assert text.index("**Bottom line**") < text.index("**The hotel.**")
     assert "about 15× as many requests at once" in text
-    assert "(a 70B model on 8 H200s) it adds requests, not tokens per second" in text
+    assert (
+        "- A 70B model on 8 H200s: more requests, not more tokens per second: the GPUs' arithmetic"
+        in text
+    )
     for name, p in plans.items():
         assert f"### {name}" in text and p._verdict() in text
         assert f"| vLLM (paged) | {p.paged.concurrency:,.0f} | 99% |" in text
@@ -113,3 +116,13 @@ def test_the_brief_is_written_as_markdown_and_png(plans, tmp_path):
     assert len(fig.axes) == 4
     bars = [p.get_height() for p in fig.axes[0].patches]
     assert bars == [r["concurrency"] for r in plans["An 8B model on one H100"].table()]
+
+
+def test_the_brief_says_why_a_set_up_gains_nothing():
+    capped = plan("Llama-3-8B", "H100-80GB", max_num_seqs=32, gpu_memory_utilization=0.95)
+    text = brief_markdown({"Capped": capped})
+    assert "Where memory is the limit" not in text
+    assert "Capped: more requests, not more tokens per second: the cap of 32 requests" in text
+    assert "95% of GPU memory used" in text and "Prices per GPU-hour are assumptions" in text
+    free = plan("Llama-3-8B", "H100-80GB", price_per_gpu_hour=0.0)
+    assert "H100-80GB $0.00" in brief_markdown({"Free": free})  # a price of 0 is a price

@@ -1,5 +1,6 @@
 """kvlab.planner and `kvlab plan`: hand-computed cases, real numbers, the simulator, bad input."""
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -34,7 +35,7 @@ TOY_GPU = PricedGPU("toy-gpu", 1e12, 1e15, 4 * GiB, price_per_hour=3.6)
 TOY_DAY = [Request(100, 200)] * 10
 
 
-def toy_plan(**kw):
+def toy_plan(model=TOY, **kw):
     args = dict(
         gpu_memory_utilization=0.5,
         overhead_bytes=0.5 * GiB,
@@ -42,7 +43,7 @@ def toy_plan(**kw):
         max_seq_len=1024,
         target_tokens_per_s=1e6,
     )
-    return plan(TOY, TOY_GPU, **{**args, **kw})
+    return plan(model, TOY_GPU, **{**args, **kw})
 
 
 # --- hand-computed cases ------------------------------------------------------------------------
@@ -136,8 +137,20 @@ def test_tensor_parallel_splits_weights_and_kv_and_adds_bandwidth():
     # cost counts both GPUs of a copy; the target is met in whole copies
     q = plan("OPT-13B", "A100-80GB", num_gpus=2, target_tokens_per_s=10_000)
     assert q.paged.gpus_needed == 2 * math.ceil(10_000 / q.paged.tokens_per_s)
-    # more GPUs than KV heads: each GPU keeps a copy of the one head (toy: 1 KV head, 2 GPUs)
-    assert toy_plan(num_gpus=2).capacity.bytes_per_token == 2 * 1024
+    # more GPUs than KV heads: each GPU keeps a copy of the one head (2 query heads, 1 KV head)
+    gqa = dataclasses.replace(TOY, name="toy-gqa", num_q_heads=2)
+    assert toy_plan(model=gqa, num_gpus=2).capacity.bytes_per_token == 2 * 1024
+
+
+def test_tensor_parallel_must_split_the_heads_evenly():
+    # Llama-3-8B: 32 query heads, 8 KV heads; vLLM refuses 3 GPUs (8 KV heads do not split in 3)
+    with pytest.raises(ValueError, match=r"num_gpus=3 does not split Llama-3-8B's 32 query heads"):
+        plan("Llama-3-8B", "H100-80GB", num_gpus=3)
+    with pytest.raises(ValueError, match=r"use one of 1, 2, 4, 8, 16, 32"):
+        plan("Llama-3-8B", "H100-80GB", num_gpus=6)
+    assert plan("Llama-3-8B", "H100-80GB", num_gpus=16).capacity.bytes_per_token == 2 * (
+        LLAMA_3_8B.kv_bytes_per_token
+    )  # 16 GPUs, 8 KV heads: each head held twice
 
 
 def test_step_time_is_the_roofline_of_the_simulator():
@@ -188,7 +201,11 @@ def test_gpu_catalogue():
     for g in gpus.CATALOGUE.values():
         assert g.memory_bytes > 0 and g.hbm_bytes_per_s > 0 and g.price_per_hour > 0
     l4 = gpus.lookup("l4")
-    assert (l4.hbm_bytes_per_s, l4.peak_flops, l4.memory_bytes) == (300e9, 121e12, 24 * GiB)
+    # what CUDA reports of an L4's 24 GB (ECC on): 23,034 MiB
+    assert (l4.hbm_bytes_per_s, l4.peak_flops, l4.memory_bytes) == (300e9, 121e12, 23_034 * 2**20)
+    # kvlab.roofline's presets are planned as the catalogue's cards
+    assert plan("Llama-3-8B", H100_SXM).capacity == plan("Llama-3-8B", "H100-80GB").capacity
+    assert plan("Llama-3-8B", H100_SXM).price_per_gpu_hour is None
     assert gpus.lookup("H100 SXM") is gpus.lookup("h100-80gb") is gpus.CATALOGUE["H100-80GB"]
     assert gpus.lookup("H100-80GB").hbm_bytes_per_s == H100_SXM.hbm_bytes_per_s
     # roofline's own presets (kvlab bench matches devices against them) are untouched
@@ -244,7 +261,7 @@ def test_table_summary_and_markdown():
     text = str(p)
     for words in (
         "requests at once",
-        "per million tokens",
+        "per million generated tokens",
         "GPUs for 100,000 tokens/s",
         "Paging serves",
         "$2.90 per GPU-hour (an assumption",
@@ -407,8 +424,7 @@ def test_cli_output_piped_into_head_ends_quietly():
         map(shlex.quote, [*kvlab_cli(), "plan", "--model", "OPT-13B", "--gpu", "A100-40GB"])
     )
     out = subprocess.run(
-        f"{command} | true",
-        shell=True,
+        ["bash", "-o", "pipefail", "-c", f"{command} | true"],
         capture_output=True,
         text=True,
         cwd=ROOT,
