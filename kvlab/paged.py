@@ -447,6 +447,18 @@ class BlockManager:
         return state
 
 
+def _given_prompt(prompt_len: int, token_ids):
+    """What the scheduler gives the cache, as :meth:`BlockManager.allocate` takes a prompt: its
+    token ids when known (as many as ``prompt_len``), else its length."""
+    if token_ids is None:
+        return prompt_len
+    if len(token_ids) != prompt_len:
+        raise ValueError(
+            f"token_ids holds {len(token_ids)} ids for a prompt of prompt_len={prompt_len}"
+        )
+    return token_ids
+
+
 class PagedCache:
     """A :class:`BlockManager` as a cache the scheduler drives (the same calls as
     :class:`~kvlab.contiguous.ContiguousKVCache`): admit books the prompt's blocks, append takes a
@@ -489,23 +501,14 @@ class PagedCache:
         first new token in the same step, so a sequence with tokens to generate needs room for
         its prompt and one more token (less its cached prefix, with prefix caching)."""
         more = 0 if output_len == 0 else 1
-        manager = self.manager
-        ids = None if token_ids is None else list(token_ids)
-        if ids is not None and len(ids) != prompt_len:
-            raise ValueError(
-                f"token_ids holds {len(ids)} ids for a prompt of prompt_len={prompt_len}"
-            )
-        needed, available, _, _ = manager._plan(prompt_len, ids, extra=more)
+        num_tokens, ids = _prompt(_given_prompt(prompt_len, token_ids))
+        needed, available, _, _ = self.manager._plan(num_tokens, ids, extra=more)
         if needed > available:
             return OutOfBlocks(f"{needed} free block(s) needed, {available} free", needed=needed)
         return None
 
     def admit(self, seq_id, prompt_len: int, output_len: int | None = None, token_ids=None) -> None:
-        if token_ids is not None and len(token_ids) != prompt_len:
-            raise ValueError(
-                f"token_ids holds {len(token_ids)} ids for a prompt of prompt_len={prompt_len}"
-            )
-        self.manager.allocate(seq_id, prompt_len if token_ids is None else token_ids)
+        self.manager.allocate(seq_id, _given_prompt(prompt_len, token_ids))
         if output_len is not None:
             self.manager.final[seq_id] = prompt_len + output_len
 

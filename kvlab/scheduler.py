@@ -193,11 +193,7 @@ class Scheduler:
             if self.max_batch is not None and len(self.running) >= self.max_batch:
                 return
             seq = self.waiting[0]
-            ids = self._known_ids(seq)
-            if ids is None:
-                refusal = self.cache.refusal(seq.num_tokens, seq.remaining)
-            else:
-                refusal = self.cache.refusal(seq.num_tokens, seq.remaining, token_ids=ids)
+            refusal = self.cache.refusal(seq.num_tokens, seq.remaining, **self._known_ids(seq))
             if refusal is not None:
                 step.refused, step.refusal = seq, refusal
                 self._record_refusal(seq, refusal)
@@ -220,10 +216,8 @@ class Scheduler:
         if seq not in self.waiting:
             raise ValueError(f"{seq.seq_id} is not in the queue (status {seq.status.value})")
         ids = self._known_ids(seq)
-        if ids is None:
-            self.cache.admit(seq.seq_id, seq.num_tokens, seq.remaining)
-        else:  # a cached prefix is neither computed again nor swapped back in
-            self.cache.admit(seq.seq_id, seq.num_tokens, seq.remaining, token_ids=ids)
+        self.cache.admit(seq.seq_id, seq.num_tokens, seq.remaining, **ids)
+        if ids:  # a cached prefix is neither computed again nor swapped back in
             seq.num_cached_tokens = self.cache.num_cached_tokens(seq.seq_id)
             self.recompute_tokens -= min(seq.num_cached_tokens, seq.num_dropped)
             seq.num_computed = max(seq.num_computed, seq.num_cached_tokens)
@@ -260,16 +254,17 @@ class Scheduler:
                 return
         self._decode(seq, step)
 
-    def _known_ids(self, seq: Sequence) -> list[int] | None:
-        """The ids of the tokens a sequence holds, for a prefix-caching cache (None: unknown)."""
+    def _known_ids(self, seq: Sequence) -> dict:
+        """``{"token_ids": ...}``, the ids of the tokens a sequence holds, for a prefix-caching
+        cache's ``refusal`` and ``admit``; ``{}`` when the cache or the sequence has none."""
         if not self.pass_token_ids or seq.token_ids is None:
-            return None
+            return {}
         if len(seq.token_ids) < seq.num_tokens:
             raise ValueError(
                 f"{seq.seq_id} holds {seq.num_tokens} tokens but knows only "
                 f"{len(seq.token_ids)} token ids"
             )
-        return seq.token_ids[: seq.num_tokens]
+        return {"token_ids": seq.token_ids[: seq.num_tokens]}
 
     def _cache_computed(self, seq: Sequence) -> None:
         """Tell a prefix-caching cache which tokens have K/V at the end of this step: all but the
