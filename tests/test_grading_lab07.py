@@ -57,6 +57,12 @@ def named(which, edits, hint: str, first: str | None = None):
     return result
 
 
+def slips(cases, ids=lambda v: v[0][:40] if isinstance(v, list) else None):
+    """A test's cases, each (edits, hint, first) for ``named``: one learner's mistake; by default
+    each is shown by the start of its first edit."""
+    return pytest.mark.parametrize("edits, hint, first", cases, ids=ids)
+
+
 # --- the notebook ----------------------------------------------------------------------------
 
 
@@ -109,8 +115,7 @@ FULL_PATH_NEW = "            table.append(new)\n"
 FULL_PATH = f"{FULL_PATH_NEW}            return None"
 
 
-@pytest.mark.parametrize(
-    "edits, hint, first",
+@slips(
     [
         ([f"{COPY_PATH} => "], checks.DROP_REF, "after a fork"),
         (["self.ref_counts[last] -= 1 => self.ref_counts[last] = 1"], checks.DROP_ONE, "three"),
@@ -193,7 +198,7 @@ FULL_PATH = f"{FULL_PATH_NEW}            return None"
             "a guest alone",
         ),
     ],
-    ids=lambda v: v.split(":")[0][:40] if isinstance(v, str) else None,
+    ids=lambda v: v.split(":")[0][:40] if isinstance(v, str) else None,  # hint, check
 )
 def test_a_copy_on_write_slip_is_named_and_folds(edits, hint, first):
     named(COW, edits, hint, first)
@@ -275,8 +280,7 @@ RANGE = "range((len(token_ids) - 1) // block_size)"
 SLICE = "block = tuple(token_ids[i * block_size : (i + 1) * block_size])"
 
 
-@pytest.mark.parametrize(
-    "edits, hint, first",
+@slips(
     [
         (["        parent = key\n => "], checks.UNCHAINED, "the rooms of an earlier prompt"),
         (
@@ -338,8 +342,7 @@ SLICE = "block = tuple(token_ids[i * block_size : (i + 1) * block_size])"
             "the rooms of an earlier prompt",
         ),
         (["    return rooms => " + "    return tuple(rooms)"], checks.RETURN_LIST, None),
-    ],
-    ids=lambda v: v[0][:40] if isinstance(v, list) else None,
+    ]
 )
 def test_a_cached_prefix_slip_is_named_and_folds(edits, hint, first):
     named(PREFIX, edits, hint, first)
@@ -411,8 +414,7 @@ TAKE_LINE = "block = free_queue.pop(0)  # the room freed longest ago"
 CHECK_EMPTY = '    if not free_queue:\n        raise OutOfBlocks("no free room to hand out")\n'
 
 
-@pytest.mark.parametrize(
-    "edits, hint, first",
+@slips(
     [
         (["free_queue.pop(0) => free_queue.pop()"], checks.BACK, "a plain free room"),
         ([f"{EVICT_LINE} => pass"], checks.FORGET_BOTH, "a cached room at the front"),
@@ -487,8 +489,7 @@ CHECK_EMPTY = '    if not free_queue:\n        raise OutOfBlocks("no free room t
             checks.OVER_EVICT,
             "a cached room at the front",
         ),
-    ],
-    ids=lambda v: v[0][:40] if isinstance(v, list) else None,
+    ]
 )
 def test_an_eviction_slip_is_named_and_folds(edits, hint, first):
     named(EVICT, edits, hint, first)

@@ -6,8 +6,9 @@ key card holds ceil(tokens / block_size) rooms for the tokens kvlab's manager co
 are ints in range(num_blocks), the token counts are kvlab's, and free rooms plus held rooms make
 num_blocks. Without shared rooms (``shared = False``, Lab 03) no room is on two key cards; with
 them (Lab 07's reference counts) a room may be on several, though never twice on one, and the lab
-checks who shares what (:meth:`KeyCardJudge.check_sharing`). :func:`evening` drives a judge
-through a random evening that a learner can replay with every call printed.
+checks who shares what (:meth:`KeyCardJudge.check_sharing`). :func:`two_guests_grow` is a
+scenario both labs check, and :func:`evening` drives a judge through a random evening that a
+learner can replay with every call printed.
 """
 
 from __future__ import annotations
@@ -35,6 +36,19 @@ def rooms_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
+def room_number(value) -> bool:
+    """Whether ``value`` can be a room number: an int (numpy's too), never a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def quietly(probe):
+    """A probe's result, or None when the learner's code raises (a probe never fails a check)."""
+    try:
+        return probe()
+    except Exception:
+        return None
+
+
 class KeyCardJudge(ClassDriver):
     """The learner's manager ``cls(num_blocks, block_size)`` beside kvlab's (see the module's
     docstring), checked once built and after every call. Each lab says which usual slip a wrong
@@ -54,6 +68,10 @@ class KeyCardJudge(ClassDriver):
     # --- what the learner's manager holds ----------------------------------------------------
     def tables(self) -> dict:
         return {s: list(self.obj.block_table(s)) for s in self.reference.seq_ids}
+
+    def others(self, seq) -> dict:
+        """Every key card but ``seq``'s (a call for ``seq`` leaves them as they are)."""
+        return {s: t for s, t in self.tables().items() if s != seq}
 
     def state(self) -> tuple:
         counts = {s: self.obj.num_tokens(s) for s in self.reference.seq_ids}
@@ -78,8 +96,7 @@ class KeyCardJudge(ClassDriver):
                     hint=self.rooms_slip(),
                 )
             for block in table:
-                integral = isinstance(block, numbers.Integral) and not isinstance(block, bool)
-                if not integral or not 0 <= block < self.num_blocks:
+                if not room_number(block) or not 0 <= block < self.num_blocks:
                     self.fail(
                         "room numbers must be ints in range(num_blocks)",
                         expected=f"ints in 0…{self.num_blocks - 1}",
@@ -137,6 +154,24 @@ class KeyCardJudge(ClassDriver):
         return table
 
 
+def two_guests_grow(judge_type, cls) -> None:
+    """``judge_type(cls, 16, 4)``: a guest with an empty bed ('a', 3 tokens) and one with a full
+    room ('b', 4) each grow by six tokens, one ``append`` at a time."""
+    judge = judge_type(cls, 16, 4)
+    judge.allocate("a", 3)
+    judge.allocate("b", 4)
+    for seq in ("a", "b"):
+        for _ in range(6):
+            judge.append(seq)
+
+
+def print_failure(failure: CheckFailed) -> None:
+    """A failure's report as an echoed run prints it: without the input and replay lines, since
+    the calls printed above are the input."""
+    shown = [d for d in failure_details(failure) if not d.startswith(("input:", "replay:"))]
+    print("\n".join(shown))
+
+
 def _evening_replay(run, cls, seed: int, steps: int, calls: int) -> str:
     name = run.__name__
     return (
@@ -161,6 +196,5 @@ def evening(judge_type, cls, call, *, run, steps: int, seed: int, echo: bool):
     except CheckFailed as failure:
         if not echo:
             raise
-        shown = [d for d in failure_details(failure) if not d.startswith(("input:", "replay:"))]
-        print("\n".join(shown))
+        print_failure(failure)
     return judge

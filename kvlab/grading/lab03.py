@@ -14,7 +14,15 @@ import random
 
 from kvlab.grading.blame import explain_exception
 from kvlab.grading.expect import CheckFailed, call_without_mutation, plural, short
-from kvlab.grading.key_cards import NOT_COUNTED, UNKNOWN_ID, KeyCardJudge, evening, rooms_for
+from kvlab.grading.key_cards import (
+    NOT_COUNTED,
+    UNKNOWN_ID,
+    KeyCardJudge,
+    evening,
+    quietly,
+    rooms_for,
+    two_guests_grow,
+)
 from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise
 from kvlab.paged import BlockManager
@@ -83,14 +91,6 @@ APPEND_SLIPS = [
 ]
 
 
-def _quietly(probe):
-    """A probe's result, or None when the learner's code raises (a probe never fails a check)."""
-    try:
-        return probe()
-    except Exception:
-        return None
-
-
 def _rooms_after_allocate(cls) -> list[int]:
     counts = []
     for n in PROBE_TOKENS:
@@ -121,13 +121,13 @@ def _matching(counts, slips, xs) -> str | None:
 
 def allocate_slip(cls) -> str | None:
     """The hint for the way the learner's ``allocate`` miscounts rooms, if it is a usual one."""
-    counts = _quietly(lambda: _rooms_after_allocate(cls))
+    counts = quietly(lambda: _rooms_after_allocate(cls))
     return _matching(counts, ALLOCATE_SLIPS, PROBE_TOKENS) if counts else None
 
 
 def append_slip(cls) -> str | None:
     """The hint for the way the learner's ``append_slot`` miscounts, if it is a usual one."""
-    growth = _quietly(lambda: _growth(cls))
+    growth = quietly(lambda: _growth(cls))
     if not growth:
         return None
     rooms, tokens = growth
@@ -211,7 +211,7 @@ class _Judge(KeyCardJudge):
 
     def append(self, seq) -> None:
         self.appended = True
-        others = {s: t for s, t in self.tables().items() if s != seq}
+        others = self.others(seq)
         before = self.obj.num_free_blocks
         grows = self.reference.num_tokens(seq) % self.block_size == 0
         moved = self.twin("append_slot", seq)
@@ -223,7 +223,7 @@ class _Judge(KeyCardJudge):
                 got=short(moved),
                 hint="end append_slot without a return value",
             )
-        if {s: t for s, t in self.tables().items() if s != seq} != others:
+        if self.others(seq) != others:
             self.fail("append_slot changed another guest's key card")
 
     def free(self, seq) -> None:
@@ -339,12 +339,7 @@ def _allocate_refused(cls):
 
 @manager.check("append_slot takes a new room exactly when the last room is full")
 def _append(cls):
-    judge = _Judge(cls, 16, 4)
-    judge.allocate("a", 3)
-    judge.allocate("b", 4)
-    for seq in ("a", "b"):
-        for _ in range(6):
-            judge.append(seq)
+    two_guests_grow(_Judge, cls)
 
 
 @manager.check(

@@ -40,11 +40,18 @@ from typing import NamedTuple
 from kvlab.block_pool import ROOT_HASH, BlockPool, hash_block_tokens
 from kvlab.grading.blame import exception_cause, explain_exception
 from kvlab.grading.expect import CheckFailed, call_without_mutation, plural, short
-from kvlab.grading.key_cards import UNKNOWN_ID, KeyCardJudge, evening
+from kvlab.grading.key_cards import (
+    UNKNOWN_ID,
+    KeyCardJudge,
+    evening,
+    print_failure,
+    quietly,
+    room_number,
+    two_guests_grow,
+)
 from kvlab.grading.lab03 import append_slip
 from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise
-from kvlab.grading.report import failure_details
 from kvlab.paged import BlockManager
 
 
@@ -71,14 +78,6 @@ def _raised(error: Exception, where: str, replay: str | None = None, hint=None) 
         hint=hint,
         cause=hint or exception_cause(error),
     )
-
-
-def _quietly(probe):
-    """A probe's result, or None when the learner's code raises (a probe never fails a check)."""
-    try:
-        return probe()
-    except Exception:
-        return None
 
 
 def _instructions(fn) -> list:
@@ -222,7 +221,7 @@ def _pair(value):
     """``value`` as a pair of room numbers, or None when it is not one."""
     if not isinstance(value, (tuple, list)) or len(value) != 2:
         return None
-    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value):
+    if not all(room_number(v) for v in value):
         return None
     return int(value[0]), int(value[1])
 
@@ -237,7 +236,7 @@ def _copies_held_once(cls) -> bool:
         value = m.append_slot("probe")
         return value is not None or list(m.block_table("probe")) != before
 
-    return bool(_quietly(probe))
+    return bool(quietly(probe))
 
 
 def _pairs_full_alone(cls) -> bool:
@@ -249,7 +248,7 @@ def _pairs_full_alone(cls) -> bool:
         m.allocate("probe", 4)
         return _pair(m.append_slot("probe")) is not None
 
-    return bool(_quietly(probe))
+    return bool(quietly(probe))
 
 
 class _Judge(KeyCardJudge):
@@ -397,7 +396,7 @@ class _Judge(KeyCardJudge):
         want, holders = self.want(seq)
         tokens = self.reference.num_tokens(seq)
         before = list(self.obj.block_table(seq))
-        others = {s: t for s, t in self.tables().items() if s != seq}
+        others = self.others(seq)
         free_before = self.obj.num_free_blocks
         moved = self.twin("append_slot", seq, want=want)
         after = list(self.obj.block_table(seq))
@@ -420,7 +419,7 @@ class _Judge(KeyCardJudge):
                 hint=self._action_slip(want, did, holders),
             )
         self._returned(moved, want, before, after, holders)
-        if {s: t for s, t in self.tables().items() if s != seq} != others:
+        if self.others(seq) != others:
             self.fail("append_slot changed another guest's key card")
         self.check("append_slot", free_before, int(want != IN_PLACE))
 
@@ -530,12 +529,7 @@ class _Judge(KeyCardJudge):
     "when the last is full, and returns None"
 )
 def _alone(cls):
-    judge = _Judge(cls, 16, 4)
-    judge.allocate("a", 3)
-    judge.allocate("b", 4)
-    for seq in ("a", "b"):
-        for _ in range(6):
-            judge.append(seq)
+    two_guests_grow(_Judge, cls)  # Lab 03's scenario, now with reference counts
 
 
 @cow.check(
@@ -779,10 +773,6 @@ def cache_prompt(cached: dict, token_ids, block_size: int, room_ids) -> list[int
     return rooms
 
 
-def _room_number(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def _prompt_text(token_ids) -> str:
     text = str(list(token_ids))
     if len(text) > 70:
@@ -813,7 +803,7 @@ def _expect_prefix(fn, token_ids, block_size: int, cached: dict, story: str, rep
     if not isinstance(got, list):
         hint = RETURN_LIST if got is None or isinstance(got, (tuple, int)) else None
         fail("longest_cached_prefix returns a list", got=short(got), hint=hint)
-    if not all(_room_number(room) for room in got):
+    if not all(room_number(room) for room in got):
         entries = bool(got) and all(hasattr(room, "block_id") for room in got)
         text = [str(room) for room in expected] == [str(room).strip() for room in got]
         fail(
@@ -970,7 +960,7 @@ def _prefix_slip(fn, got, token_ids, block_size, cached) -> tuple[str | None, st
             continue
         _, *probe = CASES[case]()
         slip = cached_prefix(*probe, **how)
-        if _quietly(functools.partial(fn, list(probe[0]), *probe[1:])) == slip:
+        if quietly(functools.partial(fn, list(probe[0]), *probe[1:])) == slip:
             if how.get("chained") == "root" and _stores_attribute(fn, "parent_hash"):
                 hint = PARENT_HASH  # `parent = entry.parent_hash`: the parent stays ROOT_HASH
             return hint, cause
@@ -978,7 +968,7 @@ def _prefix_slip(fn, got, token_ids, block_size, cached) -> tuple[str | None, st
         return RETURN_HASHES, RETURN_HASHES
     if got == [] and right:
         listed = {k: e._replace(token_ids=list(e.token_ids)) for k, e in cached.items()}
-        if _quietly(lambda: fn(list(token_ids), block_size, listed)) == right:
+        if quietly(lambda: fn(list(token_ids), block_size, listed)) == right:
             return TUPLE_LIST, TUPLE_LIST
     return None, None
 
@@ -1218,7 +1208,7 @@ def _expect_take(fn, queue: list, cached: dict, hashes: dict, story: str, replay
     if error is not None:
         raise _raised(error, where, replay, _take_error_slip(error, before[0], before[2]))
     front = before[0][0]
-    if isinstance(got, bool) or not isinstance(got, numbers.Integral):
+    if not room_number(got):
         fail(
             "take_block returns the room number it took",
             expected=str(expected),
@@ -1420,8 +1410,7 @@ def random_day(fn, steps: int = DAY_STEPS, seed: int = DAY_SEED, echo: bool = Tr
     except CheckFailed as failure:
         if not echo:
             raise
-        shown = [d for d in failure_details(failure) if not d.startswith(("input:", "replay:"))]
-        print("\n".join(shown))
+        print_failure(failure)
 
 
 @evict.check("a random day: 300 rooms taken, guests checking out, cached rooms reused")
