@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvlab.planner import Plan
+from kvlab.planner import Plan, _gib
 
 STORY = """\
 **The hotel.** Every request a model serves keeps a running memory of its conversation on the GPU, the
@@ -110,8 +110,7 @@ def _bottom_line(plans: dict[str, Plan]) -> list[str]:
 
 
 def _why_flat(p: Plan) -> str:
-    capped = p.max_num_seqs is not None and p.contiguous.concurrency >= p.max_num_seqs
-    if capped:
+    if p.capped:
         return f"the cap of {p.max_num_seqs:,} requests at once binds every booking"
     if p.paged.bound == "compute":
         return "the GPUs' arithmetic is already the limit"
@@ -122,11 +121,10 @@ def _memory_assumptions(plans: dict[str, Plan]) -> str:
     """How each plan's memory was split, from the plans themselves."""
     parts = []
     for name, p in plans.items():
-        gib = 2**30
         parts.append(
             f"{_lower_first(name)}: {p.gpu_memory_utilization:.0%} of GPU memory used, "
-            f"{p.weights_bytes / gib:,.1f} GiB of weights, {p.overhead_bytes / gib:,.1f} GiB of "
-            f"overhead, {p.kv_cache_bytes / gib:,.1f} GiB of KV cache, {p.paged.memory_holding_tokens:.0%} "
+            f"{_gib(p.weights_bytes)} of weights, {_gib(p.overhead_bytes)} of overhead, "
+            f"{_gib(p.kv_cache_bytes)} of KV cache, {p.paged.memory_holding_tokens:.0%} "
             "of it holding tokens when paged"
         )
     return "- Memory: " + "; ".join(parts) + "."

@@ -60,10 +60,6 @@ def with_price(gpu: GPU, price_per_hour: float | None) -> PricedGPU:
     return PricedGPU(**fields, price_per_hour=price_per_hour)
 
 
-def _from_roofline(name: str, gpu: GPU, memory_gib: int, price: float) -> PricedGPU:
-    return PricedGPU(name, gpu.hbm_bytes_per_s, gpu.peak_flops, memory_gib * GiB, price)
-
-
 # Bandwidth and dense bf16 tensor-core FLOP/s: NVIDIA data sheets (SXM parts; the first four are
 # kvlab.roofline's presets). L4: 300 GB/s GDDR6, 24 GB, 121 TFLOP/s bf16 dense (the data sheet's
 # 242 is with sparsity).
@@ -71,23 +67,24 @@ def _from_roofline(name: str, gpu: GPU, memory_gib: int, price: float) -> Priced
 # PRICES ARE ASSUMPTIONS, NOT FACTS: a typical public on-demand cloud list price per GPU-hour in
 # US dollars as of early 2026, rounded, between the large clouds and the GPU clouds. Real prices
 # vary by provider, region, commitment and month (spot and reserved are far cheaper): edit them.
+#
+# ROOFLINE_CARDS: kvlab.roofline's presets as the catalogue's cards (memory in GiB, priced).
+ROOFLINE_CARDS: dict[GPU, PricedGPU] = {
+    gpu: PricedGPU(name, gpu.hbm_bytes_per_s, gpu.peak_flops, memory_gib * GiB, price)
+    for name, gpu, memory_gib, price in (
+        ("A100-40GB", roofline.A100_40GB, 40, 1.50),
+        ("A100-80GB", roofline.A100_80GB, 80, 1.80),
+        ("H100-80GB", roofline.H100_SXM, 80, 2.90),
+        ("H200-141GB", roofline.H200, 141, 3.70),
+    )
+}
 CATALOGUE: dict[str, PricedGPU] = {
     g.name: g
     for g in (
-        _from_roofline("A100-40GB", roofline.A100_40GB, 40, price=1.50),
-        _from_roofline("A100-80GB", roofline.A100_80GB, 80, price=1.80),
-        _from_roofline("H100-80GB", roofline.H100_SXM, 80, price=2.90),
-        _from_roofline("H200-141GB", roofline.H200, 141, price=3.70),
+        *ROOFLINE_CARDS.values(),
         # an L4's "24 GB" leaves 23,034 MiB to CUDA (ECC): a 6% smaller KV cache than 24 GiB
         PricedGPU("L4-24GB", 300e9, 121e12, 23_034 * 2**20, price_per_hour=0.80),
     )
-}
-# kvlab.roofline's presets, to be planned as the catalogue's cards (their memory in GiB, priced)
-ROOFLINE_CARDS = {
-    roofline.A100_40GB: "A100-40GB",
-    roofline.A100_80GB: "A100-80GB",
-    roofline.H100_SXM: "H100-80GB",
-    roofline.H200: "H200-141GB",
 }
 # other spellings people type (and kvlab.roofline's names)
 ALIASES = {

@@ -73,13 +73,15 @@ import dataclasses
 import functools
 import math
 import numbers
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from kvlab import gpus as gpu_catalogue
+from kvlab.contiguous import booking_size
 from kvlab.gpus import GiB, PricedGPU, with_price
-from kvlab.models import PRESETS, ModelSpec
+from kvlab.models import PRESETS, ModelSpec, preset
 from kvlab.roofline import GPU
 from kvlab.serve.simulate import CACHES, PAPER_NAMES
 from kvlab.validate import positive_int
@@ -120,10 +122,10 @@ def _resolve_model(model) -> ModelSpec:
     if isinstance(model, ModelSpec):
         return model
     if isinstance(model, str):
-        for name, spec in PRESETS.items():
-            if name.lower() == model.strip().lower():
-                return spec
-        raise ValueError(f"unknown model {model!r}; presets are {', '.join(PRESETS)}")
+        try:
+            return preset(model.strip())
+        except KeyError:
+            raise ValueError(f"unknown model {model!r}; presets are {', '.join(PRESETS)}") from None
     raise TypeError(
         f"model must be a kvlab.models.ModelSpec or a preset's name, got {type(model).__name__} "
         f"{model!r}"
@@ -134,8 +136,7 @@ def _resolve_gpu(gpu) -> PricedGPU:
     if isinstance(gpu, PricedGPU):
         return gpu
     if isinstance(gpu, GPU):  # kvlab.roofline's presets: the catalogue's cards, with no price
-        same = gpu_catalogue.ROOFLINE_CARDS.get(gpu)
-        return with_price(gpu_catalogue.CATALOGUE[same] if same else gpu, None)
+        return with_price(gpu_catalogue.ROOFLINE_CARDS.get(gpu, gpu), None)
     if isinstance(gpu, str):
         return gpu_catalogue.lookup(gpu)
     raise TypeError(
@@ -286,15 +287,19 @@ def _stats(name, description, prompts, outputs, max_seq_len, block_size) -> Work
     o = np.asarray(outputs, dtype=np.int64)
     total = p + o
     steps = float(o.sum())
-    pow2 = np.minimum(max_seq_len, np.array([1 << (int(t) - 1).bit_length() for t in total]))
-    # a request holds prompt + g slots in its g-th step (g = 1..output), reads prompt + g - 1
-    paged = block_size * (_blocks_cumsum(total, block_size) - _blocks_cumsum(p, block_size))
-    footprint = {
-        "contiguous": float(max_seq_len),
-        "contiguous-pow2": float((o * pow2).sum() / steps),
-        "contiguous-oracle": float((o * total).sum() / steps),
-        "paged": float(paged.sum() / steps),
-    }
+    footprint = {}
+    for cache, policy in CACHES.items():
+        if policy is None:
+            # a request holds prompt + g slots in its g-th step (g = 1..output), reads prompt + g - 1
+            booked = block_size * (
+                _blocks_cumsum(total, block_size) - _blocks_cumsum(p, block_size)
+            )
+        else:  # the whole booking for each of its steps
+            booked = o * [
+                booking_size(policy, a, b, max_seq_len)
+                for a, b in zip(prompts, outputs, strict=True)
+            ]
+        footprint[cache] = float(booked.sum() / steps)
     return WorkloadStats(
         name=name,
         description=description,
@@ -417,6 +422,10 @@ class PolicyEstimate:
     gpus_needed: int | None
 
 
+# what limits a decode step, in words (Plan._verdict)
+_LIMITS = {"compute": "arithmetic (FLOP/s)", "memory": "memory bandwidth"}
+
+
 @dataclass(frozen=True)
 class Plan:
     """A deployment's capacity and cost per cache policy; see :func:`plan`.
@@ -431,16 +440,28 @@ class Plan:
     gpu_memory_utilization: float
     weights_bytes: float
     overhead_bytes: float
-    kv_cache_bytes: float
-    capacity: Capacity
+    capacity: Capacity  # its kv_cache_bytes, block_size and max_seq_len are the plan's
     workload: WorkloadStats
-    max_seq_len: int
-    block_size: int
-    price_per_gpu_hour: float | None
     target_tokens_per_s: float | None
     max_num_seqs: int | None
     policies: dict[str, PolicyEstimate] = field(repr=False)
     _step_time: PlanStepTime = field(repr=False)
+
+    @property
+    def kv_cache_bytes(self) -> float:
+        return self.capacity.kv_cache_bytes
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.capacity.max_seq_len
+
+    @property
+    def block_size(self) -> int:
+        return self.capacity.block_size
+
+    @property
+    def price_per_gpu_hour(self) -> float | None:
+        return self.gpu.price_per_hour
 
     @property
     def paged(self) -> PolicyEstimate:
@@ -459,6 +480,11 @@ class Plan:
     def throughput_gain(self) -> float:
         """Tokens per second (and so cost per token, inverted), paged over Orca-Max."""
         return self.paged.tokens_per_s / self.contiguous.tokens_per_s
+
+    @property
+    def capped(self) -> bool:
+        """Whether ``max_num_seqs``, not memory, limits even max-length booking."""
+        return self.max_num_seqs is not None and self.contiguous.concurrency >= self.max_num_seqs
 
     def step_time(self) -> PlanStepTime:
         """The cost model behind the plan, for ``kvlab.serve.simulate(step_time=...)``."""
@@ -526,7 +552,6 @@ class Plan:
         return "\n".join(lines)
 
     def _verdict(self) -> str:
-        LIMITS = {"compute": "arithmetic (FLOP/s)", "memory": "memory bandwidth"}  # noqa: N806
         gain, speed = self.concurrency_gain, self.throughput_gain
         if gain < 0.95:
             return (
@@ -535,13 +560,10 @@ class Plan:
                 "use smaller blocks."
             )
         if gain < 1.05:
-            capped = (
-                self.max_num_seqs is not None and self.contiguous.concurrency >= self.max_num_seqs
-            )
             why = (
                 f"max_num_seqs={self.max_num_seqs} caps every cache, so the KV memory is mostly "
                 "idle"
-                if capped
+                if self.capped
                 else "the requests book nearly max_seq_len whatever the cache"
             )
             return f"Paging changes little on this set-up: {why}."
@@ -549,7 +571,7 @@ class Plan:
             bound = self.paged.bound
             return (
                 f"Paging serves {gain:.1f}x as many requests at once, but not more tokens per "
-                f"second: the GPUs' {LIMITS[bound]} is already the limit with max-length booking, so the "
+                f"second: the GPUs' {_LIMITS[bound]} is already the limit with max-length booking, so the "
                 "extra requests share the same tokens/s (each is served more slowly) and a token "
                 "costs the same."
             )
@@ -643,8 +665,6 @@ class Plan:
 def in_words(message: str, names: dict[str, str]) -> str:
     """An error message with the API's argument names replaced by what a user typed (a command's
     flags, a form's labels)."""
-    import re
-
     for name, said in names.items():
         message = re.sub(rf"\b{name}\b", said, message)
     return message
@@ -700,8 +720,7 @@ def plan(
     max_seq_len = _resolve_max_seq_len(spec, max_seq_len, required=True)
     block_size = positive_int("block_size", block_size)
     if price_per_gpu_hour is not None:
-        price = _number("price_per_gpu_hour", price_per_gpu_hour, strict=False)
-        card = with_price(card, price)
+        card = with_price(card, _number("price_per_gpu_hour", price_per_gpu_hour, strict=False))
     price = card.price_per_hour
     if target_tokens_per_s is not None:
         target_tokens_per_s = _number("target_tokens_per_s", target_tokens_per_s)
@@ -778,12 +797,8 @@ def plan(
         gpu_memory_utilization=util,
         weights_bytes=weights,
         overhead_bytes=overhead,
-        kv_cache_bytes=kv_bytes,
         capacity=capacity,
         workload=stats,
-        max_seq_len=max_seq_len,
-        block_size=block_size,
-        price_per_gpu_hour=price,
         target_tokens_per_s=target_tokens_per_s,
         max_num_seqs=max_num_seqs,
         policies=policies,

@@ -440,7 +440,7 @@ def plot_plan(plan, axes=None, title: str | None = None):
     """A :class:`kvlab.planner.Plan` in two panels: requests served at once per cache, and what a
     million generated tokens cost (tokens per second when the plan has no price)."""
     if axes is None:
-        fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.0))
+        _, axes = plt.subplots(1, 2, figsize=(8.4, 3.0))
     left, right = axes
     rows = plan.table()
     names = [r["system"].replace(" (paged)", "\n(paged)").replace("Orca ", "Orca\n") for r in rows]

@@ -16,10 +16,11 @@ import ipywidgets as widgets
 
 from kvlab.gpus import CATALOGUE
 from kvlab.models import PRESETS
+from kvlab.planner import WORKLOADS as NAMED_WORKLOADS
 from kvlab.planner import in_words, plan
 
 CONTEXTS = (2048, 4096, 8192, 32768)
-WORKLOADS = (("ShareGPT-like chats", "sharegpt"), ("Alpaca-like instructions", "alpaca"))
+WORKLOADS = tuple((words, name) for name, (_, words) in NAMED_WORKLOADS.items())
 # the planner's argument names as the form labels them, for its messages
 LABELS = {
     "num_gpus": "GPUs",
@@ -101,11 +102,11 @@ class PlanForm(widgets.VBox):
         self.max_seq_len = _choice("context (tokens)", contexts, context)
         price = CATALOGUE[gpu].price_per_hour or 0.0
         self.price = _number(widgets.BoundedFloatText, "$ per GPU-hour", price, 1000.0, 0.1)
-        target = target_tokens_per_s
-        self.target = _number(widgets.BoundedFloatText, "target tokens/s", target, 1e9, 1000.0)
-        cap, most = max_num_seqs, 1_000_000
+        self.target = _number(
+            widgets.BoundedFloatText, "target tokens/s", target_tokens_per_s, 1e9, 1000.0
+        )
         self.max_num_seqs = _number(
-            widgets.BoundedIntText, "max at once (0: no cap)", cap, most, 64
+            widgets.BoundedIntText, "max at once (0: no cap)", max_num_seqs, 1_000_000, 64
         )
         self.summary = widgets.HTML()
         self.picture = widgets.Image(format="png", layout=widgets.Layout(max_width="760px"))
@@ -114,15 +115,11 @@ class PlanForm(widgets.VBox):
         self._quiet = False
         self.model.observe(self._model_changed, "value")
         self.gpu.observe(self._gpu_changed, "value")
-        others = (self.num_gpus, self.workload, self.max_seq_len, self.price, self.target)
-        for control in (*others, self.max_num_seqs):
+        left = [self.model, self.gpu, self.num_gpus, self.workload]
+        right = [self.max_seq_len, self.price, self.target, self.max_num_seqs]
+        for control in left[2:] + right:
             control.observe(self._changed, "value")
-        controls = widgets.HBox(
-            [
-                widgets.VBox([self.model, self.gpu, self.num_gpus, self.workload]),
-                widgets.VBox([self.max_seq_len, self.price, self.target, self.max_num_seqs]),
-            ]
-        )
+        controls = widgets.HBox([widgets.VBox(left), widgets.VBox(right)])
         super().__init__([controls, self.summary, self.picture])
         self.update()
 
