@@ -72,9 +72,12 @@ class Recording:
             except OutOfMemory as refusal:
                 self.recorder.refused(named[-1] if name == "fork" else named[0], refusal)
                 raise
+            frames = len(self.trace)
             self._after(name, named, result)
             if watch is not None:
-                self._evictions(name, named[0], *watch)
+                # a frame just recorded holds the key cards now: no second read of the state
+                fresh = len(self.trace) > frames
+                self._evictions(name, named[0], *watch, fresh)
             return result
 
         return call
@@ -92,12 +95,14 @@ class Recording:
         stats = getattr(self.cache, "prefix_cache_stats", None)
         return cached, None if stats is None else stats.evictions
 
-    def _evictions(self, name: str, seq_id, cached: tuple, count: int | None) -> None:
+    def _evictions(self, name: str, seq_id, cached: tuple, count: int | None, fresh: bool) -> None:
         """An "eviction" frame when the call put rooms that were cached on the guest's key card,
-        other than the prefix it found cached: their old tokens are overwritten."""
+        other than the prefix it found cached: their old tokens are overwritten. ``fresh``: the
+        call left a frame, so the last frame's key cards are the cache's now."""
         if count is not None and self.cache.prefix_cache_stats.evictions == count:
             return
-        table = list(self.cache.state().block_tables.get(seq_id, ()))
+        tables = self.trace.frames[-1].tables if fresh else self.cache.state().block_tables
+        table = tables.get(seq_id, ())
         found = self._cached_tokens(seq_id) // self.trace.block_size if name in _CHECK_IN else 0
         before = set(cached)
         rooms = [room for room in table[found:] if room in before]

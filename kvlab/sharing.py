@@ -78,22 +78,18 @@ class _Driver:
     def __init__(self, manager, result: SharingResult):
         self.manager = manager
         self.result = result
-        self.live: dict[Hashable, None] = {}  # sequences of the request now running, in order
 
     def allocate(self, seq_id, num_tokens: int, final: int | None = None) -> None:
         self.manager.allocate(seq_id, num_tokens)
         if final is not None:  # the length it leaves with: the widget tells future from waste
             self.manager.final[seq_id] = final
-        self.live[seq_id] = None
 
     def fork(self, parent_id, child_id) -> None:
         self.manager.fork(parent_id, child_id)
-        self.live[child_id] = None
         self.result.forks += 1
 
     def free(self, seq_id) -> None:
         self.manager.free(seq_id)
-        del self.live[seq_id]
         self.result.frees += 1
 
     def append(self, seq_id) -> None:
@@ -104,7 +100,8 @@ class _Driver:
         manager, r = self.manager, self.result
         shared = manager.num_blocks - manager.num_free_blocks
         size = manager.block_size
-        alone = sum(_blocks(manager.num_tokens(s), size) for s in self.live)
+        # the manager holds only the running request's sequences (requests run one at a time)
+        alone = sum(_blocks(manager.num_tokens(s), size) for s in manager.seq_ids)
         r.steps += 1
         r.with_sharing += shared
         r.without_sharing += alone
@@ -179,13 +176,13 @@ def parallel_sampling(
     sigma = non_negative_number("length_sigma", length_sigma)
     rng = random.Random(seed)
     lengths = [sample_lengths(rng, r.output_len, n, sigma) for r in requests]
-    pairs = zip(requests, lengths, strict=True)
+    pairs = list(zip(requests, lengths, strict=True))
     worst = max(n * _blocks(r.prompt_len + max(ls), block_size) for r, ls in pairs)
-    driver = _Driver(BlockManager(worst, block_size), SharingResult(PARALLEL, n, block_size))
-    for index, (r, ls) in enumerate(zip(requests, lengths, strict=True)):
+    result = SharingResult(PARALLEL, n, block_size, num_requests=len(requests))
+    driver = _Driver(BlockManager(worst, block_size), result)
+    for index, (r, ls) in enumerate(pairs):
         _parallel_request(driver, index, r.prompt_len, ls)
-    driver.result.num_requests = len(requests)
-    return driver.result
+    return result
 
 
 # --- beam search -------------------------------------------------------------------------------
@@ -259,11 +256,11 @@ def beam_search(
     _check(requests, "width", width, block_size, seed)
     rng = random.Random(seed)
     worst = max(width * _blocks(r.total_len, block_size) for r in requests)
-    driver = _Driver(BlockManager(worst, block_size), SharingResult(BEAM, width, block_size))
+    result = SharingResult(BEAM, width, block_size, num_requests=len(requests))
+    driver = _Driver(BlockManager(worst, block_size), result)
     for index, r in enumerate(requests):
         _beam_request(driver, rng, r.prompt_len, r.output_len, width, lambda k, i=index: (i, k))
-    driver.result.num_requests = len(requests)
-    return driver.result
+    return result
 
 
 def beam_search_trace(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from kvlab.sharing import PAPER_SAVINGS
-from kvlab.viz import COLORS, SERIES_COLORS
+from kvlab.viz import COLORS, SERIES_COLORS, _label_bars
 
 PAPER_LABEL = "paper, n = 2-6 (range)"
 
@@ -44,8 +44,9 @@ def _group(ax, x0: float, by_n: dict, span, labelled: set) -> None:
         x = x0 - 0.4 + width * (k + 0.5)
         value = _saving(result) * 100
         color = SERIES_COLORS[k % len(SERIES_COLORS)]
-        ax.bar(x, value, width * 0.9, color=color, zorder=2, label=label(f"{n} samples or beams"))
-        ax.annotate(f"{value:.0f}%", (x, value), ha="center", va="bottom", fontsize=7)
+        name = label(f"{n} samples or beams")
+        bars = ax.bar(x, value, width * 0.9, color=color, zorder=2, label=name)
+        _label_bars(ax, [bars], "{:.0f}%", fontsize=7)
 
 
 def plot_sharing_savings(results_by_workload: dict, paper: dict = PAPER_SAVINGS, title=None):
