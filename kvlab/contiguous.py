@@ -170,7 +170,13 @@ def next_power_of_two(n: int) -> int:
 
 
 def booking_size(policy: str, prompt_len: int, output_len: int | None, max_seq_len: int) -> int:
-    """Beds a reservation policy books for one request."""
+    """Beds a reservation policy books for one request (at most ``max_seq_len``).
+
+    ``"pow2"`` follows the paper's Orca (Pow2) (Kwon et al. 2023, §6.1): the answer's length is
+    over-reserved to the next power of two (25 tokens book 32), the prompt goes on top, and the
+    buddy allocator those baselines place bookings with hands out a power-of-two block for the
+    sum. Placement here stays first fit: the rounding is modelled, the buddy's alignment is not.
+    """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
     if policy == "max":
@@ -179,8 +185,10 @@ def booking_size(policy: str, prompt_len: int, output_len: int | None, max_seq_l
         raise ValueError(
             f"policy {policy!r} needs output_len (it assumes the true length is known)"
         )
-    total = prompt_len + output_len
-    return min(max_seq_len, next_power_of_two(total)) if policy == "pow2" else total
+    if policy == "exact":
+        return prompt_len + output_len
+    reserved = prompt_len + (next_power_of_two(output_len) if output_len else 0)
+    return min(max_seq_len, next_power_of_two(reserved))
 
 
 class ContiguousKVCache:

@@ -160,6 +160,10 @@ def test_booking_sizes_of_the_three_policies():
     assert booking_size("pow2", 300, 1, 2048) == 512
     assert booking_size("pow2", 1500, 1000, 4096) == 4096
     assert booking_size("pow2", 2000, 40, 2048) == 2048  # capped at max_seq_len
+    # the paper's rule: the answer rounded up (25 -> 32), the prompt on top, a buddy block for both
+    assert booking_size("pow2", 100, 25, 2048) == 256  # 100 + 32 = 132 -> 256
+    assert booking_size("pow2", 161, 338, 2048) == 1024  # 161 + 512 = 673 -> 1,024 (not 512)
+    assert booking_size("pow2", 7, 0, 2048) == 8  # no answer yet: the prompt alone
     assert booking_size("exact", 300, 1, 2048) == 301
     assert [next_power_of_two(n) for n in (1, 2, 3, 4, 5, 1024, 1025)] == [
         1,
