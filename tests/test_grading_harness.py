@@ -280,3 +280,55 @@ def test_grading_lists_exercises_in_the_notebooks_order():
     nb.cells = [nbformat.v4.new_code_cell('check("00.decode_step", f)')]
     # the checked one first, then the lab's exercise whose check cell is missing
     assert expected_exercises(nb, Path("00_mine.ipynb")) == ["00.decode_step", "00.kv_bytes"]
+
+
+# --- long report lines wrap on words (JupyterLab wraps output mid-word) -------------------------
+
+wordy = exercise("zz.wordy", "a check whose hint is a long sentence about servers and key cards")
+LONG_HINT = (
+    "for i in range(len(block_table)) the servers read every room on the key card, "
+    "then the guest's last room, whose empty beds must never be read: mask them by token"
+)
+
+
+@wordy.check("a title long enough to need a second line when it is printed beside its mark " * 2)
+def _wordy(fn):
+    if fn(1) != 2:
+        raise CheckFailed("wrong", input="x=1", expected=[2] * 40, got=fn(1), hint=LONG_HINT)
+
+
+def test_long_report_lines_wrap_on_words_under_the_label():
+    from kvlab.grading.report import REPORT_WIDTH
+
+    result = run_checks("zz.wordy", lambda x: 3)
+    hint = next(d for d in result.outcomes[0].details if d.startswith("hint:"))
+    assert hint == f"hint:     {LONG_HINT}"  # the details themselves stay whole
+    lines = result.report().splitlines()
+    assert all(len(line) <= REPORT_WIDTH for line in lines), lines
+    start = next(i for i, line in enumerate(lines) if line.startswith("   hint:"))
+    continued = lines[start + 1]
+    assert continued.startswith(" " * 13) and not continued.startswith(" " * 14)
+    # nothing lost, no word cut: joining the lines on spaces gives the hint back
+    joined = " ".join(line.strip() for line in lines[start : start + 3])
+    assert LONG_HINT in joined.removeprefix("hint: ").strip()
+    title = next(i for i, line in enumerate(lines) if line.startswith(FAIL_MARK))
+    assert lines[title + 1].startswith("  ") and not lines[title + 1].startswith("   ")
+    # an unbreakable word stays whole (longer than a line, it is left to the browser)
+    from kvlab.grading.report import wrap
+
+    assert wrap("got:      " + "x" * 200, "   ") == ["   got:      " + "x" * 200]
+    assert wrap("got:      ab " + "x" * 200, "   ") == ["   got:      ab", " " * 13 + "x" * 200]
+    assert wrap("short line", "   ") == ["   short line"]
+    assert wrap("a\nb", "   ") == ["   a", "   b"]
+
+
+def test_a_wrong_type_is_named_once():
+    import pytest
+    import torch
+
+    from kvlab.grading.expect import expect_type
+
+    for value, got in (([torch.zeros(2)], "list [tensor([0., 0.])]"), ("3", "str '3'")):
+        with pytest.raises(CheckFailed) as e:
+            expect_type(value, int, "the count")
+        assert e.value.got == got

@@ -51,8 +51,9 @@ def plural(n: int, word: str, many: str | None = None) -> str:
     return f"{n:,} {word if n == 1 else (many or word + 's')}"
 
 
-def short(value, limit: int = 160) -> str:
-    """A one-line, length-limited description of a value (tensors by shape and dtype)."""
+def short(value, limit: int = 160, typed: bool = False) -> str:
+    """A one-line, length-limited description of a value (tensors by shape and dtype);
+    ``typed`` names the type of plain values too (``str '3'``), never twice (``list [1]``)."""
     torch = sys.modules.get("torch")  # a value is a tensor only once torch is imported
     if torch is not None:
         if isinstance(value, torch.Tensor):
@@ -66,9 +67,8 @@ def short(value, limit: int = 160) -> str:
     except Exception as e:  # a learner's __repr__ may itself be broken
         text = f"<{type(value).__name__} whose repr raised {type(e).__name__}>"
     text = " ".join(text.split())
-    if isinstance(value, (str, bytes, int, float, bool, type(None))):
-        pass
-    elif not text.startswith(type(value).__name__):
+    plain = isinstance(value, (str, bytes, int, float, bool, type(None)))
+    if (typed or not plain) and not text.startswith(type(value).__name__):
         text = f"{type(value).__name__} {text}"
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -91,7 +91,7 @@ def expect_type(got, kind, what: str, input=None, hint=None):
             f"{what} should be of type {names}",
             input=input,
             expected=names,
-            got=f"{type(got).__name__} {short(got)}",
+            got=short(got, typed=True),
             hint=hint,
         )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -11,6 +12,33 @@ PASS_MARK = "✔"  # text glyphs (DejaVu has them): legible where no colour-emoj
 FAIL_MARK = "✘"
 NO_DIAGNOSIS = "the checks do not recognise this mistake"
 SAME_PROBLEM = "probably the same problem as above"
+# Reports are wrapped here, on words: JupyterLab wraps long output lines anywhere, mid-word.
+REPORT_WIDTH = 96
+_LABEL = re.compile(r"(input|replay|expected|got|hint|note|at line \d+[^:]*):\s+")
+
+
+def wrap(line: str, indent: str = "", width: int = REPORT_WIDTH) -> list[str]:
+    """``indent + line`` cut on spaces to ``width`` columns; continuations line up after a
+    leading label (``hint:     ``) or two spaces in. Lines that fit stay as they are; a word
+    longer than a line stays whole (the browser may cut that one)."""
+    out = []
+    for part in line.split("\n"):
+        if len(indent) + len(part) <= width:
+            out.append(indent + part)
+            continue
+        label = _LABEL.match(part)
+        head, rest = (part[: label.end()], part[label.end() :]) if label else ("", part)
+        hang = indent + " " * (len(head) or 2)
+        current, empty = indent + head, True
+        for word in rest.split():
+            if not empty and len(current) + 1 + len(word) > width:
+                out.append(current)
+                current, empty = hang + word, False
+            else:
+                current += word if empty else " " + word
+                empty = False
+        out.append(current)
+    return out
 
 
 class Status(Enum):
@@ -108,23 +136,24 @@ class CheckResult:
                 "→ Replace `raise NotImplementedError` in the exercise cell above with your code,\n"
                 "  run that cell, then run this one again."
             )
-        lines = [f"{head}: {self.passed}/{plural(self.total, 'check')} passed"]
+        first = f"{head}: {self.passed}/{plural(self.total, 'check')} passed"
         if unwritten:
-            lines[0] += f" (still to write: {names})"
+            first += f" (still to write: {names})"
+        lines = wrap(first)
         for o in self.outcomes:
-            lines.append(f"{PASS_MARK if o.passed else FAIL_MARK} {o.name}")
-            lines.extend(f"   {d}" for d in o.details)
+            lines += wrap(f"{PASS_MARK if o.passed else FAIL_MARK} {o.name}")
+            lines.extend(w for d in o.details for w in wrap(d, "   "))
         if self.printed_chars:
-            lines.append(
+            lines += wrap(
                 f"note: your code printed {plural(self.printed_chars, 'character')} during the checks (hidden)"
             )
         if self.warnings:
-            first = (
+            example = (
                 self.warnings[0] if len(self.warnings[0]) <= 120 else self.warnings[0][:119] + "…"
             )
-            lines.append(
+            lines += wrap(
                 f"note: {plural(len(self.warnings), 'warning')} during the checks (hidden), "
-                f"e.g. {first}"
+                f"e.g. {example}"
             )
         if self.status is Status.PASSED:
             lines.append("All checks passed. Well done!")
