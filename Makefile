@@ -16,11 +16,12 @@ FIRST_LAB := $(firstword $(sort $(wildcard labs/00_*.ipynb)))
 STAMP := $(VENV)/.kvlab-installed
 TEST_STAMP := $(VENV)/.kvlab-test-installed
 KERNEL_SPEC := $(VENV)/share/jupyter/kernels/kvlab/kernel.json
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
 PIP := $(PY) -m pip install --disable-pip-version-check --progress-bar on
 
 .PHONY: install install-test lab test test-notebooks labs lint format clean browser triton-gpu
 
-install: $(STAMP) $(KERNEL_SPEC)
+install: $(STAMP) $(KERNEL_SPEC) $(LAB_OVERRIDES)
 
 # What a learner needs, step by step with sizes, so a first install is never a silent wait.
 $(STAMP): pyproject.toml
@@ -42,10 +43,14 @@ $(KERNEL_SPEC): kvlab/jupyter_kernel.py | $(STAMP)
 	@echo "kvlab: [3/3] registering the 'kvlab (Python 3)' Jupyter kernel"
 	$(VENV)/bin/kvlab kernel
 
+# JupyterLab's defaults for this environment: no news toast over the outputs, no update check.
+$(LAB_OVERRIDES): kvlab/lab_settings.py | $(STAMP)
+	@$(PY) -m kvlab.lab_settings
+
 # The test tools (pytest, hypothesis, nbval, ruff, Playwright) come with `make test` only.
 install-test: $(TEST_STAMP)
 
-$(TEST_STAMP): $(STAMP) | $(KERNEL_SPEC)
+$(TEST_STAMP): $(STAMP) | $(KERNEL_SPEC) $(LAB_OVERRIDES)
 	@echo "kvlab: installing the test tools: pytest, hypothesis, nbval, ruff, Playwright (~200 MB)"
 	$(PIP) -q -e ".[test]"
 	@touch $@

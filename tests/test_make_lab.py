@@ -66,6 +66,15 @@ def test_make_lab_serves_lab_00(tmp_path):
         status, body = get(f"{base}/api/contents/labs/00_why_kv_cache.ipynb?token={token}")
         assert status == 200 and json.loads(body)["type"] == "notebook"
         assert get(f"{base}/lab/tree/labs/00_why_kv_cache.ipynb?token={token}")[0] == 200
+        # no "Would you like to get notified about official Jupyter news?" toast over the outputs
+        plugin = "@jupyterlab/apputils-extension:notification"
+        status, body = get(f"{base}/lab/api/settings/{plugin}?token={token}")
+        assert status == 200, body
+        # overrides.json becomes the schema's defaults (a learner's own choice would still win)
+        defaults = {
+            k: v.get("default") for k, v in json.loads(body)["schema"]["properties"].items()
+        }
+        assert defaults["fetchNews"] == "false" and defaults["checkForUpdates"] is False, defaults
         assert proc.poll() is None, "JupyterLab stopped on its own (tried to open a browser?)"
     finally:
         stop(proc)
