@@ -319,6 +319,12 @@ def test_long_report_lines_wrap_on_words_under_the_label():
     assert wrap("got:      " + "x" * 200, "   ") == ["   got:      " + "x" * 200]
     assert wrap("got:      ab " + "x" * 200, "   ") == ["   got:      ab", " " * 13 + "x" * 200]
     assert wrap("short line", "   ") == ["   short line"]
+    code = (
+        "hint:     "
+        + "word " * 14
+        + "`if seq.status != SequenceStatus.RUNNING: continue`, then more"
+    )
+    assert [line.count("`") for line in wrap(code, "   ")] == [0, 2]  # the code moves down whole
     assert wrap("a\nb", "   ") == ["   a", "   b"]
 
 

@@ -593,3 +593,42 @@ def test_the_widget_draws_cached_rooms_in_the_palettes_colour():
     assert "same prefix" in hotel._esm and ".kvh-event-eviction" in hotel._css
     assert COLORS["cached"] not in (*GUEST_PALETTE, COLORS["future"], COLORS["internal"])
     assert COLORS["cached"] not in (COLORS["used"], COLORS["free"])
+
+
+def test_every_animation_plays_in_ten_to_thirty_seconds():
+    """Play's pace follows the number of steps: Lab 06's 8 steps are not a 2 s blur, Lab 03's
+    1,210 not a 4-minute wait (the default was 200 ms a step for all)."""
+    from kvlab.widgets.floorplan import play_pace
+
+    for n in (11, 50, 400, 1210, 20_000):
+        interval, stride = play_pace(n)
+        assert 50 <= interval <= 1000 and stride >= 1
+        assert 10 <= (n - 1) / stride * interval / 1000 <= 30, (n, interval, stride)
+    assert play_pace(8) == (1000, 1)  # a short story: one step a second
+    assert play_pace(1210) == (50, 4)  # a long day: every 4th step, 20 frames a second
+    with pytest.raises(ValueError, match="num_steps"):
+        play_pace(0)
+
+
+def test_the_player_takes_its_pace_from_the_trace_unless_told():
+    m = recorded(BlockManager(8, 4))
+    for i in range(30):
+        guest = f"g{i % 3}"
+        m.free(guest) if i % 6 >= 3 else m.allocate(guest, 3)
+    player = animate(m.trace)
+    n = player.slider.max
+    assert n > 11 and (player.play.interval, player.play.step) == play_pace_of(n)
+    assert (
+        compare({"a": m.trace, "b": m.trace}, steps_only=False).play.interval
+        == player.play.interval
+    )
+    told = animate(m.trace, interval_ms=75, play_step=2)
+    assert (told.play.interval, told.play.step) == (75, 2)
+    with pytest.raises(ValueError, match="play_step"):
+        animate(m.trace, play_step=0)
+
+
+def play_pace_of(n):
+    from kvlab.widgets.floorplan import play_pace
+
+    return play_pace(n)

@@ -14,13 +14,14 @@ NO_DIAGNOSIS = "the checks do not recognise this mistake"
 SAME_PROBLEM = "probably the same problem as above"
 # Reports are wrapped here, on words: JupyterLab wraps long output lines anywhere, mid-word.
 REPORT_WIDTH = 96
+_WORD = re.compile(r"(?:`[^`]*`|[^\s`])+|`")  # code in backticks is never cut
 _LABEL = re.compile(r"(input|replay|expected|got|hint|note|at line \d+[^:]*):\s+")
 
 
 def wrap(line: str, indent: str = "", width: int = REPORT_WIDTH) -> list[str]:
     """``indent + line`` cut on spaces to ``width`` columns; continuations line up after a
-    leading label (``hint:     ``) or two spaces in. Lines that fit stay as they are; a word
-    longer than a line stays whole (the browser may cut that one)."""
+    leading label (``hint:     ``) or two spaces in. Lines that fit stay as they are; code in
+    backticks and a word longer than a line stay whole (the browser may cut that one)."""
     out = []
     for part in line.split("\n"):
         if len(indent) + len(part) <= width:
@@ -30,7 +31,7 @@ def wrap(line: str, indent: str = "", width: int = REPORT_WIDTH) -> list[str]:
         head, rest = (part[: label.end()], part[label.end() :]) if label else ("", part)
         hang = indent + " " * (len(head) or 2)
         current, empty = indent + head, True
-        for word in rest.split():
+        for word in _WORD.findall(rest):
             if not empty and len(current) + 1 + len(word) > width:
                 out.append(current)
                 current, empty = hang + word, False

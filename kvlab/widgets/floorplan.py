@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import pathlib
 
 import anywidget
@@ -103,14 +104,39 @@ class HotelFloorPlan(anywidget.AnyWidget):
         return data, metadata
 
 
+# Play's pace when none is given: a whole animation plays in about PLAY_SECONDS (10-30 s tells a
+# story; 2 s is a blur, 4 minutes nobody watches), skipping steps when frames would pass too fast.
+PLAY_SECONDS = 20
+FASTEST_MS, SLOWEST_MS = 50, 1000
+
+
+def play_pace(num_steps: int) -> tuple[int, int]:
+    """(interval_ms, step) so that ``num_steps`` steps play in 10-30 s when they can: one step
+    at most every second, a frame at most every 50 ms, every k-th step for long traces."""
+    positive_int("num_steps", num_steps)
+    moves = max(1, num_steps - 1)
+    interval = min(SLOWEST_MS, max(FASTEST_MS, round(PLAY_SECONDS * 1000 / moves)))
+    stride = 1
+    if moves * interval > 1.5 * PLAY_SECONDS * 1000:
+        stride = math.ceil(moves * FASTEST_MS / (PLAY_SECONDS * 1000))
+    return interval, stride
+
+
 class HotelPlayer(widgets.VBox):
     """A Play button and a step slider (steps 1..n, linked in the browser) driving one or more
     floor plans; clicking a guest in one plan selects it in all of them.
 
     Several plans sit side by side while the notebook is wide enough, and stack when it is not.
+    Play moves every ``play_step``-th step each ``interval_ms``; by default both are chosen from
+    the number of steps (:func:`play_pace`), so every animation plays in about 20 s.
     """
 
-    def __init__(self, hotels: list[HotelFloorPlan], interval_ms: int = 200):
+    def __init__(
+        self,
+        hotels: list[HotelFloorPlan],
+        interval_ms: int | None = None,
+        play_step: int | None = None,
+    ):
         if not hotels:
             raise ValueError("hotels must hold at least one HotelFloorPlan")
         steps = {h.num_steps for h in hotels}
@@ -118,12 +144,14 @@ class HotelPlayer(widgets.VBox):
             raise ValueError(
                 f"hotels must play the same number of steps (align their traces), got {sorted(steps)}"
             )
-        positive_int("interval_ms", interval_ms)
         (n,) = steps
+        interval, stride = play_pace(n)
+        interval_ms = interval if interval_ms is None else positive_int("interval_ms", interval_ms)
+        play_step = stride if play_step is None else positive_int("play_step", play_step)
         self.hotels = hotels
         start = hotels[0].step
         self.play = widgets.Play(
-            value=start, min=1, max=n, interval=interval_ms, description="play"
+            value=start, min=1, max=n, interval=interval_ms, step=play_step, description="play"
         )
         self.slider = widgets.IntSlider(
             value=start,
@@ -177,24 +205,33 @@ class HotelPlayer(widgets.VBox):
         return data
 
 
-def animate(trace: Trace, title: str = "", interval_ms: int = 200, **options) -> HotelPlayer:
+def animate(
+    trace: Trace,
+    title: str = "",
+    interval_ms: int | None = None,
+    play_step: int | None = None,
+    **options,
+) -> HotelPlayer:
     """A playable floor plan of a trace: ``animate(manager.trace)`` as a cell's last line.
 
     ``options`` go to :class:`HotelFloorPlan` (``room_size``, ``rooms_per_floor``, ``step``,
-    ``every``, ``steps_only``).
+    ``every``, ``steps_only``). Play's pace (``interval_ms``, ``play_step``) is chosen so the
+    whole trace plays in about 20 s unless given.
     """
-    return HotelPlayer([HotelFloorPlan(trace, title=title, **options)], interval_ms)
+    return HotelPlayer([HotelFloorPlan(trace, title=title, **options)], interval_ms, play_step)
 
 
 def compare(
     traces: dict[str, Trace],
-    interval_ms: int = 200,
+    interval_ms: int | None = None,
     steps_only: bool = True,
     every: int = 1,
+    play_step: int | None = None,
     **options,
 ) -> HotelPlayer:
     """Several traces side by side, driven by one Play button until the longest one ends (the
-    others hold their last frame).
+    others hold their last frame); it plays in about 20 s unless ``interval_ms`` /
+    ``play_step`` say otherwise.
 
     By default only the per-step frames of each replay are kept, lined up by time, so the views
     show the same moment; ``every`` keeps every n-th of those steps (and each trace's last).
@@ -211,4 +248,4 @@ def compare(
         HotelFloorPlan(trace, title=name, schedule=schedule, colors=colors, **options)
         for (name, trace), schedule in zip(traces.items(), schedules, strict=True)
     ]
-    return HotelPlayer(hotels, interval_ms)
+    return HotelPlayer(hotels, interval_ms, play_step)
