@@ -53,6 +53,10 @@ def good_kv_bytes(spec):
             "query heads are not cached",
         ),
         (lambda s: good_kv_bytes(s) // s.dtype_bytes, "multiply by it"),
+        (
+            lambda s: 2 * s.num_layers * s.num_kv_heads * s.head_dim * 2,
+            "not always 2 (fp16's): multiply by spec.dtype_bytes instead of a fixed 2",
+        ),
         (lambda s: good_kv_bytes(s) // s.num_layers, "multiply by spec.num_layers"),
         (lambda s: float(good_kv_bytes(s)), "the count is right but not an int"),
         (lambda s: str(good_kv_bytes(s)), "not its text"),
@@ -74,6 +78,32 @@ def test_forgetting_k_and_v_and_the_element_size_are_told_apart():
     assert "multiply by 2 (K and V)" in first_failure(no_kv)
     assert "spec.dtype_bytes" in first_failure(no_dtype)
     assert "multiply by 2" not in first_failure(no_dtype)
+
+
+def test_a_fixed_two_bytes_is_told_apart_from_forgetting_k_and_v_and_the_element_size():
+    """fp32 (4 bytes) halves the bytes both when the element size is a fixed 2 and when K and V
+    are forgotten; the probe's 8-byte elements give the three slips three different numbers."""
+    fixed_2 = run_checks(
+        "00.kv_bytes", lambda s: 2 * s.num_layers * s.num_kv_heads * s.head_dim * 2
+    )
+    assert fixed_2.passed == 3  # right wherever the element size is 2 bytes
+    first = first_failure(fixed_2)
+    assert "4 bytes/element" in first and "got:      819,200" in first
+    assert "not always 2" in first and "(K and V)" not in first
+    assert len(set(hints(fixed_2))) == 1  # fp8's count too: folded, no other hint
+    assert "not always 2" not in first_failure(
+        run_checks("00.kv_bytes", lambda s: good_kv_bytes(s) // 2)
+    )
+    no_dtype = first_failure(run_checks("00.kv_bytes", lambda s: good_kv_bytes(s) // s.dtype_bytes))
+    assert "multiply by it" in no_dtype and "not always 2" not in no_dtype
+
+
+def test_every_kv_slip_gives_its_own_number_on_the_probe():
+    from kvlab.grading.lab00 import KV_SLIPS, PROBE
+
+    right = PROBE.kv_bytes_per_token
+    values = [slip(right, PROBE) for _, slip in KV_SLIPS]
+    assert right not in values and len(set(values)) == len(values), values
 
 
 def test_unknown_kv_mistake_gets_the_neutral_line_and_plurals_are_right():
@@ -120,10 +150,18 @@ def make_decode(slip=None):
         keys, values = spread(k_cache), spread(v_cache)
         if slip == "no append":
             keys, values = spread(k_cache[:-1]), spread(v_cache[:-1])
-        scale = 1.0 if slip == "no scale" else 1 / math.sqrt(layer.head_dim)
+        head_dim = layer.head_dim
+        if slip in ("d_model // num_heads", "d_model // num_heads, reshaped"):
+            head_dim = layer.d_model // layer.num_heads  # what the prose warns of
+        scale = 1.0 if slip == "no scale" else 1 / math.sqrt(head_dim)
         scores = torch.einsum("hd,thd->ht", q[0], keys) * scale
         probs = scores.softmax(dim=0 if slip == "softmax over heads" else -1)
-        mixed = torch.einsum("ht,thd->hd", probs, values).reshape(-1)
+        mixed = torch.einsum("ht,thd->hd", probs, values)
+        if slip == "dims first":
+            mixed = mixed.transpose(0, 1)  # [head_dim, num_heads] flattened: heads interleaved
+        if slip == "d_model // num_heads, reshaped":
+            mixed = mixed.reshape(layer.num_heads * head_dim)
+        mixed = mixed.reshape(-1)
         y = mixed @ layer.wo.T if slip == "nn.Linear" else mixed @ layer.wo
         if slip == "unknown":
             y = y * 1.5
@@ -148,6 +186,12 @@ def test_decode_step_passes_when_right():
         ("repeat", "grouped-query attention", "use repeat_interleave, not repeat"),
         ("prepend", "17 tokens", "add the new token's row at the end, not in front"),
         ("swapped caches", "the very first token", "k_cache and v_cache are swapped"),
+        ("dims first", "the very first token", "a transpose before the reshape interleaves"),
+        (
+            "d_model // num_heads",
+            "heads that do not tile d_model",
+            "one head is layer.head_dim = 8 wide, not d_model // num_heads = 6",
+        ),
     ],
 )
 def test_decode_step_names_each_mistake(slip, first_failing, hint):
@@ -196,6 +240,39 @@ def test_kv_heads_not_expanded_for_the_query_heads_is_named_and_folds():
     assert "repeat each KV head for its group" in hints(result)[0] and len(hints(result)) == 1
     assert [o.name for o in later] == [result.outcomes[-1].name]  # the wide layer has GQA too
     assert later[0].details[0] == f"{SAME_PROBLEM} (“{first.name}”)"
+
+
+def test_heads_joined_from_head_dim_by_num_heads_fail_from_the_first_token_and_fold():
+    result = run_checks("00.decode_step", make_decode("dims first"))
+    assert failed(result) == [o.name for o in result.outcomes if not o.name.startswith("a single")]
+    assert folded_after_first(result) and len(hints(result)) == 1
+
+
+def test_head_dim_taken_for_d_model_over_num_heads_is_named_where_the_heads_do_not_tile():
+    """As the scale, it changes nothing until a second token is attended (a softmax of one score
+    is 1): step 1 of the wide layer. As the size of a reshape, the step cannot run there: the
+    shape error names it, because the same step runs right on a layer whose heads tile d_model."""
+    scaled = run_checks("00.decode_step", make_decode("d_model // num_heads"))
+    assert result_failed_only_on_the_wide_layer(scaled)
+    assert "input:    step 1 of 5" in first_failure(scaled)
+    shaped = run_checks("00.decode_step", make_decode("d_model // num_heads, reshaped"))
+    assert result_failed_only_on_the_wide_layer(shaped)
+    first = first_failure(shaped)
+    assert first.startswith("RuntimeError: shape '[24]' is invalid for input of size 32")
+    assert "\n   4 heads of 8 make 32 here, not d_model = 24" in first
+    assert "hint:     one head is layer.head_dim = 8 wide, not d_model // num_heads = 6" in first
+    assert hints(scaled) == hints(shaped) and not any(neutral(shaped))
+
+
+def result_failed_only_on_the_wide_layer(result) -> bool:
+    return failed(result) == [result.outcomes[-1].name] and result.outcomes[-1].name.startswith(
+        "heads that do not tile d_model"
+    )
+
+
+def folded_after_first(result) -> bool:
+    later = [o for o in result.outcomes if not o.passed][1:]
+    return bool(later) and all(o.details[0].startswith(SAME_PROBLEM) for o in later)
 
 
 def test_an_unknown_error_on_a_gqa_layer_is_still_shown_as_it_is():
@@ -291,3 +368,36 @@ def test_tiny_attention_head_dim_option_keeps_the_default_layer():
         assert torch.allclose(y, wide.forward(x[: t + 1])[t], atol=1e-5)
     with pytest.raises(ValueError, match="multiple of num_heads"):
         TinyAttention(24, 5)
+
+
+# --- the roofline picture (Lab 00, cell lab00-22) ------------------------------------------------
+
+
+def test_the_roofline_gpus_differ_in_colour_and_line_style_and_are_named_on_their_lines():
+    """The A100's and H200's lines were blue and teal, both solid: now each GPU has its own colour
+    (far apart), its own dashes (H100 and H200 share the flat roof) and its name on its slope."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgb
+
+    from kvlab import viz
+    from kvlab.models import LLAMA_3_8B
+    from kvlab.roofline import A100_80GB, H100_SXM, H200, step_cost
+
+    gpus = [H100_SXM, A100_80GB, H200]  # as lab00-22 draws them
+    ax = viz.plot_roofline(gpus, {"decode": step_cost(LLAMA_3_8B, new_tokens=1, context=1024)})
+    lines = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+    assert [line.get_label().split(":")[0] for line in lines] == [g.name for g in gpus]
+    assert len({line.get_linestyle() for line in lines}) == len(gpus)
+    rgb = [to_rgb(line.get_color()) for line in lines]
+    for i, a in enumerate(rgb):
+        for b in rgb[i + 1 :]:
+            assert sum((x - y) ** 2 for x, y in zip(a, b, strict=True)) ** 0.5 > 0.3, (a, b)
+    texts = {t.get_text(): t.get_color() for t in ax.texts}
+    for line in lines:
+        name = line.get_label().split(":")[0]
+        assert texts[name] == line.get_color()  # the direct label, in the line's colour
+    assert "4.8 TB/s" in ax.get_legend().get_texts()[2].get_text()
+    plt.close("all")

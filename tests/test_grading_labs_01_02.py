@@ -256,7 +256,7 @@ def test_a_half_written_class_gets_credit_for_its_written_methods():
     result = run_checks("01.max_length_cache", InitAndAdmit)
     assert result.status is Status.FAILED and result.passed == 3
     assert result.unwritten == ["release", "append", "memory_report"]
-    report = result.report()
+    report = " ".join(result.report().split())  # the report wraps long lines on words
     assert "(still to write: `release`, `append`, `memory_report`)" in report
     assert "needs `memory_report`, which is not written yet" in report
 
@@ -291,6 +291,101 @@ def test_max_length_cache_diagnoses():
         result = run_checks("01.max_length_cache", cls)
         assert hint in first_failure(result), (cls.__name__, first_failure(result))
         assert folded(result), cls.__name__
+
+
+class TakesASuiteFirst(GoodCache):
+    """Takes a suite, then checks the request: every refused check-in keeps a suite."""
+
+    def admit(self, request_id, prompt_len, output_len):
+        if self.free == 0:
+            raise OutOfMemory("full")
+        self.free -= 1
+        if request_id in self.guests or prompt_len + output_len > self.size:
+            raise ValueError(f"bad request {request_id!r}")
+        self.guests[request_id] = [prompt_len, prompt_len + output_len]
+
+
+def test_a_refusal_that_keeps_a_suite_is_named_by_the_first_check_it_fails():
+    """The refused duplicate check-in keeps a suite, so the stay over max_seq_len after it finds
+    the hotel full: OutOfMemory instead of ValueError. The cause is named there, not the
+    symptom, and the check built for it folds into that report."""
+    result = run_checks("01.max_length_cache", TakesASuiteFirst)
+    assert failed(result) == [
+        "check-in refuses a guest already in the hotel and a stay over max_seq_len",
+        "a refused check-in takes no suite",
+        "refused calls leave the accounts unchanged",
+    ]
+    first = first_failure(result)
+    assert "got:      OutOfMemory: 'full'" in first
+    assert "hint:     a refused check-in kept the suite it took" in first
+    assert "Check every reason to refuse before taking a suite" in first
+    assert "not OutOfMemory" not in first
+    assert folded(result)
+
+
+def test_out_of_memory_for_a_stay_too_long_without_a_leak_keeps_its_hint():
+    class TooLongIsFull(GoodCache):  # the wrong error for a stay over max_seq_len, no leak
+        def admit(self, request_id, prompt_len, output_len):
+            if prompt_len + output_len > self.size:
+                raise OutOfMemory("does not fit")
+            super().admit(request_id, prompt_len, output_len)
+
+    first = first_failure(run_checks("01.max_length_cache", TooLongIsFull))
+    assert (
+        "hint:     raise ValueError when prompt_len + output_len > max_seq_len, not OutOfMemory"
+        in first
+    )
+    assert "kept the suite" not in first
+
+
+class FinalIsOutputLen(GoodCache):
+    def admit(self, request_id, prompt_len, output_len):
+        super().admit(request_id, prompt_len, output_len)
+        self.guests[request_id][1] = output_len  # final = output_len: the prompt forgotten
+
+
+def test_a_final_length_without_the_prompt_is_named_and_folds():
+    result = run_checks("01.max_length_cache", FinalIsOutputLen)
+    assert failed(result)[0] == "the accounts of one guest: a whole suite of max_seq_len beds"
+    first = first_failure(result)
+    assert "got:      dict {'used': 10, 'future': 10, 'internal': 44, 'free': 192}" in first
+    assert "hint:     a guest will hold prompt_len + output_len tokens when done" in first
+    assert result.passed == 5 and folded(result)
+
+
+def test_a_report_that_only_looks_like_a_forgotten_prompt_gets_the_neutral_note():
+    class TenFuture(GoodCache):  # future is always 10 a guest: 20 - 10 on the first check too
+        def memory_report(self):
+            report = super().memory_report()
+            future = 10 * len(self.guests)
+            return {
+                **report,
+                "future": future,
+                "internal": self.size * len(self.guests) - report["used"] - future,
+            }
+
+    first = first_failure(run_checks("01.max_length_cache", TenFuture))
+    assert "'future': 10" in first and NO_DIAGNOSIS in first
+    assert "prompt_len + output_len tokens when done" not in first
+
+
+def test_a_plain_memory_error_for_a_full_hotel_is_accepted():
+    """The lab asks for kvlab.errors.OutOfMemory, "a MemoryError"; the check's title asks for a
+    MemoryError, as Labs 03 and 07 accept any MemoryError for OutOfBlocks: a plain one passes."""
+
+    class PlainMemoryError(GoodCache):
+        def admit(self, request_id, prompt_len, output_len):
+            if (
+                self.free == 0
+                and request_id not in self.guests
+                and prompt_len + output_len <= self.size
+            ):
+                raise MemoryError("every suite is taken")
+            super().admit(request_id, prompt_len, output_len)
+
+    assert run_checks("01.max_length_cache", PlainMemoryError).ok
+    prose = " ".join(cell("01_contiguous_cache.ipynb", "lab01-09").split())
+    assert "`OutOfMemory` (from `kvlab.errors`, a `MemoryError`)" in prose
 
 
 def test_an_error_in_a_call_that_should_work_shows_the_calls_with_it_marked():
@@ -429,6 +524,39 @@ def test_first_fit_diagnoses():
         assert folded(result)
 
 
+def test_last_fit_is_named_and_not_taken_for_best_fit():
+    """On the first check's floor best fit and last fit both take (200, 20); a probe floor where
+    best fit, the largest extent (worst fit) and last fit all choose differently tells them apart."""
+
+    def last_fit(free_extents, n):
+        return next((o for o, length in reversed(free_extents) if length >= n), None)
+
+    result = run_checks("02.first_fit", last_fit)
+    assert failed(result) == [
+        "takes the FIRST extent that fits, not the biggest or the tightest",
+        "300 random floors",
+    ]
+    first = first_failure(result)
+    assert "got:      200" in first and "hint:     that is last fit" in first
+    text = "\n".join(d for o in result.outcomes for d in o.details)
+    assert "best fit" not in text and folded(result)
+
+
+def test_the_fit_probes_tell_the_placements_apart():
+    from kvlab.contiguous import best_fit
+    from kvlab.grading.lab02 import FIT_PROBES, FIT_SLIPS
+
+    (floor, n), (small, m) = FIT_PROBES
+    chosen = [first_fit(floor, n)] + [slip(floor, n) for _, slip in FIT_SLIPS[:2]]
+    chosen.append(dict(FIT_SLIPS)[next(h for h, _ in FIT_SLIPS if "last fit" in h)](floor, n))
+    assert chosen == [10, best_fit(floor, n), 100, 300] and len(set(chosen)) == 4
+    strict = dict(FIT_SLIPS)[next(h for h, _ in FIT_SLIPS if "length > n" in h)]
+    others = [first_fit(small, m)] + [
+        slip(small, m) for h, slip in FIT_SLIPS if "length > n" not in h
+    ]
+    assert strict(small, m) not in others
+
+
 def test_first_fit_random_floor_is_cut_and_replayable():
     def wrong_on_long_lists(extents, n):
         return own_first_fit(extents, n) if len(extents) < 7 else own_first_fit(extents[1:], n)
@@ -489,6 +617,51 @@ def test_external_fragmentation_diagnoses():
         result.passed == 0
         and "kvlab's `kvlab.contiguous.external_fragmentation`" in first_failure(result)
     )
+
+
+def test_one_minus_one_over_the_count_is_named_and_not_taken_for_largest_over_total():
+    """Both are 2/3 on the check's [(0, 10), (20, 5), (40, 30)]; the probe floor tells them
+    apart (0.75 against 0.4)."""
+
+    def by_count(free_extents):
+        return 1 - 1 / len(free_extents) if free_extents else 0.0
+
+    result = run_checks("02.external_fragmentation", by_count)
+    assert failed(result) == ["the largest piece last: 1 - 30 / 45", "300 random floors"]
+    first = first_failure(result)
+    assert "hint:     that is 1 - 1 / (number of extents)" in first
+    assert "the share in one piece" not in first and folded(result)
+
+
+def test_a_value_that_two_slips_explain_but_the_probe_neither_gets_the_neutral_note():
+    def two_thirds_on_three(free_extents):  # 2/3 for three extents, else right
+        return 2 / 3 if len(free_extents) == 3 else own_fragmentation(free_extents)
+
+    first = first_failure(run_checks("02.external_fragmentation", two_thirds_on_three))
+    assert "got:      0.666666" in first and NO_DIAGNOSIS in first
+
+
+def test_the_fragmentation_probe_gives_every_slip_its_own_value():
+    from kvlab.grading.lab02 import FRAG_PROBES, FRAG_SLIPS
+
+    ((floor,),) = FRAG_PROBES
+    values = [round(slip(floor), 9) for _, slip in FRAG_SLIPS]
+    assert len(set(values)) == len(values), values
+
+
+def test_nothing_free_is_nothing_scattered_zero_either_way():
+    """The empty free list: 0 (the check's title), 0.0 (the prose's advice) or int 0 both pass;
+    any other number is told what the lab defines, as the prose says."""
+    assert run_checks("02.external_fragmentation", lambda e: own_fragmentation(e) if e else 0).ok
+    for empty in (1.0, float("nan")):
+        result = run_checks(
+            "02.external_fragmentation", lambda e, v=empty: own_fragmentation(e) if e else v
+        )
+        assert failed(result) == ["no free space at all: 0 (nothing is scattered)"]
+        assert "nothing is free here, so nothing is scattered: return 0.0" in first_failure(result)
+    prose = cell("02_external_fragmentation.ipynb", "lab02-07")
+    assert "When nothing is free, nothing is scattered either: it is 0" in " ".join(prose.split())
+    assert "return `0.0` when nothing is free" in prose
 
 
 # --- the notebooks' words agree with what they print and show ---------------------------------

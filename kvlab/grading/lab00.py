@@ -1,10 +1,12 @@
 """Checks for Lab 00: KV bytes per token, and one cached decode step.
 
 Each wrong answer is compared with what the usual slips would have produced (KiB instead of
-bytes, query heads instead of KV heads, a softmax over the heads, nn.Linear's ``x @ W.T``, …);
+bytes, query heads instead of KV heads, a fixed 2 bytes per element, a softmax over the heads,
+heads joined in the wrong order, d_model // num_heads for head_dim, nn.Linear's ``x @ W.T``, …);
 a hint is given only when one slip, and only one, explains it. A shape error is named when the
 learner's step runs right on a layer without the trouble (every query head with its own KV head;
-a square ``wo``), so knock-on failures of one mistake fold into its first report.
+heads that tile d_model; a square ``wo``), so knock-on failures of one mistake fold into its
+first report.
 """
 
 from __future__ import annotations
@@ -63,13 +65,20 @@ KV_SLIPS = (
         lambda right, s: right / s.dtype_bytes,
     ),
     (
+        "the element size is spec.dtype_bytes, not always 2 (fp16's): multiply by "
+        "spec.dtype_bytes instead of a fixed 2",
+        lambda right, s: right // s.dtype_bytes * 2,
+    ),
+    (
         "every layer keeps its own keys and values: multiply by spec.num_layers",
         lambda right, s: right / s.num_layers,
     ),
 )
-# a shape on which every slip gives a different number, to tell apart slips that coincide
+# a shape on which every slip gives a different number, to tell apart slips that coincide: its
+# 8-byte elements (fp64) keep "no K and V" (÷ 2), "a fixed 2 bytes" (÷ 4) and "no element size"
+# (÷ 8) apart, which fp32's 4 bytes would not (ModelSpec takes any positive dtype_bytes)
 PROBE = ModelSpec(
-    "probe", num_layers=3, num_q_heads=10, num_kv_heads=5, head_dim=700, dtype_bytes=4
+    "probe", num_layers=3, num_q_heads=10, num_kv_heads=5, head_dim=700, dtype_bytes=8
 )
 
 
@@ -205,12 +214,22 @@ def _close(a, b) -> bool:
 
 
 def step_with(
-    layer, x_t, k_cache, v_cache, *, append=True, scale=None, softmax_dim=-1, heads="h // group"
+    layer,
+    x_t,
+    k_cache,
+    v_cache,
+    *,
+    append=True,
+    scale=None,
+    softmax_dim=-1,
+    heads="h // group",
+    dims_first=False,
 ):
     """The output of one decode step computed as written, or with one of the usual slips:
     ``append=False`` attends without the new token, ``softmax_dim=0`` normalises over the heads,
     ``heads="h % kv_heads"`` maps query heads to KV heads like ``repeat`` instead of
-    ``repeat_interleave``. Returns the heads' concatenated output, before ``wo``."""
+    ``repeat_interleave``, ``dims_first`` joins the heads from ``[head_dim, num_heads]`` (a
+    transpose before the reshape). Returns the heads' concatenated output, before ``wo``."""
     q, k, v = layer.qkv(x_t.unsqueeze(0))
     keys = torch.cat([k_cache, k]) if append else k_cache
     values = torch.cat([v_cache, v]) if append else v_cache
@@ -222,7 +241,18 @@ def step_with(
     keys, values = keys[:, kv_of], values[:, kv_of]
     scale = 1 / math.sqrt(layer.head_dim) if scale is None else scale
     scores = torch.einsum("hd,thd->ht", q[0], keys) * scale
-    return torch.einsum("ht,thd->hd", scores.softmax(dim=softmax_dim), values).reshape(-1)
+    out = torch.einsum("ht,thd->hd", scores.softmax(dim=softmax_dim), values)
+    return (out.T if dims_first else out).reshape(-1)
+
+
+def head_dim_hint(layer) -> str:
+    """The hint for a step that takes one head's size to be d_model // num_heads."""
+    return (
+        f"one head is layer.head_dim = {layer.head_dim} wide, not d_model // num_heads = "
+        f"{layer.d_model // layer.num_heads}: here {layer.num_heads} heads × {layer.head_dim} = "
+        f"{layer.num_heads * layer.head_dim} ≠ d_model {layer.d_model}. Use layer.head_dim (and "
+        "num_heads × head_dim for the joined heads)"
+    )
 
 
 def step_slips(layer) -> list[tuple[str, dict, str]]:
@@ -253,6 +283,19 @@ def step_slips(layer) -> list[tuple[str, dict, str]]:
             (
                 "scale by 1/sqrt(head_dim), the size of one head, not 1/sqrt(d_model)",
                 {"scale": 1 / math.sqrt(layer.d_model)},
+                "x @ W",
+            )
+        )
+    guessed = layer.d_model // layer.num_heads  # what d_model // num_heads takes head_dim for
+    if guessed not in (0, d, layer.d_model):
+        slips.append((head_dim_hint(layer), {"scale": 1 / math.sqrt(guessed)}, "x @ W"))
+    if layer.num_heads > 1 and d > 1:
+        slips.append(
+            (
+                "join the heads in order: reshape the [num_heads, head_dim] output as it is "
+                "(`o.reshape(-1)`: head 0's values, then head 1's, …); a transpose before the "
+                "reshape interleaves the heads",
+                {"dims_first": True},
                 "x @ W",
             )
         )
@@ -322,8 +365,9 @@ def _shape_error(error: Exception) -> bool:
 def diagnose_error(fn, layer) -> tuple[str, str, str] | None:
     """(message, hint, cause) for an error the learner's step raised on ``layer``, when a probe
     on a layer without the trouble shows what it was: KV heads not expanded for the query heads
-    (the step works when every query head has its own KV head), or nn.Linear's ``o @ wo.T``
-    (which only fails to run when ``wo`` is not square)."""
+    (the step works when every query head has its own KV head), one head's size taken for
+    d_model // num_heads (the step works when the heads tile d_model), or nn.Linear's
+    ``o @ wo.T`` (which only fails to run when ``wo`` is not square)."""
     if layer.num_kv_heads < layer.num_heads:
         plain = TinyAttention(
             layer.d_model, layer.num_heads, seed=11, head_dim=layer.head_dim
@@ -341,10 +385,17 @@ def diagnose_error(fn, layer) -> tuple[str, str, str] | None:
     if layer.wo.shape[0] != layer.wo.shape[1]:
         width = layer.num_heads * layer.head_dim
         square = TinyAttention(width, layer.num_heads, layer.num_kv_heads, seed=11)
-        probe = _steps_quietly(fn, square, steps=1)
+        probe = _steps_quietly(fn, square)
         if probe is not None:
-            x, (y,) = probe
-            empty = square.empty_cache()
+            x, outputs = probe
+            if all(_close(y, right) for y, right in zip(outputs, square.forward(x), strict=True)):
+                message = (
+                    f"{plural(layer.num_heads, 'head')} of {layer.head_dim} make {width} here, "
+                    f"not d_model = {layer.d_model}; your step runs when they make d_model"
+                )
+                hint = head_dim_hint(layer)
+                return message, hint, hint
+            y, empty = outputs[0], square.empty_cache()
             if (
                 isinstance(y, torch.Tensor)
                 and diagnose_step(square, x[0], *empty, y) == LINEAR_HINT

@@ -269,7 +269,40 @@ EXACTLY_FULL = (
     "prompt_len + output_len > max_seq_len"
 )
 LEAK = "check every reason to refuse before taking a suite: a refused call changes nothing"
+LEAK_FOUND = (
+    "a refused check-in kept the suite it took, so the hotel ran out of suites. Check every "
+    "reason to refuse before taking a suite: a refused call changes nothing"
+)
+FINAL_WITHOUT_PROMPT = (
+    "a guest will hold prompt_len + output_len tokens when done (the answer comes after the "
+    "prompt): final = output_len forgets the prompt"
+)
 NOBODY = ("nobody has that id", "unknown ids raise KeyError (a dict lookup does it for you)")
+
+
+def _without_the_prompt(guests: dict, free_beds: int, size: int) -> dict:
+    """The report of a hotel of ``size``-bed suites whose ``guests`` are ``id: [tokens,
+    output_len]``, each guest's final length taken for output_len (the prompt forgotten)."""
+    report = dict.fromkeys(PARTS, 0)
+    for tokens, output_len in guests.values():
+        for part, beds in zip(PARTS[:3], split_waste(size, tokens, output_len), strict=True):
+            report[part] += beds
+    report["free"] = free_beds
+    return report
+
+
+def forgets_the_prompt(cls, got: dict, guests: dict, free_beds: int, size: int) -> bool:
+    """``got`` is the report with each final length taken for output_len, and so is the
+    learner's report on a probe hotel (a guest of 3 + 12 beds: final 15, not 12)."""
+    if got != _without_the_prompt(guests, free_beds, size):
+        return False
+    try:
+        probe = cls(2, 32)
+        probe.admit("p", 3, 12)
+        report = probe.memory_report()
+    except Exception:
+        return False
+    return report == _without_the_prompt({"p": [3, 12]}, 32, 32)
 
 
 def diagnose_report(got: dict, right: dict, before: dict | None, method: str | None, size: int):
@@ -292,6 +325,39 @@ def diagnose_report(got: dict, right: dict, before: dict | None, method: str | N
     return None
 
 
+def refusals_leak(cls) -> bool:
+    """Whether a refused check-in keeps a suite, on probe hotels: after a refused check-in (an id
+    already in the hotel; a stay over max_seq_len), a check-in that has a free suite is refused
+    with a MemoryError."""
+    for admitted, refused in (([("a", 3, 4)], ("a", 2, 2)), ([], ("b", 10, 7))):
+        if _check_in_works(cls, admitted) and not _check_in_works(cls, admitted, refused):
+            return True
+    return False
+
+
+def _check_in_works(cls, admitted: list, refused: tuple | None = None) -> bool:
+    """A hotel with one suite more than ``admitted`` guests takes one more guest after the
+    ``refused`` check-in (if any, and if it was refused). False when it refuses them with a
+    MemoryError; True otherwise (anything else is some other problem)."""
+    try:
+        hotel = cls(len(admitted) + 1, 16)
+        for args in admitted:
+            hotel.admit(*args)
+        if refused is not None:
+            try:
+                hotel.admit(*refused)
+            except Exception:
+                pass
+            else:
+                return True  # not refused at all: a check-in that took its suite by right
+        hotel.admit("next", 3, 4)
+    except MemoryError:
+        return False
+    except Exception:
+        return True
+    return True
+
+
 class Cache(ClassDriver):
     """The learner's cache in a check. With ``twin``, kvlab's max-length cache runs beside it:
     :meth:`do` makes each call on both and compares their reports, and a refused call must leave
@@ -303,6 +369,7 @@ class Cache(ClassDriver):
     def __init__(self, cls, num_slots: int, max_seq_len: int, twin: bool = False, replay=None):
         self.max_seq_len = max_seq_len
         reference = ContiguousKVCache(num_slots, max_seq_len, policy="max") if twin else None
+        self.guests: dict = {}  # id -> [tokens, output_len], as the calls made them
         super().__init__(cls, num_slots, max_seq_len, name="MaxLengthCache", reference=reference)
         self.transcript.replay = replay
         if twin:
@@ -324,11 +391,15 @@ class Cache(ClassDriver):
         if error is None:
             self.fail(f"{why}: expected {names}", expected=names, got="no error", hint=fix)
         kind = type(error).__name__
+        hint, cause = f"{fix}, not {kind}", None
+        if isinstance(error, MemoryError) and MemoryError not in errors and refusals_leak(self.cls):
+            hint, cause = LEAK_FOUND, LEAK  # the hotel is full because a refusal kept a suite
         self.fail(
             f"{why}: expected {names}",
             expected=names,
             got=f"{kind}: {short(str(error), 80)}",
-            hint=f"{fix}, not {kind}",
+            hint=hint,
+            cause=cause,
         )
 
     def state(self):
@@ -371,6 +442,13 @@ class Cache(ClassDriver):
     def do(self, method: str, *args):
         before = self.last  # the report compare() just checked
         self.twin(method, *args)
+        guest = args[0]
+        if method == "admit":
+            self.guests[guest] = [args[1], args[2]]
+        elif method == "append":
+            self.guests[guest][0] += 1
+        elif method == "release":
+            del self.guests[guest]
         self.compare(before, method)
 
     def compare(self, before=None, method=None):
@@ -378,12 +456,11 @@ class Cache(ClassDriver):
         right = {part: getattr(usage, part) for part in PARTS}
         self.last = got
         if got != right:
-            self.fail(
-                "memory_report() is off",
-                expected=short(right),
-                got=short(got),
-                hint=diagnose_report(got, right, before, method, self.max_seq_len),
-            )
+            size = self.max_seq_len
+            hint = diagnose_report(got, right, before, method, size)
+            if hint is None and forgets_the_prompt(self.cls, got, self.guests, right["free"], size):
+                hint = FINAL_WITHOUT_PROMPT
+            self.fail("memory_report() is off", expected=short(right), got=short(got), hint=hint)
 
 
 @cache.check("check-in: num_slots guests fit, the next is refused with a MemoryError")

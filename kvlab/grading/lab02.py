@@ -1,12 +1,14 @@
 """Checks for Lab 02: first-fit placement and the external fragmentation metric.
 
-A wrong answer is compared with what the usual slips give (best fit, the largest extent, an index
-instead of an offset, ``>`` instead of ``>=``, the smallest extent, a percentage, …); a hint is given
-only when exactly one of them explains it.
+A wrong answer is compared with what the usual slips give (best fit, the largest extent, last fit,
+an index instead of an offset, ``>`` instead of ``>=``, the smallest extent, a percentage,
+1 - 1 / the number of extents, …); a hint is given only when exactly one of them explains it. Slips
+that coincide on a check's input are told apart on probe floors where they differ.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 import random
@@ -53,28 +55,63 @@ FIT_SLIPS = (
         "when nothing fits, return None (not -1)",
         lambda extents, n: -1 if first_fit(extents, n) is None else first_fit(extents, n),
     ),
+    (
+        "that is last fit (the fitting extent with the highest offset): first fit takes the "
+        "first extent, in offset order, that is long enough; search from the start of the list",
+        lambda extents, n: first_fit(extents[::-1], n),
+    ),
+)
+# floors on which the slips above choose differently, to tell apart slips that coincide: on the
+# first, best fit (50), the largest extent (100), last fit (300), the index (0) and the length (30)
+# all differ from first fit (10); on the second, `>` (16) differs from them
+FIT_PROBES = (
+    ([(10, 30), (50, 25), (100, 90), (300, 40)], 20),
+    ([(4, 6), (16, 9), (40, 12), (60, 6)], 6),
 )
 
 
-def _diagnose(slips, got, args, same) -> str | None:
-    """The one slip whose answer is ``got`` and differs from the right one ``slips[0]``."""
+def _matching(slips, got, args, same) -> list[str]:
+    """The slips whose answer for ``args`` is ``got`` and differs from the right one
+    (``slips[0]``'s)."""
     right = slips[0][1](*args)
     found = []
     for hint, slip in slips[1:]:
         wrong = slip(*args)
         if not same(wrong, right) and same(got, wrong):
             found.append(hint)
-    return found[0] if len(found) == 1 else None
+    return found
 
 
-def diagnose_fit(got, extents, n) -> str | None:
-    return _diagnose((("", first_fit), *FIT_SLIPS), got, (extents, n), _same_offset_exact)
+def _diagnose(slips, got, args, same, fn=None, probes=()) -> str | None:
+    """The one slip whose answer is ``got`` and differs from the right one ``slips[0]``. When
+    several are, the one that also explains what ``fn`` returns on each of ``probes`` (or that
+    is right where ``fn`` is right)."""
+    hints = _matching(slips, got, args, same)
+    for probe in probes if fn is not None and len(hints) > 1 else ():
+        try:
+            on_probe = fn(*copy.deepcopy(probe))
+        except Exception:
+            continue
+        explained = _matching(slips, on_probe, probe, same)
+        right = slips[0][1](*probe)
+        slip = dict(slips)
+        hints = [
+            h
+            for h in hints
+            if h in explained or (same(on_probe, right) and same(slip[h](*probe), right))
+        ]
+    return hints[0] if len(hints) == 1 else None
+
+
+def diagnose_fit(got, extents, n, fn=None) -> str | None:
+    slips = (("", first_fit), *FIT_SLIPS)
+    return _diagnose(slips, got, (extents, n), _same_offset_exact, fn, FIT_PROBES)
 
 
 def _same_offset_exact(a, b) -> bool:
     if a is None or b is None:
         return a is b
-    return not isinstance(a, bool) and a == b
+    return not isinstance(a, bool) and isinstance(a, numbers.Integral) and a == b
 
 
 def _describe_extents(extents, limit: int = 6) -> str:
@@ -126,7 +163,7 @@ def _expect_fit(fn, extents, n, replay=None):
             replay=replay,
             expected=short(expected),
             got=short(got),
-            hint=diagnose_fit(got, extents, n),
+            hint=diagnose_fit(got, extents, n, fn),
         )
 
 
@@ -207,10 +244,24 @@ FRAG_SLIPS = (
         "divide by the total free beds (the sum of the lengths), not by the number of extents",
         lambda e: 1 - max(length for _, length in e) / len(e),
     ),
+    (
+        "that is 1 - 1 / (number of extents): it counts the pieces and not their sizes; "
+        "fragmentation is 1 - largest / total",
+        lambda e: 1 - 1 / len(e),
+    ),
+)
+# a floor on which the slips above all give different values (the right one is 0.6): smallest
+# 0.9, first 0.8, largest / total 0.4, percentage 60, `//` 1, by count -9, 1 - 1 / count 0.75
+FRAG_PROBES = (([(0, 20), (100, 40), (200, 10), (300, 30)],),)
+EMPTY_FRAG = (
+    "nothing is free here, so nothing is scattered: return 0.0 (there is no largest free "
+    "extent to compare with the total)"
 )
 
 
 def _same_fraction(a, b) -> bool:
+    if not (isinstance(a, numbers.Real) and isinstance(b, numbers.Real)):
+        return False
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
 
 
@@ -243,7 +294,10 @@ def _expect_frag(fn, extents, replay=None):
             hint="your function returned None: end it with `return ...`" if got is None else None,
         )
     if not _same_fraction(got, expected):
-        hint = _diagnose(FRAG_SLIPS, got, (extents,), _same_fraction) if extents else None
+        if extents:
+            hint = _diagnose(FRAG_SLIPS, got, (extents,), _same_fraction, fn, FRAG_PROBES)
+        else:
+            hint = EMPTY_FRAG
         raise CheckFailed(
             "wrong value",
             input=args,
