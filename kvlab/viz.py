@@ -42,14 +42,31 @@ def plot_kv_per_token(specs: list[ModelSpec], ax=None):
 
 
 def plot_roofline(gpus: list[GPU], points: dict[str, StepCost], ax=None):
-    """Log-log roofline of each GPU with labelled workload points placed on the first GPU's roof."""
+    """Log-log roofline of each GPU with labelled workload points placed on the first GPU's roof.
+
+    Each GPU has its own colour and line style (GPUs of the same peak share the flat roof: the
+    dashes show both), and its name is written on its memory slope."""
     import numpy as np
 
     ax = _axes(ax, figsize=(7.5, 4.5))
     x = np.logspace(-1, 4, 200)
-    for gpu, color in zip(gpus, SERIES_COLORS, strict=False):
-        ax.loglog(x, [gpu.attainable_flops(i) / 1e12 for i in x], color=color, label=gpu.name)
+    colors = (SERIES_COLORS[0], SERIES_COLORS[3], SERIES_COLORS[2], SERIES_COLORS[1])
+    styles = ("-", "--", "-.", ":")
+    drawn = []
+    for k, gpu in enumerate(gpus):
+        color, style = colors[k % len(colors)], styles[k % len(styles)]
+        ax.loglog(
+            x,
+            [gpu.attainable_flops(i) / 1e12 for i in x],
+            color=color,
+            linestyle=style,
+            linewidth=2.2 if k == 0 else 1.7,
+            zorder=2 + 0.1 * k,
+            label=f"{gpu.name}: {gpu.hbm_bytes_per_s / 1e12:g} TB/s, "
+            f"{gpu.peak_flops / 1e12:g} TFLOP/s, ridge {gpu.ridge_intensity:.0f}",
+        )
         ax.axvline(gpu.ridge_intensity, color=color, linestyle=":", linewidth=0.8)
+        drawn.append((gpu, color))
     ref = gpus[0]
     for label, cost in points.items():
         y = ref.attainable_flops(cost.intensity) / 1e12
@@ -57,11 +74,32 @@ def plot_roofline(gpus: list[GPU], points: dict[str, StepCost], ax=None):
         ax.annotate(
             label, (cost.intensity, y), textcoords="offset points", xytext=(5, -12), fontsize=8
         )
+    ax.set_xlim(x[0], x[-1])
     ax.set_xlabel("arithmetic intensity (FLOPs per byte moved)")
     ax.set_ylabel("attainable TFLOP/s (bf16)")
     ax.set_title(f"Roofline; points placed on the {ref.name} roof, dotted lines = ridge points")
     ax.legend(loc="lower right", fontsize=8)
     ax.figure.tight_layout()
+    # direct labels on the slopes, turned to the slope as drawn (known once the layout is), each
+    # a little further right than the one above it so that no two sit on top of each other
+    (x0, y0), (x1, y1) = ax.transData.transform([(1.0, 1.0), (10.0, 10.0)])
+    angle = float(np.degrees(np.arctan2(y1 - y0, x1 - x0)))
+    by_bandwidth = sorted(drawn, key=lambda drawn_gpu: -drawn_gpu[0].hbm_bytes_per_s)
+    for rank, (gpu, color) in enumerate(by_bandwidth):
+        at = x[0] * 1.3 * 1.5**rank
+        ax.text(
+            at,
+            gpu.attainable_flops(at) / 1e12,
+            gpu.name,
+            rotation=angle,
+            rotation_mode="anchor",
+            ha="left",
+            va="center",
+            fontsize=7.5,
+            color=color,
+            zorder=4,
+            bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none"},
+        )
     return ax
 
 
@@ -188,7 +226,13 @@ class _Floors:
 
 
 def _floor_plan_legend(
-    fig, drawn: dict, present: set, shared: bool, largest: bool, cached: bool = False
+    fig,
+    drawn: dict,
+    present: set,
+    shared: bool,
+    largest: bool,
+    cached: bool = False,
+    lengths_known: bool = True,
 ) -> None:
     """Swatches for what the picture holds, guests in the colours they were drawn in."""
     from matplotlib.legend_handler import HandlerTuple
@@ -199,10 +243,11 @@ def _floor_plan_legend(
     else:
         colors = list(dict.fromkeys(drawn.values()))[:4]
         handles = [tuple(Patch(facecolor=c) for c in colors)]
+    words = {k: WASTE_LABELS[k].split(": ")[-1] for k in ("future", "internal")}
+    if not lengths_known:  # the widget's words: amber is every empty booked bed then
+        words["future"] = LEGEND["future_unknown"]
     handles += [
-        Patch(facecolor=COLORS[k], label=WASTE_LABELS[k].split(": ")[-1])
-        for k in ("future", "internal")
-        if k in present
+        Patch(facecolor=COLORS[k], label=words[k]) for k in ("future", "internal") if k in present
     ]
     handles.append(Patch(facecolor=COLORS["vacant"], edgecolor=COLORS["edge"], label="free"))
     if cached:
@@ -297,7 +342,10 @@ def plot_floor_plan(trace, index: int = -1, beds_per_floor: int | None = None, a
     if largest:
         plan.span(largest[0] * size, largest[1] * size, facecolor="none", edgecolor="black", lw=1.2)
 
-    _floor_plan_legend(ax.figure, drawn, present, bool(shared), bool(largest), bool(cached))
+    known = all(frame.final.get(guest) is not None for guest in frame.tables)
+    _floor_plan_legend(
+        ax.figure, drawn, present, bool(shared), bool(largest), bool(cached), lengths_known=known
+    )
     ax.set_xlim(0, per_floor)
     ax.set_ylim(floors, 0)
     ax.set_yticks([f + 0.43 for f in range(floors)], [str(f) for f in range(floors)], fontsize=6)

@@ -360,7 +360,10 @@ def test_svg_fallback_is_deterministic_and_matches_the_golden_file():
     assert svg == hotel.to_svg()  # the picture picks the copy-on-write step by itself
     assert "step 5/6" in svg and "copy-on-write carol" in svg
     assert 'stroke="#000000" stroke-width="1.5"' in svg  # the shared room is outlined
-    for word in ("reserved for future tokens", "booked, never used", "free", "shared room"):
+    # a manager driven by hand keeps no clock and knows no answer lengths: the caption has no
+    # "t = 0.00 s" that never moves, the legend no red "booked, never used" that never shows
+    assert " s ·" not in svg and "booked, never used" not in svg
+    for word in ("empty, for future tokens (answer lengths unknown)", "free", "shared room"):
         assert word in svg
     if not GOLDEN.exists():
         GOLDEN.parent.mkdir(exist_ok=True)
@@ -632,3 +635,15 @@ def play_pace_of(n):
     from kvlab.widgets.floorplan import play_pace
 
     return play_pace(n)
+
+
+def test_a_timed_day_with_known_lengths_keeps_its_clock_and_both_waste_colours():
+    """Lab 06's replay knows each guest's answer length: amber beds will be written, red never."""
+    result = replay(ContiguousKVCache(2, 16), [Request(3, 2), Request(5, 1)], record=True)
+    data = encode(result.trace, steps_only=True)
+    assert data["timed"] and data["has_future"] and data["has_internal"]
+    assert data["legend"]["future"] == "reserved for future tokens"
+    svg = HotelFloorPlan(result.trace, steps_only=True).to_svg()
+    assert " s ·" in svg and "booked, never used" in svg and "reserved for future tokens" in svg
+    hand = encode(small_paged_trace())
+    assert not hand["timed"] and hand["has_future"] and not hand["has_internal"]

@@ -347,9 +347,15 @@ def encode(
         "palette": {k: COLORS[k] for k in ("future", "internal", "vacant", "edge", "shared")},
         "legend": {k: LEGEND[k] for k in ("used", "future", "internal", "free", "shared")},
         "has_shared": any(f["metrics"]["rooms_shared"] for f in frames),
+        # legend entries only for what some frame shows; a clock only where the driver kept one
+        "has_future": any(card[4] for f in frames for card in f["cards"]),
+        "has_internal": any(card[5] for f in frames for card in f["cards"]),
+        "timed": len({f["time"] for f in frames}) > 1,
         "frames": frames,
         "schedule": [position[i] for i in schedule],
     }
+    if any(trace.frames[i].final.get(g) is None for i in chosen for g in trace.frames[i].tables):
+        data["legend"]["future"] = LEGEND["future_unknown"]
     if left_by:
         data["has_cached"] = True
         data["palette"]["cached"] = COLORS["cached"]

@@ -107,8 +107,8 @@ function legend(data) {
   };
   const colors = [...new Set(data.colors)].slice(0, 3);
   item("used", (colors.length ? colors : [data.palette.vacant]).map((c) => chip(c)));
-  item("future", [chip(data.palette.future)]);
-  item("internal", [chip(data.palette.internal)]);
+  if (data.has_future !== false) item("future", [chip(data.palette.future)]);
+  if (data.has_internal !== false) item("internal", [chip(data.palette.internal)]);
   item("free", [chip(data.palette.vacant, "kvh-chip-free")]);
   if (data.has_cached) item("cached", [chip(stripes(data.palette.cached), "kvh-chip-free")]);
   if (data.has_shared) item("shared", [chip(data.palette.vacant, "kvh-chip-shared")]);
@@ -208,7 +208,7 @@ function render({ model, el }) {
     const event = frame.event === "step" ? "decode step" : frame.event;
     const items = [
       ["step", `${step} / ${steps}` + (held ? ` (finished at step ${finished}: last frame held)` : "")],
-      ["t", `${frame.time.toFixed(2)} s`],
+      ...(data.timed === false ? [] : [["t", `${frame.time.toFixed(2)} s`]]),
       ["event", `${event}${who}${note}`],
       ["guests", `${m.guests}`],
       ["rooms used", `${m.rooms_used} / ${data.num_rooms}` + (m.rooms_shared ? ` (${m.rooms_shared} shared)` : "")],

@@ -34,6 +34,8 @@ WASTE_LABELS = {
 LEGEND = {
     "used": "tokens (the guest's colour)",
     "future": "reserved for future tokens",
+    # a cache that is not told how long answers get counts every empty booked bed as future
+    "future_unknown": "empty, for future tokens (answer lengths unknown)",
     "internal": "booked, never used",
     "free": "free",
     "shared": "shared room (on several key cards)",

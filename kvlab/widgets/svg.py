@@ -36,7 +36,8 @@ def _caption(data: dict, step: int) -> tuple[str, str]:
     who = "" if frame["guest"] is None else f" {frame['guest']}"
     note = f" ({frame['note']})" if frame["note"] else ""
     event = "decode step" if frame["event"] == "step" else frame["event"]
-    first = f"step {step}/{len(data['schedule'])} · t = {frame['time']:.2f} s · {event}{who}{note}"
+    clock = f" · t = {frame['time']:.2f} s" if data.get("timed", True) else ""
+    first = f"step {step}/{len(data['schedule'])}{clock} · {event}{who}{note}"
     second = (
         f"{m['guests']} guest{'' if m['guests'] == 1 else 's'} · rooms used {m['rooms_used']}/{data['num_rooms']} · "
         f"{m['percent_used']}% of beds hold tokens"
@@ -58,8 +59,12 @@ def _legend(
     colors = list(dict.fromkeys(data["colors"][g] for g in guests))[:3] or [
         data["palette"]["vacant"]
     ]
-    items = [("used", colors), ("future", [data["palette"]["future"]])]
-    items += [("internal", [data["palette"]["internal"]]), ("free", [data["palette"]["vacant"]])]
+    items = [("used", colors)]
+    if data.get("has_future", True):
+        items.append(("future", [data["palette"]["future"]]))
+    if data.get("has_internal", True):
+        items.append(("internal", [data["palette"]["internal"]]))
+    items.append(("free", [data["palette"]["vacant"]]))
     if cached:
         items.append(("cached", [CACHED_FILL]))
     if any(s.refs > 1 for s in states):
