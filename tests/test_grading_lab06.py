@@ -3,6 +3,7 @@ them fails with the hint that names it (later failures fold into "the same probl
 hands the work to kvlab's scheduler, raises, loops or returns the wrong thing gets a clean report.
 """
 
+import functools
 import pathlib
 import tempfile
 import types
@@ -334,7 +335,7 @@ INLINE_PREEMPT = """            victim = scheduler.running.pop()
 
 def test_the_step_solution_passes_and_the_stub_is_not_written_yet():
     result = run_checks("06.step", step())
-    assert result.ok and result.passed == result.total == 6, result.report()
+    assert result.ok and result.passed == result.total == 7, result.report()
     stub = learner("def step(scheduler, now):\n    raise NotImplementedError\n", "step")
     assert run_checks("06.step", stub).status is Status.NOT_IMPLEMENTED
 
@@ -342,6 +343,12 @@ def test_the_step_solution_passes_and_the_stub_is_not_written_yet():
 BATCH_FULL = """        if scheduler.max_batch is not None and len(scheduler.running) >= scheduler.max_batch:
             break
 """
+SKIP_TEST = "        if seq.status is not SequenceStatus.RUNNING:\n"
+RUNNING_TEST = "seq.status is not SequenceStatus.RUNNING"
+PREEMPTED_TEST = "seq.status == SequenceStatus.PREEMPTED"
+WALK_QUEUE = FCFS_ADMIT.replace("list(scheduler.waiting)", "scheduler.waiting").replace(
+    "            continue\n", "            break\n"
+)  # admit() takes the guest off the deque the loop walks
 ADMIT_IN_ORDER = ADMIT.replace("not out.preempted and ", "")  # harmless before the decode loop
 FIRST_TOKEN = "out.admitted.append(seq)\n        decode(seq)\n => out.admitted.append(seq)\n"
 COUNTED_TWICE = (
@@ -435,6 +442,7 @@ COUNTED_TWICE = (
             checks.POPLEFT,
             "guests check in",
         ),
+        ([f"{ADMIT} => {WALK_QUEUE}"], checks.WALK_QUEUE, "guests check in"),
         (
             [
                 "        refusal = scheduler.cache.refusal => "
@@ -491,20 +499,51 @@ COUNTED_TWICE = (
             checks.SELF,
             "a full hotel",
         ),
+        # by swap a guest sent away earlier in the step is SWAPPED: skipping only the PREEMPTED
+        # passes every recompute day, then asks the cache about a guest it no longer knows
+        (
+            [SKIP_TEST + " => " + SKIP_TEST.replace(RUNNING_TEST, PREEMPTED_TEST)],
+            checks.SKIP_SWAPPED,
+            "the full hotel by swap",
+        ),
+        (
+            [
+                SKIP_TEST
+                + " => "
+                + SKIP_TEST.replace(
+                    RUNNING_TEST,
+                    "seq.status in (SequenceStatus.PREEMPTED, SequenceStatus.FINISHED)",
+                )
+            ],
+            checks.SKIP_SWAPPED,
+            "the full hotel by swap",
+        ),
+        # skipping only the SWAPPED fails the recompute day first, as skipping nobody does
+        (
+            [
+                SKIP_TEST
+                + " => "
+                + SKIP_TEST.replace(RUNNING_TEST, "seq.status is SequenceStatus.SWAPPED")
+            ],
+            checks.SKIP,
+            "a full hotel",
+        ),
+        (["            out.preempted.append(victim)\n => "], checks.NOT_NOTED, "a full hotel"),
         (
             ["            victim = scheduler.preempt() => " + INLINE_PREEMPT],
             checks.USE_PREEMPT,
             "a full hotel",
         ),
         ([COUNTED_TWICE], checks.COUNTED_TWICE, "a full hotel"),
-        (  # counted by hand, the only trace is in the tokens kvlab counts at a preemption
+        (  # counted by hand, recompute's traces are only in the tokens kvlab counts at a
+            # preemption; by swap the guest sent away by hand is PREEMPTED, not SWAPPED
             [
                 "            victim = scheduler.preempt() => "
                 + INLINE_PREEMPT
                 + "\n            scheduler.num_preemptions += 1"
             ],
             checks.USE_PREEMPT,
-            "the lab's way",
+            "the full hotel by swap",
         ),
         # the report
         (
@@ -588,7 +627,7 @@ def test_only_the_full_hotels_day_preempts():
             engine.step()
             if capture.view["out.preempted"]:
                 preempting.add(name)
-    assert preempting == {"preemption", "simulate"}
+    assert preempting == {"preemption", "swap", "simulate"}
     names = [c.name for c in checks.step_ex.checks]
     assert [n for n in names if "leaves" in n] == [names[3]]  # the full hotel's check
 
@@ -665,7 +704,7 @@ def test_step_that_raises_loops_or_returns_junk_gets_a_clean_report():
     assert folded(result)
     loops = learner("def step(scheduler, now):\n    while True:\n        pass\n", "step")
     result = run_checks("06.step", loops, timeout=0.5)
-    assert [o.status for o in result.outcomes] == [Status.TIMED_OUT] + [Status.SKIPPED] * 5
+    assert [o.status for o in result.outcomes] == [Status.TIMED_OUT] + [Status.SKIPPED] * 6
     junk = learner("def step(scheduler, now):\n    return {'scheduled': []}\n", "step")
     _, first = first_failure("06.step", junk)
     assert "got:      dict {'scheduled': []}" in first.details
@@ -689,3 +728,63 @@ def test_an_unrecognised_step_mistake_gets_the_neutral_note():
     )
     result, first = first_failure("06.step", once)
     assert any(d.startswith(f"note:     {NO_DIAGNOSIS}") for d in first.details)
+
+
+def test_the_swap_day_fails_skipping_only_the_preempted_at_the_guest_it_skips_no_longer():
+    _, first = first_failure("06.step", step(f"{RUNNING_TEST} => {PREEMPTED_TEST}"))
+    assert (
+        first.details[0].splitlines()[0] == "KeyError: \"seq_id 'dan' is not in the block manager\""
+    )
+    (where,) = [d for d in first.details if d.startswith("input:    ")]
+    assert "PagedCache(6 rooms of 4 beds), preemption='swap'; guests" in where
+    assert "; step 3 (now=2), before it:" in where
+    assert any('show_day(step, "swap")' in d for d in first.details)
+
+
+def test_only_the_recompute_day_tells_skipping_nobody_from_skipping_only_the_preempted():
+    # by swap the two slips are the same step (nobody is ever PREEMPTED): the hint comes from
+    # the recompute day, which the learner's step passes as only one of them does
+    nobody = functools.partial(checks.slipped_step, skip=False)
+    preempted = functools.partial(checks.slipped_step, skip="preempted")
+    swap, recompute = checks.DAYS["swap"], checks.DAYS["preemption"]
+    assert swap.second == "preemption"
+    assert checks._departure(nobody, swap) == checks._departure(preempted, swap) is not None
+    assert checks._departure(preempted, recompute) is None
+    assert checks._departure(checks.slipped_step, swap) is None
+    assert checks._departure(nobody, recompute)[0] == 3  # dan, sent away in step 3
+
+
+def test_if_instead_of_while_around_preempt_is_the_same_step_here():
+    # kept: nobody shares a room in Lab 06, so one guest sent away frees at least one room and a
+    # second ask is never needed (the lab says why while is right in general)
+    once = step(
+        "        while not scheduler.cache.can_append(seq.seq_id):\n"
+        "            victim = scheduler.preempt()\n"
+        "            out.preempted.append(victim)\n"
+        "            if victim is seq:\n"
+        "                break\n"
+        "        else:\n"
+        "            decode(seq)\n => "
+        "        if not scheduler.cache.can_append(seq.seq_id):\n"
+        "            victim = scheduler.preempt()\n"
+        "            out.preempted.append(victim)\n"
+        "            if victim is seq:\n"
+        "                continue\n"
+        "        decode(seq)\n"
+    )
+    assert run_checks("06.step", once).ok
+    # the reason, on every day of the checks: after any preemption a room is free
+    for day in checks.DAYS.values():
+        engine, _ = day.start()
+        scheduler, freed = engine.scheduler, []
+
+        def preempt(scheduler=scheduler, own=scheduler.preempt, freed=freed):
+            victim = own()
+            freed.append(scheduler.cache.manager.num_free_blocks)
+            return victim
+
+        scheduler.preempt = preempt
+        while engine.has_unfinished():
+            engine.step()
+        assert all(n >= 1 for n in freed), day.name
+        assert bool(freed) == (day.name in ("preemption", "swap", "simulate"))

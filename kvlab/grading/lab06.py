@@ -13,9 +13,11 @@ when a bed is missing), then admit, and only in a step that preempted nobody, ea
 its first token. At the first step that differs, the usual slips (kvlab's step with one mistake
 put in: retiring late, admitting before decoding, admitting after a preemption, no first token or
 two, jumping the queue, ignoring arrivals or max_batch, not counting the token, appending without
-asking, not skipping a guest who left, ...) run the same day: the one slip that agrees with
-kvlab's step until then and does exactly what the learner's step did in that step gives the hint
-(a step that asks ``cache.refusal`` without the tokens still to generate is seen directly).
+asking, not skipping a guest who left, or skipping only the PREEMPTED, ...) run the same day: the
+one slip that agrees with kvlab's step until then and does exactly what the learner's step did in
+that step gives the hint (a step that asks ``cache.refusal`` without the tokens still to generate
+is seen directly). Where a day cannot tell two slips apart (by swap nobody is PREEMPTED), its
+``second`` day does: the slip kept is the one that does there what the learner's step does.
 The last check serves a small day with ``simulate(..., schedule=step)``, as the lab does, and
 compares its figures. A step or preempt that hands the work to kvlab's scheduler fails
 (``refuse_reference``). ``show_day(step, day)`` prints a day step by step, kvlab's beside the
@@ -99,6 +101,11 @@ FREE_STEP = (
     "to retire a guest, scheduler.finish(seq) checks it out of the cache and the batch"
 )
 POPLEFT = "scheduler.admit(seq) takes the guest off the queue itself: do not popleft() first"
+WALK_QUEUE = (
+    "scheduler.admit(seq) takes the guest off scheduler.waiting, the queue your for loop walks "
+    "through: look at the head each time (while scheduler.waiting: seq = scheduler.waiting[0]) "
+    "or walk a copy (for seq in list(scheduler.waiting))"
+)
 MAX_BATCH_NONE = (
     "max_batch None means no cap: test scheduler.max_batch is not None first (if "
     "scheduler.max_batch is not None and len(scheduler.running) >= scheduler.max_batch)"
@@ -117,11 +124,14 @@ def _error_slip(error: Exception, step: bool = False) -> str | None:
             return FREE_STEP if step else FREE
     if isinstance(error, ValueError) and "is not in the queue (status" in text:
         return POPLEFT  # Scheduler.admit of a guest the learner took off the queue
+    frames = learner_frames(error)
+    line = (frames[-1].line or "") if frames else ""
     if isinstance(error, TypeError) and "NoneType" in text and "not supported between" in text:
-        frames = learner_frames(error)
-        line = (frames[-1].line or "") if frames else ""
         if "max_batch" in line:
             return MAX_BATCH_NONE
+    if isinstance(error, RuntimeError) and text == "deque mutated during iteration":
+        if step and "waiting" in line and line.lstrip().startswith("for "):
+            return WALK_QUEUE
     return None
 
 
@@ -761,6 +771,16 @@ SKIP = (
     "skip the guests asked to leave earlier in this step (seq.status is not "
     "SequenceStatus.RUNNING): their rooms are released, so the cache no longer knows them"
 )
+SKIP_SWAPPED = (
+    "skip every guest that is not running (if seq.status is not SequenceStatus.RUNNING: "
+    "continue), not only the PREEMPTED ones: by swap a guest asked to leave is SWAPPED, its rooms "
+    "released, so the cache no longer knows it"
+)
+NOT_NOTED = (
+    "note every guest scheduler.preempt() sends away in out.preempted (out.preempted.append("
+    "victim)): the step reports them, and the admitting reads it (in a step that preempted, "
+    "nobody checks in, so nobody is refused either)"
+)
 SELF = (
     "when scheduler.preempt() returns the guest you are making room for, that guest has left: "
     "stop (break) without appending for it; it gets no token this step"
@@ -821,10 +841,12 @@ def slipped_step(
     ask: str = "num_tokens, remaining",
     count: bool = True,
     append: str = "ask",
-    skip: bool = True,
+    skip: bool | str = True,
     stop: bool = True,
     full_refuses: bool = False,
     readmit: bool = True,
+    preempt: str = "scheduler",
+    note: bool = True,
 ) -> ScheduledStep:
     """kvlab's step written the way the lab asks for it (retire, decode the running guests,
     admit), with the usual slips as options (the defaults are right): ``retire`` "first" /
@@ -835,10 +857,26 @@ def slipped_step(
     ``arrival`` "<=" / "<" / "any", ``cap`` ">=" / ">" / "none", ``ask`` "num_tokens,
     remaining" / "prompt_len, remaining" / "num_tokens" / "nothing", ``count=False`` never counts
     the token, ``append="blind"`` appends without asking, ``skip=False`` does not skip guests
-    preempted earlier in the step, ``stop=False`` keeps going for a guest who was itself
+    preempted earlier in the step (``skip="preempted"`` skips only the PREEMPTED ones, not the
+    SWAPPED), ``stop=False`` keeps going for a guest who was itself
     preempted, ``full_refuses=True`` reports the guest stopped by max_batch in out.refused,
-    ``readmit=False`` stops at a guest back after a preemption."""
+    ``readmit=False`` stops at a guest back after a preemption, ``preempt="by hand"`` sends the
+    guest checked in last away itself, as recompute does whatever ``scheduler.preemption`` says
+    (``"by hand, counted"`` also counts it in ``scheduler.num_preemptions``), ``note=False``
+    leaves the guests sent away out of out.preempted (so the admitting does not stop)."""
     out = ScheduledStep()
+
+    def send_away():
+        if preempt == "scheduler":
+            return scheduler.preempt()
+        victim = scheduler.running.pop()
+        scheduler.cache.release(victim.seq_id)
+        victim.num_computed = 0
+        victim.status = PREEMPTED
+        scheduler.waiting.appendleft(victim)
+        if preempt == "by hand, counted":
+            scheduler.num_preemptions += 1
+        return victim
 
     def decode(seq):  # given in the lab
         scheduler.cache.append(seq.seq_id)
@@ -855,12 +893,15 @@ def slipped_step(
 
     def decode_running():
         for seq in list(scheduler.running):
-            if skip and seq.status is not RUNNING:
+            if skip == "preempted" and seq.status is PREEMPTED:
+                continue
+            if skip is True and seq.status is not RUNNING:
                 continue
             if append == "ask":
                 while not scheduler.cache.can_append(seq.seq_id):
-                    victim = scheduler.preempt()
-                    out.preempted.append(victim)
+                    victim = send_away()
+                    if note:
+                        out.preempted.append(victim)
                     if stop and victim is seq:
                         break
                 else:
@@ -942,7 +983,11 @@ STEP_SLIPS = (
     (dict(count=False), COUNT),
     (dict(append="blind"), ASK_APPEND),
     (dict(skip=False), SKIP),
+    (dict(skip="preempted"), SKIP_SWAPPED),
     (dict(stop=False), SELF),
+    (dict(preempt="by hand"), USE_PREEMPT),
+    (dict(preempt="by hand, counted"), USE_PREEMPT),
+    (dict(note=False), NOT_NOTED),
 )
 
 
@@ -1033,6 +1078,9 @@ class Day:
     max_batch: int | None = None
     preemption: str = "recompute"
     text: str | None = None  # how the day is described (default: its guests)
+    # a day that tells apart the slips this one cannot (only a slip that does there what the
+    # learner's step does there gives the hint)
+    second: str | None = None
 
     def start(self, schedule=None) -> tuple[Engine, list[Sequence]]:
         engine = Engine(
@@ -1047,6 +1095,8 @@ class Day:
         if self.text is not None:
             return self.text
         cap = "" if self.max_batch is None else f", max_batch={self.max_batch}"
+        if self.preemption != "recompute":
+            cap += f", preemption={self.preemption!r}"
         guests = ", ".join(f"{g} {p}+{o}@{a:g}" for g, p, o, a in self.guests)
         return f"{_cache_text(self.cache())}{cap}; guests (prompt+answer@arrival): {guests}"
 
@@ -1122,6 +1172,23 @@ DAYS = {
                 ("dan", 3, 3, 1.0),
                 ("eve", 9, 2, 1.0),
             ),
+        ),
+        # the full hotel's day by swap: in step 3 dan, asked to leave while ben is decoded, is
+        # SWAPPED, not PREEMPTED, when the walk reaches him (a step that skips only PREEMPTED
+        # guests asks the cache about a guest it no longer knows). By swap, skipping nobody and
+        # skipping only the PREEMPTED guests are the same step; the recompute day tells them apart
+        Day(
+            "swap",
+            lambda: PagedCache(6, 4),
+            (
+                ("ann", 5, 4, 0.0),
+                ("ben", 2, 6, 0.0),
+                ("cat", 7, 3, 1.0),
+                ("dan", 3, 3, 1.0),
+                ("eve", 9, 2, 1.0),
+            ),
+            preemption="swap",
+            second="preemption",
         ),
         Day(
             "contiguous",
@@ -1262,7 +1329,7 @@ def _slip(day: Day, mine: _Captured, expected: dict | None, history: list[dict])
     with a guest is not compared, nor, for the slips of ``ANY_REFUSED``, which guest is reported
     (past a refused guest, the first refused or the last; at max_batch, the guest stopped or
     the one admitted last)."""
-    found = set()
+    found = {}
     for options, hint in STEP_SLIPS:
         slip = _Captured(functools.partial(slipped_step, **options), [])
         engine, slip.guests = day.start(slip)
@@ -1296,8 +1363,42 @@ def _slip(day: Day, mine: _Captured, expected: dict | None, history: list[dict])
                 and slip.view != expected
             )
         if same:
-            found.add(hint)
-    return found.pop() if len(found) == 1 else None
+            found.setdefault(hint, []).append(options)
+    if len(found) > 1 and day.second is not None:
+        second = DAYS[day.second]
+        there = _departure(mine.step, second, learner=True)
+        found = {
+            hint: options
+            for hint, options in found.items()
+            if any(
+                _departure(functools.partial(slipped_step, **o), second) == there for o in options
+            )
+        }
+    return next(iter(found)) if len(found) == 1 else None
+
+
+def _departure(fn, day: Day, learner: bool = False):
+    """Where ``fn`` first departs from kvlab's step in ``day``: None when it never does, else
+    the step and what it did there (its report and state, its error, or what it returned)."""
+    mine = _Captured(fn, [], learner=learner)
+    engine, mine.guests = day.start(mine)
+    ref = _Captured(Scheduler.step, [])
+    reference, ref.guests = day.start(ref)
+    k = 0
+    while reference.has_unfinished():
+        k += 1
+        try:
+            engine.step()
+        except _Stopped:
+            if mine.error is not None:
+                return k, type(mine.error), str(mine.error)
+            return k, short(mine.value)
+        except Exception as error:  # a hand-over to kvlab, or the engine refused the step
+            return k, type(error), str(error)
+        reference.step()
+        if mine.view != ref.view:
+            return k, {key: v for key, v in mine.view.items() if key != "out.refusal"}
+    return None
 
 
 ANY_REFUSED = {"fcfs", "full_refuses"}  # slips whose refused guest may be any of several
@@ -1397,6 +1498,11 @@ def _queue(fn):
 @step_ex.check("a full hotel: the guest checked in last leaves, and comes back first")
 def _preemption(fn):
     _lockstep(fn, DAYS["preemption"])
+
+
+@step_ex.check("the full hotel by swap: a guest asked to leave earlier in the step gets no token")
+def _swap_day(fn):
+    _lockstep(fn, DAYS["swap"])
 
 
 @step_ex.check("the same step on a contiguous hotel that books each answer up front")
