@@ -338,3 +338,14 @@ def test_a_wrong_type_is_named_once():
         with pytest.raises(CheckFailed) as e:
             expect_type(value, int, "the count")
         assert e.value.got == got
+
+
+def test_a_key_error_reads_as_its_message():
+    from kvlab.grading.blame import explain_exception
+
+    try:
+        {}["x"]
+    except KeyError as e:
+        assert explain_exception(e)[0] == "KeyError: 'x'"  # a missing key keeps its quotes
+    error = KeyError("seq_id 'dan' is not in the block manager")
+    assert explain_exception(error) == ["KeyError: seq_id 'dan' is not in the block manager"]

@@ -38,7 +38,10 @@ def learner_frames(exc: BaseException) -> list:
 
 def explain_exception(exc: BaseException) -> list[str]:
     """One or two lines: the exception and, when it came from learner code, that line."""
-    message = " ".join(str(exc).split())
+    # KeyError's str() is its key's repr: a sentence (kvlab's messages) would show in quotes
+    sentence = isinstance(exc, KeyError) and len(exc.args) == 1 and " " in str(exc.args[0])
+    text = exc.args[0] if sentence else exc
+    message = " ".join(str(text).split())
     if len(message) > 200:
         message = message[:199] + "…"
     lines = [f"{type(exc).__name__}: {message}" if message else type(exc).__name__]
