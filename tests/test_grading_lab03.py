@@ -6,9 +6,10 @@ Each learner edit fails the check that targets it, names the mistake, and later 
 
 import pathlib
 
+import pytest
 from grading_notebook import cell_sources, edited, failures, folded, hints, neutral, run_cell
 
-from kvlab.grading import Status, run_checks
+from kvlab.grading import Status, key_cards, lab03, run_checks
 from kvlab.paged import BlockManager as KvlabBlockManager
 
 ROOT = pathlib.Path(__file__).parents[1]
@@ -161,3 +162,86 @@ def test_kvlabs_memory_report_is_not_the_learners_beds_report():
         in failures(result)[0].details[0]
     )
     assert folded(result)
+
+
+# --- the key card allocate returns is the caller's -------------------------------------------
+
+RETURNS_COPY = (
+    "        return list(self.block_tables[seq_id])\n        ### END SOLUTION\n\n    def append"
+)
+VIEW = '''
+class CardView:
+    """The manager's own key card behind a list's face: reads and writes go to it."""
+
+    def __init__(self, card):
+        self.card = card
+
+    def __iter__(self):
+        return iter(self.card)
+
+    def __len__(self):
+        return len(self.card)
+
+    def __getitem__(self, i):
+        return self.card[i]
+
+    def __setitem__(self, i, value):
+        self.card[i] = value
+'''
+
+
+@pytest.mark.parametrize(
+    "returned",
+    ["self.block_tables[seq_id]", "CardView(self.block_tables[seq_id])"],
+    ids=["the list itself", "a view of it"],
+)
+def test_allocate_returning_the_managers_own_key_card_fails_with_the_copy_hint(returned):
+    source = VIEW + CELLS["lab03-05"].replace(
+        RETURNS_COPY, RETURNS_COPY.replace("list(self.block_tables[seq_id])", returned)
+    )
+    assert returned in source
+    result = run_checks("03.block_manager", learner(edited(source), "BlockManager"))
+    first = failures(result)[0]
+    assert result.passed == 0 and first.name.startswith("allocate: n tokens get a key card")
+    assert first.details[0] == (
+        "the key card allocate returned is the manager's own list: changing it changed the manager"
+    )
+    assert any(
+        d.startswith("input:    BlockManager(32, 4); .allocate('one', 1); → card")
+        for d in first.details
+    )
+    assert any(d.startswith("got:      'one''s key card [0] → [") for d in first.details)
+    assert hints(first) == [f"hint:     {key_cards.ALIASED}"]
+    assert folded(result)
+
+
+def test_a_copy_or_a_tuple_of_the_key_card_passes():
+    """A tuple cannot be changed, so it aliases nothing: the manager is safe either way."""
+    for returned in ("list(self.block_tables[seq_id])", "tuple(self.block_tables[seq_id])"):
+        cell = CELLS["lab03-05"].replace(
+            RETURNS_COPY, RETURNS_COPY.replace("list(self.block_tables[seq_id])", returned)
+        )
+        assert run_checks("03.block_manager", learner(edited(cell), "BlockManager")).ok, returned
+
+
+# --- used beds counted in whole rooms --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "future",
+    ["held - used", "held - sum(manager.num_tokens(s) for s in seq_ids)"],
+    ids=["future from it", "future right"],
+)
+def test_used_counted_in_whole_rooms_is_named_and_folds(future):
+    whole_rooms = solution_cell(
+        "lab03-08",
+        "beds_report",
+        "used = sum(manager.num_tokens(s) for s in seq_ids) => used = "
+        "sum(len(manager.block_table(s)) for s in seq_ids) * manager.block_size",
+        f'"future": held - used => "future": {future}',
+    )
+    result = run_checks("03.beds_report", whole_rooms)
+    first = failures(result)[0]
+    assert first.name == "two guests with partly filled last rooms"
+    assert hints(first) == [f"hint:     {lab03.WHOLE_ROOMS_USED}"]
+    assert folded(result) and not any(neutral(o) for o in failures(result))

@@ -113,6 +113,7 @@ COUNTED = "        self.tokens[seq_id] = tokens + 1\n"
 CHECK_FREE = "        if not self.free_blocks:\n"
 FULL_PATH_NEW = "            table.append(new)\n"
 FULL_PATH = f"{FULL_PATH_NEW}            return None"
+FORKED = "        self.tokens[child_id] = self.tokens[parent_id]\n"
 
 
 @slips(
@@ -197,6 +198,36 @@ FULL_PATH = f"{FULL_PATH_NEW}            return None"
             lab03.APPEND_SLIPS[0][1],  # Lab 03's hint for the same miscount
             "a guest alone",
         ),
+        (
+            [f"{COPY_PATH} => {COPY_PATH}        self.free_blocks.append(last)\n"],
+            checks.FREED_SHARED,  # it popped the new room: the shared one went back
+            "after a fork",
+        ),
+        (["new = self.free_blocks.pop() => new = self.free_blocks[-1]"], checks.NOT_POPPED, None),
+        (
+            [
+                f"{CHECK_FREE} => {CHECK_FREE}            if not full:\n"
+                f"        {COUNTED}                return None\n"
+            ],
+            checks.NO_ROOM_FOR_COPY,  # copies when a room is free: only the refusal is missing
+            "append_slot refuses",
+        ),
+        (
+            [
+                "        table[-1] = new\n => "
+                "        for other in self.block_tables.values():\n"
+                "            if other[-1] == last:\n"
+                "                other[-1] = new\n"
+            ],
+            checks.ALL_SHARERS,
+            "after a fork",
+        ),
+        (["        return list(table)\n =>         return table\n"], key_cards.ALIASED, None),
+        (
+            [f"{FORKED} => {FORKED}        return self.block_tables[child_id]\n"],
+            key_cards.ALIASED,  # fork returns nothing; a key card it returns is a copy
+            "after a fork",
+        ),
     ],
     ids=lambda v: v.split(":")[0][:40] if isinstance(v, str) else None,  # hint, check
 )
@@ -232,6 +263,24 @@ def test_a_pair_for_every_full_room_is_one_problem():
     shared = [o for o in failures(result) if o.name.startswith("a full shared room")]
     assert shared and folded(result), result.report()
     assert checks.FULL_SHARED not in result.report()
+
+
+def test_the_copy_given_to_every_sharer_shows_their_key_cards():
+    result = grade(
+        COW,
+        "        table[-1] = new\n => "
+        "        for other in self.block_tables.values():\n"
+        "            if other[-1] == last:\n"
+        "                other[-1] = new\n",
+    )
+    first = failures(result)[0]
+    assert first.details[0] == "append_slot changed another guest's key card"
+    assert "expected: 'prompt': [0, 1]" in first.details
+    assert "got:      'prompt': [0, 2]" in first.details
+
+
+def test_a_fork_that_returns_a_copy_of_the_key_card_passes():
+    assert grade(COW, f"{FORKED} => {FORKED}        return list(self.block_tables[child_id])\n").ok
 
 
 def test_an_undiagnosed_copy_on_write_mistake_gets_the_neutral_note():

@@ -6,9 +6,11 @@ key card holds ceil(tokens / block_size) rooms for the tokens kvlab's manager co
 are ints in range(num_blocks), the token counts are kvlab's, and free rooms plus held rooms make
 num_blocks. Without shared rooms (``shared = False``, Lab 03) no room is on two key cards; with
 them (Lab 07's reference counts) a room may be on several, though never twice on one, and the lab
-checks who shares what (:meth:`KeyCardJudge.check_sharing`). :func:`two_guests_grow` is a
-scenario both labs check, and :func:`evening` drives a judge through a random evening that a
-learner can replay with every call printed.
+checks who shares what (:meth:`KeyCardJudge.check_sharing`). A key card that ``allocate`` (or
+``fork``) returns is the caller's: changing it must leave the manager as it was
+(:meth:`KeyCardJudge.unaliased`). :func:`two_guests_grow` is a scenario both labs check, and
+:func:`evening` drives a judge through a random evening that a learner can replay with every call
+printed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,13 @@ from kvlab.grading.report import failure_details
 from kvlab.paged import BlockManager
 
 NOT_COUNTED = "append_slot does not count the new token: add one to the guest's num_tokens"
+
+# a key card returned by allocate (or fork) that is the manager's own list
+ALIASED = (
+    "return a copy of the key card (`return list(table)`): the caller owns the list it gets and "
+    "may change it, and the manager's own key card must not change with it"
+)
+SCRIBBLE = -1  # what a caller puts on a returned key card, to see whether the manager sees it
 
 # a call with an id nobody checked in with: why it must be refused, and the fix when it is not
 UNKNOWN_ID = {
@@ -39,6 +48,29 @@ def rooms_for(tokens: int, block_size: int) -> int:
 def room_number(value) -> bool:
     """Whether ``value`` can be a room number: an int (numpy's too), never a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _card(table) -> str:
+    """A key card as the list of its room numbers, cut when long."""
+    text = str(table)
+    return text if len(text) <= 60 else short(table, 60)
+
+
+def _scribble(card):
+    """Change a returned key card as a caller might: a room added at its end (or, for a card
+    without ``append``, its first entry replaced). ``(the change made, a function undoing it)``,
+    or None when ``card`` cannot be changed (a tuple: it aliases nothing)."""
+    try:
+        card.append(SCRIBBLE)
+        return f"card.append({SCRIBBLE})", card.pop
+    except Exception:
+        pass
+    try:
+        first = card[0]
+        card[0] = SCRIBBLE
+        return f"card[0] = {SCRIBBLE}", lambda: card.__setitem__(0, first)
+    except Exception:
+        return None
 
 
 def quietly(probe):
@@ -144,13 +176,46 @@ class KeyCardJudge(ClassDriver):
         """With shared rooms: the lab's checks of who shares which rooms (``tables``: each
         guest's key card, already checked on its own)."""
 
+    def unaliased(self, method: str, seq, value) -> None:
+        """A key card that ``method`` returned for ``seq`` is the caller's own: changing it
+        leaves the manager as it was (its key cards, free rooms, token counts). Only a value
+        that shows the key card is tried (a wrong value is the lab's to judge)."""
+        card = list(self.obj.block_table(seq))
+        if isinstance(value, (str, bytes)) or not quietly(lambda: list(value) == card):
+            return
+        before = self.state()
+        scribbled = _scribble(value)
+        if scribbled is None:
+            return
+        change, undo = scribbled
+        after = self.state()
+        if after == before:
+            quietly(undo)  # a copy: the value goes back to the lab's checks as it came
+            return
+        self.transcript.add(f"{change}, on the key card .{method} returned")
+        changed = [
+            f"{s!r}'s key card {_card(before[0][s])} → {_card(after[0].get(s))}"
+            for s in before[0]
+            if after[0].get(s) != before[0][s]
+        ]
+        if after[1] != before[1]:
+            changed.append(f"free rooms {before[1]} → {after[1]}")
+        self.fail(
+            f"the key card {method} returned is the manager's own list: changing it changed "
+            "the manager",
+            expected="the manager unchanged",
+            got=", ".join(changed) or "the manager changed",
+            hint=ALIASED,
+        )
+
     # --- calls -------------------------------------------------------------------------------
     def allocate(self, seq, n: int):
         """``allocate(seq, n)`` on both managers, then the invariants; what the learner's
-        returned."""
+        returned (a key card the caller may change without changing the manager)."""
         before = self.obj.num_free_blocks
         table = self.twin("allocate", seq, n)
         self.check("allocate", before, rooms_for(n, self.block_size))
+        self.unaliased("allocate", seq, table)
         return table
 
 

@@ -441,6 +441,11 @@ FULL_ROOM_FUTURE = (
     "block_size future beds for it (tokens % block_size is 0): count held rooms × block_size "
     "− tokens, or use `-tokens % block_size`"
 )
+WHOLE_ROOMS_USED = (
+    "used counts every bed of the held rooms (rooms × block_size), yet a last room may have "
+    "empty beds: used is the guests' tokens, sum(manager.num_tokens(s) for s in seq_ids), and "
+    "future the held beds minus those"
+)
 KVLAB_MANAGER_ONLY = "beds: only the listed methods"
 
 
@@ -475,6 +480,13 @@ def _beds_slip(got, m: BlockManager) -> str | None:
     for key, value, hint in slips:
         if got[key] == value != right[key] and all(got[k] == right[k] for k in right if k != key):
             return hint
+    held_beds = held_rooms * size
+    if (
+        got["used"] == held_beds != right["used"]
+        and got["free"] == right["free"]
+        and got["future"] in (right["future"], held_beds - got["used"])
+    ):
+        return WHOLE_ROOMS_USED
     return None
 
 

@@ -1,10 +1,11 @@
 """Checks for Lab 04: decode attention through block tables (the gather-based reference).
 
 A wrong answer is compared with what the usual slips would compute (every bed of the last room,
-the last room skipped, a missing scale, a softmax over the heads, the wrong KV head, fp16
-arithmetic, ...): a match names the mistake, and later checks broken by the same mistake say "the
-same problem". Lab 05 reuses the diagnosis, with hints in kernel terms; both build their cases
-with ``kvlab.testing.make_case`` and judge them with its tolerances.
+the last room skipped, the first guest's key card for every guest, a missing scale or one by the
+block size, a softmax over the heads, the wrong KV head, fp16 arithmetic, ...): a match names the
+mistake, and later checks broken by the same mistake say "the same problem". Lab 05 reuses the
+diagnosis, with hints in kernel terms; both build their cases with ``kvlab.testing.make_case``
+(Lab 04's, here, can scale q and V up) and judge them with its tolerances.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import math
 
 import torch
 
+from kvlab import testing
 from kvlab.attention import decode_attention, gather_kv, paged_decode_attention_ref
 from kvlab.grading.blame import explain_exception
 from kvlab.grading.expect import CheckFailed, call_without_mutation, expect_type, preview
 from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise
-from kvlab.testing import FAR, NAN_ROOM, TOLERANCE, close, make_case
+from kvlab.testing import FAR, NAN_ROOM, TOLERANCE, close
 
 paged = exercise("04.paged_attention", "decode attention through key cards")
 
@@ -32,7 +34,11 @@ HINTS = {
     "them (keep the first seq_len tokens)",
     "last room skipped": "the last, partly filled room was left out: a guest holds "
     "ceil(seq_len / block_size) rooms, not seq_len // block_size",
+    "one key card": "every guest read the first guest's key card (block_tables[0]): guest s's "
+    "rooms are in its own row, block_tables[s]",
     "no scale": "no scale: multiply the scores q·k by scale = 1/sqrt(head_dim)",
+    "block size scale": "scale by 1/sqrt(head_dim) (q.shape[-1]), not the block size: "
+    "k_cache.shape[1] is block_size, the beds of a room",
     "scale divided": "the scores were divided by scale: multiply by it",
     "softmax over heads": "softmax over the wrong axis: normalise each query head's scores across "
     "the tokens (the last axis), not across the heads",
@@ -45,11 +51,18 @@ HINTS = {
 
 
 def attend_beds(
-    args, beds_of=None, zero_tail=False, scale=None, kv_of_head=None, softmax_over_heads=False
+    args,
+    beds_of=None,
+    zero_tail=False,
+    scale=None,
+    kv_of_head=None,
+    softmax_over_heads=False,
+    row_of=None,
 ):
     """fp32 attention where guest s attends its first ``beds_of(seq_len, block_size)`` beds (the
-    beds past seq_len zeroed with ``zero_tail``): what the usual slips compute. NaN where a guest
-    attends no bed (code gets 0 or NaN there)."""
+    beds past seq_len zeroed with ``zero_tail``), listed in row ``row_of(s)`` of the key cards
+    (its own row by default): what the usual slips compute. NaN where a guest attends no bed
+    (code gets 0 or NaN there)."""
     q, k_cache, v_cache, tables, lens = args
     q, k_cache, v_cache = q.float().cpu(), k_cache.float().cpu(), v_cache.float().cpu()
     size = k_cache.shape[1]
@@ -59,7 +72,8 @@ def attend_beds(
         beds = n if beds_of is None else beds_of(n, size)
         if beds < 1:
             continue
-        rooms = tables[s, : -(-beds // size)].long().cpu()
+        row = s if row_of is None else row_of(s)
+        rooms = tables[row, : -(-beds // size)].long().cpu()
         k = k_cache[rooms].flatten(0, 1)[:beds].clone()
         v = v_cache[rooms].flatten(0, 1)[:beds].clone()
         if zero_tail:
@@ -82,13 +96,25 @@ def _softmax_over_heads(q, k, v, scale=None):
     return torch.einsum("ht,thd->hd", scores.softmax(dim=0), v)
 
 
-def _slips(args, right_on=None):
-    """(cause, what that slip computes[, confirm]) for the usual mistakes, in the order they are
-    tried (see ``diagnose``)."""
+def _slips(args, right_on=None, variant_on=None, tolerance=None):
+    """(cause, what that slip computes[, confirm[, always]]) for the usual mistakes, in the order
+    they are tried (see ``diagnose``)."""
     q, k_cache, lens = args[0], args[1], args[4]
     head_dim, q_heads, kv_heads = q.shape[2], q.shape[1], k_cache.shape[2]
     size = k_cache.shape[1]
     whole = lambda n, size: -(-n // size) * size  # noqa: E731
+
+    def scaled_on_other_rooms(scale_of) -> bool:
+        """With rooms of one bed a scale by sqrt(block_size) is no scale at all: the code's
+        answer with rooms of another size (neither 1 nor head_dim) says which it is."""
+        other = next(b for b in (4, 2, 8) if b != head_dim)
+        found = variant_on(block_size=other) if variant_on is not None else None
+        if found is None:
+            return False
+        got, variant = found
+        expected = paged_decode_attention_ref(*variant).float().cpu()
+        wrong = attend_beds(variant, scale=scale_of(other))
+        return _looks_like(got.float().cpu(), wrong, expected, *tolerance) == "changed"
 
     def full_rooms_right() -> bool:
         """A guest left without a bed is all the case shows of the floor: the code must then be
@@ -100,7 +126,26 @@ def _slips(args, right_on=None):
     yield "zeros scored", lambda: attend_beds(args, whole, zero_tail=True)
     floor = lambda n, size: n // size * size  # noqa: E731
     yield "last room skipped", lambda: attend_beds(args, floor), full_rooms_right
-    yield "no scale", lambda: attend_beds(args, scale=1.0)
+    if q.shape[0] > 1:
+        yield "one key card", lambda: attend_beds(args, row_of=lambda s: 0)
+    by_size = lambda b: 1.0 / math.sqrt(b)  # noqa: E731
+    if size == 1 and variant_on is not None:  # both slips answer alike: another size tells
+        yield (
+            "no scale",
+            lambda: attend_beds(args, scale=1.0),
+            lambda: scaled_on_other_rooms(lambda b: 1.0),
+            True,
+        )
+        yield (
+            "block size scale",
+            lambda: attend_beds(args, scale=1.0),
+            lambda: scaled_on_other_rooms(by_size),
+            True,
+        )
+    else:
+        yield "no scale", lambda: attend_beds(args, scale=1.0)
+        if size not in (1, head_dim):
+            yield "block size scale", lambda: attend_beds(args, scale=by_size(size))
     yield "scale divided", lambda: attend_beds(args, scale=math.sqrt(head_dim))
     if q_heads > 1:
         yield "softmax over heads", lambda: attend_beds(args, softmax_over_heads=True)
@@ -144,17 +189,24 @@ def diagnose(
     extra_slips=(),
     right_on=None,
     fallbacks=(),
+    variant_on=None,
+    fp32_expected=None,
 ):
     """(cause, hint) of a usual mistake whose answer ``got`` matches, else (None, None).
 
-    A slip is (cause, compute) or (cause, compute, confirm): ``compute()`` is what the slip
-    answers. When its only trace in this case is answers it leaves undefined, the match needs
-    ``confirm()`` (a slip without ``confirm`` is taken on that evidence alone; ``confirm=None``
-    never). ``extra_slips`` are tried first. ``right_on(**changes)`` says whether the learner's
-    code is right on the case with some arguments of ``make_case`` changed. ``rerun_fp32()``
-    computes the learner's answer again on fp32 inputs (None when they already are), to recognise
-    arithmetic done in fp16/bf16. ``fallbacks`` are functions returning a (cause, hint) or None,
-    tried after the slips, before a NaN is blamed on the softmax.
+    A slip is (cause, compute), (cause, compute, confirm) or (cause, compute, confirm, always):
+    ``compute()`` is what the slip answers. When its only trace in this case is answers it
+    leaves undefined (or, with ``always``, whenever it matches: another slip answers alike in
+    this case), the match needs ``confirm()`` (a slip without ``confirm`` is taken on that
+    evidence alone; ``confirm=None`` never). ``extra_slips`` are tried first.
+    ``right_on(**changes)`` says whether the learner's code is right on the case with some
+    arguments of ``make_case`` changed; ``variant_on(**changes)`` is its answer there and that
+    case's arguments, ``(got, args)``, or None when it raised. ``rerun_fp32()`` computes the
+    learner's answer again on fp32 inputs (None when they already are), to recognise arithmetic
+    done in fp16/bf16: it is compared with ``fp32_expected()``, the reference on those inputs
+    (by default ``expected``, rounded to the inputs' dtype). ``fallbacks`` are functions
+    returning a (cause, hint) or None, tried after the slips, before a NaN is blamed on the
+    softmax.
     """
     q, k_cache = args[0], args[1]
     fill = {
@@ -163,17 +215,18 @@ def diagnose(
         "dtype": str(q.dtype).removeprefix("torch."),
         "entry_step": args[3].stride(1),
     }
-    for cause, compute, *confirm in [*extra_slips, *_slips(args, right_on)]:
+    slips = [*extra_slips, *_slips(args, right_on, variant_on, (atol, rtol))]
+    for cause, compute, *confirm in slips:
         found = _looks_like(got, compute(), expected, atol, rtol)
-        if found == "undefined" and confirm:
+        always = len(confirm) > 1 and confirm[1]
+        if found and (found == "undefined" or always) and confirm:
             found = confirm[0] is not None and confirm[0]()
         if found:
             return cause, hints[cause].format(**fill)
     if rerun_fp32 is not None:
         again = rerun_fp32()
-        if again is not None and torch.allclose(
-            again.float().cpu(), expected, atol=1e-4, rtol=1e-4
-        ):
+        want = expected if fp32_expected is None else fp32_expected().float().cpu()
+        if again is not None and torch.allclose(again.float().cpu(), want, atol=1e-4, rtol=1e-4):
             return "low precision", hints["low precision"].format(**fill)
     for fallback in fallbacks:
         found = fallback()
@@ -197,6 +250,8 @@ def expect_attention(
     replay=None,
     right_on=None,
     fallbacks=(),
+    variant_on=None,
+    fp32_expected=None,
 ) -> None:
     """Raise a CheckFailed naming the guest and head that differ, with the first values and the
     diagnosed mistake when it is a usual one (see ``diagnose``). ``padding``: the case differs
@@ -213,7 +268,18 @@ def expect_attention(
         cause = hint = PADDING_HINT
     else:
         cause, hint = diagnose(
-            got, expected, args, atol, rtol, hints, rerun_fp32, extra_slips, right_on, fallbacks
+            got,
+            expected,
+            args,
+            atol,
+            rtol,
+            hints,
+            rerun_fp32,
+            extra_slips,
+            right_on,
+            fallbacks,
+            variant_on,
+            fp32_expected,
         )
     read = ": a padding entry of its key card was read" if padding else ""
     raise CheckFailed(
@@ -248,15 +314,54 @@ def read_far_padding(error: BaseException, what: str) -> None:
 NAMES = ("q", "k_cache", "v_cache", "block_tables", "seq_lens")
 
 
+def make_case(seq_lens, block_size, *, q_scale=1.0, v_scale=1.0, **options):
+    """``kvlab.testing.make_case`` with q and V multiplied by ``q_scale`` and ``v_scale`` (in
+    fp32, then stored in the case's dtype): scores and values large enough to show arithmetic
+    done in fp16. Without them, kvlab.testing's case itself."""
+    q, k_cache, v_cache, tables, lens = testing.make_case(seq_lens, block_size, **options)
+    if q_scale != 1:
+        q = (q.float() * q_scale).to(q.dtype)
+    if v_scale != 1:
+        v_cache = (v_cache.float() * v_scale).to(v_cache.dtype)
+    return q, k_cache, v_cache, tables, lens
+
+
 def rebuild(case: dict) -> str:
     """The call that rebuilds a case's tensors, for a learner to try their code on."""
     given = ", ".join(f"{k}={v!r}" for k, v in case.items())
     return f"kvlab.grading.lab04.make_case({given}) builds these inputs"
 
 
+def _fp32(args) -> list:
+    """The case's tensors with q, K and V in fp32."""
+    q, k_cache, v_cache, tables, lens = args
+    return [q.float(), k_cache.float(), v_cache.float(), tables, lens]
+
+
 def _expect_case(fn, what: str, padding=False, **case):
     args = make_case(**case)
     expected = paged_decode_attention_ref(*args)
+
+    variants: dict = {}
+
+    def variant_on(**changes):
+        """The learner's answer on the case with ``changes``, and that case's tensors (None: it
+        raised, or answered with no tensor of the right shape)."""
+        key = repr(sorted(changes.items()))
+        if key not in variants:
+            variant = make_case(**{**case, **changes})
+            try:
+                again = fn(*variant)
+            except Exception:
+                again = None
+            fits = isinstance(again, torch.Tensor) and again.shape == variant[0].shape
+            variants[key] = (again, variant) if fits else None
+        return variants[key]
+
+    def right_on(**changes) -> bool:
+        found = variant_on(**changes)
+        return found is not None and close(found[0], paged_decode_attention_ref(*found[1]))
+
     try:
         with refuse_reference(
             paged_decode_attention_ref, gather_kv, learner=fn, task="attending through key cards"
@@ -265,6 +370,8 @@ def _expect_case(fn, what: str, padding=False, **case):
     except NotImplementedError:
         raise
     except Exception as error:
+        if str(FAR) in str(error):
+            _far_read_elsewhere(error, what, case, variant_on)
         read_far_padding(error, what)
         raise
     expect_type(got, torch.Tensor, "the output", input=what)
@@ -288,16 +395,7 @@ def _expect_case(fn, what: str, padding=False, **case):
     def rerun_fp32():
         if args[0].dtype == torch.float32:
             return None
-        q, k_cache, v_cache, tables, lens = args
-        return fn(q.float(), k_cache.float(), v_cache.float(), tables, lens)
-
-    def right_on(**changes) -> bool:
-        variant = make_case(**{**case, **changes})
-        try:
-            again = fn(*variant)
-        except Exception:
-            return False
-        return close(again, paged_decode_attention_ref(*variant))
+        return fn(*_fp32(args))
 
     reference = "attention on its contiguous K and V"
     expect_attention(
@@ -310,7 +408,36 @@ def _expect_case(fn, what: str, padding=False, **case):
         padding=padding,
         replay=rebuild(case),
         right_on=right_on,
+        variant_on=variant_on,
+        fp32_expected=lambda: paged_decode_attention_ref(*_fp32(args)),
     )
+
+
+def _far_read_elsewhere(error, what: str, case: dict, variant_on) -> None:
+    """A padding entry of 10**9 was used as a room: when the code's answer on the same case with
+    padding -1 (a room number that indexes) is a usual slip, that slip is the cause (the first
+    guest's key card read for a longer guest reaches its padding), so say that one."""
+    found = variant_on(garbage=-1)
+    if found is None:
+        return
+    again, variant = found
+    want = paged_decode_attention_ref(*variant)
+    if close(again, want):
+        return
+    atol, rtol = TOLERANCE[want.dtype]
+    cause, hint = diagnose(
+        again.float().cpu(), want.float().cpu(), variant, atol, rtol, variant_on=variant_on
+    )
+    if cause is None or cause == "nan":
+        return
+    raise CheckFailed(
+        f"a padding entry of a key card ({FAR}) was used as a room number",
+        input=what,
+        got=explain_exception(error)[0],
+        hint=hint,
+        cause=cause,
+        replay=rebuild(case),
+    ) from error
 
 
 @paged.check("one guest in one room")
@@ -321,7 +448,11 @@ def _one(fn):
 @paged.check("lengths 1, k·block_size and k·block_size ± 1")
 def _lengths(fn):
     _expect_case(
-        fn, "seq_lens [1, 32, 31, 33], block_size 16", seq_lens=[1, 32, 31, 33], block_size=16
+        fn,
+        "seq_lens [1, 32, 31, 33], block_size 16, head_dim 32",
+        seq_lens=[1, 32, 31, 33],
+        block_size=16,
+        head_dim=32,
     )
 
 
@@ -351,8 +482,28 @@ def _shared(fn):
     )
 
 
-@paged.check("head_dim 40 in fp16 (compute in fp32, return fp16)")
+# a guest of 4,096 tokens whose scores spread widely (q × 16, so q·k / sqrt(head_dim) has a
+# standard deviation of 16) and whose values are large (V × 8): scores rounded to fp16 lose about
+# 2**-11 of their size, which moves the softmax weights by ~1% and the output by 10 to 60 times
+# the fp16 tolerance, while fp32 arithmetic rounded once at the end stays within a quarter of it
+LONG_FP16 = dict(
+    seq_lens=[4096, 1000],
+    block_size=16,
+    head_dim=128,
+    dtype=torch.float16,
+    q_scale=16.0,
+    v_scale=8.0,
+)
+
+
+@paged.check("fp16: head_dim 40, and 4,096 tokens with large scores (compute in fp32, return fp16)")
 def _fp16(fn):
     _expect_case(
         fn, "fp16, head_dim 40", seq_lens=[3, 50], block_size=8, head_dim=40, dtype=torch.float16
+    )
+    _expect_case(
+        fn,
+        "fp16, seq_lens [4096, 1000], block_size 16, head_dim 128, q × 16 and V × 8 (large "
+        "scores and values)",
+        **LONG_FP16,
     )

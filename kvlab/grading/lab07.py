@@ -9,7 +9,9 @@ of key cards holding it (0 for a free room), and free plus held rooms make num_b
 a copy, nothing) is set against what kvlab's did, and the value returned (None or ``(src, dst)``):
 that pair names the usual slips (copying a full or an unshared room, never copying, appending the
 copy, (dst, src)), and the ref counts name the rest (a reference not dropped, a new room without
-its reference).
+its reference). Probes on a fresh manager confirm the slips the judge cannot see on the call
+itself: a shared room put back on the free list (a later check-in is handed it), a shared room
+written in place only when no room is free for the copy.
 
 ``07.cached_prefix``: ``longest_cached_prefix(token_ids, block_size, cached)`` is compared with the
 rule the lab states (chained hashes, stop at the first miss, a hit confirmed by tokens and parent,
@@ -194,6 +196,26 @@ REF_FIRST = (
     "a reference changed although no room was free: raise OutOfBlocks before dropping the shared "
     "room's reference"
 )
+NOT_POPPED = (
+    "append_slot put a room on the key card without taking it off the free list: pop it "
+    "(new = self.free_blocks.pop())"
+)
+FREED_SHARED = (
+    "the shared room went back to the free list while other guests still hold it (its "
+    "ref_count is above 0), so a later check-in gets a room someone is reading: after the copy "
+    "only drop this guest's reference (ref_counts[src] -= 1); a room goes back to the free list "
+    "in free(), when its ref_count reaches 0"
+)
+NO_ROOM_FOR_COPY = (
+    "with no free room for the copy, raise OutOfBlocks and change nothing: writing the token "
+    "into the shared room in place changes it for every guest holding it (your append_slot "
+    "moves to a copy when a room is free: only the refusal is missing)"
+)
+ALL_SHARERS = (
+    "only the writer moves to the copy: put the new room on this guest's key card alone "
+    "(table[-1] = new). The other guests keep the shared room: it holds their tokens, and they "
+    "have not written into it"
+)
 POP_EMPTY = (
     "the free list ran out (IndexError from pop): when a room is needed, check "
     "`if not self.free_blocks` and raise OutOfBlocks before taking anything"
@@ -237,6 +259,55 @@ def _copies_held_once(cls) -> bool:
         return value is not None or list(m.block_table("probe")) != before
 
     return bool(quietly(probe))
+
+
+def _shared_copy(cls):
+    """A probe manager of 4 rooms of 4 beds: 'a' checks in with 2 tokens, 'b' forks it and
+    appends, which moves 'b' to a copy of the shared room. ``(manager, b's key card before)``."""
+    m = cls(4, 4)
+    m.allocate("a", 2)
+    m.fork("a", "b")
+    before = list(m.block_table("b"))
+    m.append_slot("b")
+    return m, before
+
+
+def _frees_shared_room(cls) -> bool:
+    """Whether the learner's append_slot, moving to a copy, puts the shared room on the free
+    list although another guest holds it: later check-ins are handed that room."""
+
+    def probe():
+        m, _ = _shared_copy(cls)
+        held = set(m.block_table("a"))
+        for i in range(4):  # more check-ins than free rooms: the last is refused
+            try:
+                m.allocate(f"late{i}", 1)
+            except MemoryError:
+                break
+            if held & set(m.block_table(f"late{i}")):
+                return True
+        return False
+
+    return bool(quietly(probe))
+
+
+def _copies_with_room_free(cls) -> bool:
+    """Whether the learner's append_slot moves to a copy of a shared, partly filled room when a
+    room is free (so writing in place with none free is the missing refusal)."""
+
+    def probe():
+        m, before = _shared_copy(cls)
+        return _action(before, list(m.block_table("b"))) == COPY
+
+    return bool(quietly(probe))
+
+
+def _copy_given_to_all(before: dict, after: dict, src, dst) -> bool:
+    """Whether the other guests' key cards changed only by the shared room ``src`` replaced with
+    the writer's new room ``dst``."""
+    return before.keys() == after.keys() and all(
+        after[s] == [dst if b == src else b for b in t] for s, t in before.items()
+    )
 
 
 def _pairs_full_alone(cls) -> bool:
@@ -341,15 +412,14 @@ class _Judge(KeyCardJudge):
             return KEPT_FULL  # a reference dropped to the full room, still on the key card
         return None
 
-    @staticmethod
-    def count_slip(method, before, after, rooms) -> str | None:
+    def count_slip(self, method, before, after, rooms) -> str | None:
         if method != "append_slot" or before is None:
             return None
         if before - after < rooms:
-            return (
-                "append_slot put a room on the key card without taking it off the free list: "
-                "pop it (new = self.free_blocks.pop())"
-            )
+            copied = self.last is not None and self.last["did"] == COPY
+            if copied and _frees_shared_room(self.cls):
+                return FREED_SHARED
+            return NOT_POPPED
         return "append_slot took more rooms off the free list than it put on the key card"
 
     # --- calls -------------------------------------------------------------------------------
@@ -371,8 +441,10 @@ class _Judge(KeyCardJudge):
 
     def fork(self, parent, child) -> None:
         self.last = None
-        self.twin("fork", parent, child)
+        table = self.twin("fork", parent, child)
         self.check("fork")
+        if table is not None:  # the given fork returns nothing; a key card returned is a copy
+            self.unaliased("fork", child, table)
 
     def free(self, seq) -> None:
         self.last = None
@@ -419,8 +491,16 @@ class _Judge(KeyCardJudge):
                 hint=self._action_slip(want, did, holders),
             )
         self._returned(moved, want, before, after, holders)
-        if self.others(seq) != others:
-            self.fail("append_slot changed another guest's key card")
+        now = self.others(seq)
+        if now != others:
+            given = did == COPY and _copy_given_to_all(others, now, before[-1], after[-1])
+            changed = [s for s in others if now.get(s) != others[s]]
+            self.fail(
+                "append_slot changed another guest's key card",
+                expected=", ".join(f"{s!r}: {_rooms(others[s])}" for s in changed),
+                got=", ".join(f"{s!r}: {_rooms(now.get(s))}" for s in changed),
+                hint=ALL_SHARERS if given else None,
+            )
         self.check("append_slot", free_before, int(want != IN_PLACE))
 
     def _action_slip(self, want: str, did: str, holders: int) -> str | None:
@@ -491,7 +571,7 @@ class _Judge(KeyCardJudge):
             if errors is MemoryError:
                 did = _action(before, list(self.obj.block_table(seq)))
                 if want == COPY and did == IN_PLACE:
-                    hint = NO_COW
+                    hint = NO_ROOM_FOR_COPY if _copies_with_room_free(self.cls) else NO_COW
                 elif want == NEW and did == IN_PLACE:
                     hint = self.rooms_slip()
             self.fail(why, expected=name, got="no error", hint=hint)
