@@ -2,7 +2,8 @@
 the notebooks, so that all of them judge kernels on the same cases with the same slack.
 
 - ``make_case``: a small ragged batch on the CPU, seeded, with the awkward corners (padding
-  entries that must never be read, shared rooms, a key card stored column by column).
+  entries that must never be read, NaN in the beds past each guest's end, shared rooms, a key card
+  stored column by column).
 - ``uniform_case``: every sequence the same length, built where it will run (a GPU's memory for
   the benchmark), with its rooms scattered at random.
 - ``TOLERANCE`` and ``close``: how far a kernel may be from the torch reference, per dtype.
@@ -48,12 +49,14 @@ def make_case(
     garbage=-1,
     shared=False,
     transposed=False,
+    nan_beds=False,
 ):
     """Random q and a paged cache whose rooms are scattered; unused table entries hold ``garbage``:
     a number, ``SPARE_ROOM`` (a room nobody holds) or ``NAN_ROOM`` (the same room, full of NaN).
-    ``transposed`` stores the key cards column by column (a transposed view), so their row
-    stride is not their length. Returns ``q, k_cache, v_cache, block_tables, seq_lens`` on the
-    CPU; the same arguments always give the same tensors."""
+    ``nan_beds`` fills the beds no guest holds in each guest's last room with NaN (the rest of
+    the case is the same as without it). ``transposed`` stores the key cards column by column (a
+    transposed view), so their row stride is not their length. Returns ``q, k_cache, v_cache,
+    block_tables, seq_lens`` on the CPU; the same arguments always give the same tensors."""
     g = torch.Generator().manual_seed(seed)
     rooms_each = [-(-n // block_size) for n in seq_lens]
     width = max(rooms_each) + 2
@@ -70,6 +73,13 @@ def make_case(
     for s, n in enumerate(rooms_each):
         rooms = order[:n] if shared else order[sum(rooms_each[:s]) : sum(rooms_each[:s]) + n]
         tables[s, :n] = torch.tensor(rooms, dtype=torch.int32)
+    if nan_beds:
+        held = {}  # room -> beds some guest holds (shared rooms: the longest guest's)
+        for s, n in enumerate(seq_lens):
+            for b, room in enumerate(tables[s, : rooms_each[s]].tolist()):
+                held[room] = max(held.get(room, 0), min(block_size, n - b * block_size))
+        for room, beds in held.items():
+            k_cache[room, beds:] = v_cache[room, beds:] = float("nan")
     if transposed:
         tables = tables.t().contiguous().t()
     q = torch.randn(len(seq_lens), q_heads, head_dim, generator=g).to(dtype)

@@ -4,14 +4,20 @@
 Wrong answers are diagnosed as in Lab 04 (the same slips, hints in kernel terms), plus what a
 kernel can get wrong on its own: the online softmax's rescaling, the query rows a program serves,
 a loop that runs for a stride instead of the guest's rooms, a table read as if its entries were
-always adjacent, rows never stored, and Triton's own error messages.
+always adjacent, rows never stored, and Triton's own error messages. Slips that give the same
+answer on a check's case (KV head 0 and KV head kvh // GROUP with 2 KV heads; one bed too many and
+the whole last room in a room of 4 holding 3) are named only once the kernel matches one of them
+on a variant of the case where they differ.
 
 The kernel runs on copies with guard regions around them, in the same memory. The inputs' guards
 (and the gaps between their head-dim vectors, which sit D_P2 apart) hold NaN, so a load outside
 an input that reaches the answer spoils it every time. The output's guards hold a sentinel, so a
 store outside the output is seen every time, whatever order the programs run in (in the
 interpreter they run one after another, and a later program hides an earlier one's stray row; on
-a GPU they race). The output itself starts as a marked NaN, so rows nobody stored show.
+a GPU they race). The output itself starts as a marked NaN, so rows nobody stored show. The
+garbage check puts NaN in what no guest holds: the beds past each guest's end, and the room a
+padding entry names for lengths that fill whole rooms (where one room too many reaches it). A
+load of them without the token mask spoils the answer even where its scores are -inf (0 × NaN).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import torch
 
 from kvlab.attention import decode_attention, gather_kv, paged_decode_attention_ref
 from kvlab.grading.blame import exception_chain, explain_exception
-from kvlab.grading.expect import CheckFailed, plural
+from kvlab.grading.expect import CheckFailed, plural, preview
 from kvlab.grading.lab04 import (
     ANY,
     HINTS,
@@ -33,11 +39,12 @@ from kvlab.grading.lab04 import (
     read_far_padding,
     rebuild,
 )
+from kvlab.grading.limits import CheckTimeout, ChildCrashed, can_fork, in_child_process
 from kvlab.grading.registry import exercise
 from kvlab.kernels import launch_paged_decode
 from kvlab.kernels.sizes import pow2
 from kvlab.runtime import kernel_mode
-from kvlab.testing import FAR, NAN_ROOM, SPARE_ROOM, close, make_case
+from kvlab.testing import FAR, NAN_ROOM, SPARE_ROOM, TOLERANCE, close, make_case
 
 # In the interpreter an unmasked load or store can corrupt the process: each check runs in a child.
 kernel = exercise(
@@ -78,6 +85,28 @@ KERNEL_HINTS = {
     "exp(m - m_new) is 0 and every room wipes out the ones before it",
     "heads kvh + g": "program kvh serves the query heads kvh * GROUP + g (g < GROUP), not kvh + g: "
     "the programs' groups of query heads must not overlap",
+    "one bed too many": "one bed past seq_len was scored: token t of room b is valid where "
+    "b * BLOCK_SIZE + t < seq_len (strictly less: bed seq_len is the first one past the end), "
+    "not <=",
+    "kv head 0": "every query head read KV head 0: program kvh loads its own KV head's keys and "
+    "values, k_ptr + room * stride_kb + t * stride_kt + kvh * stride_kh + d * stride_kd (and the "
+    "same with the stride_v* strides for v)",
+    "kv head kvh // GROUP": "the programs read KV head kvh // GROUP: kvh = tl.program_id(1) already "
+    "is the KV head (it serves the query heads kvh * GROUP + g), so load its keys and values "
+    "at kvh * stride_kh and kvh * stride_vh",
+    "not normalised": "the output was not divided by the running sum: after the loop acc holds "
+    "sum(exp(score - m) * v); store acc / l[:, None] (l the running sum)",
+    "k strides swapped": "stride_kt and stride_kh were swapped: bed t of KV head kvh is at "
+    "k_ptr + room * stride_kb + t * stride_kt + kvh * stride_kh + d * stride_kd",
+    "v strides swapped": "stride_vt and stride_vh were swapped: bed t of KV head kvh is at "
+    "v_ptr + room * stride_vb + t * stride_vt + kvh * stride_vh + d * stride_vd",
+    "k and v strides swapped": "the token and head strides were swapped: bed t of KV head kvh is "
+    "at room * stride_kb + t * stride_kt + kvh * stride_kh + d * stride_kd in k (and the same "
+    "with the stride_v* strides in v)",
+    "v is k": "the output summed keys, not values: acc adds tl.sum(p[:, :, None] * v[None, :, :], "
+    "axis=1) with v loaded from v_ptr",
+    "exp2 without log2(e)": "tl.exp2(x) is 2**x, not e**x: use tl.exp, or multiply everything "
+    "that goes into tl.exp2 (the scores minus m, and m - m_new) by log2(e) = 1.4426950408889634",
 }
 
 UNWRITTEN_HINT = (
@@ -286,8 +315,154 @@ def attend_overlapping_heads(args, ordered: bool):
     return out
 
 
-def _kernel_slips(args):
-    """(cause, what it computes) for the mistakes only a kernel can make."""
+def attend_read(args, keys=None, values=None, normalise=True, exp2=False):
+    """fp32 attention of each guest over its seq_len tokens, with the keys and values a kernel
+    reads: ``keys(args, s)`` / ``values(args, s)`` give guest s's ``[seq_len, q_heads, head_dim]``
+    (one row per query head; None: the right ones, or None when the slip would read past the
+    cache). ``normalise=False`` leaves acc undivided; ``exp2`` takes 2**x for e**x."""
+    q = args[0].float().cpu()
+    scale = 1.0 / math.sqrt(q.shape[2])
+    out = torch.empty(q.shape)
+    for s in range(q.shape[0]):
+        k = (keys or _own_kv)(args, s)
+        v = (values or _own_values)(args, s)
+        if k is None or v is None:
+            return None
+        scores = torch.einsum("hd,thd->ht", q[s], k) * scale
+        p = torch.exp2 if exp2 else torch.exp
+        w = p(scores - scores.amax(dim=1, keepdim=True))
+        acc = torch.einsum("ht,thd->hd", w, v)
+        out[s] = acc / w.sum(dim=1, keepdim=True) if normalise else acc
+    return out
+
+
+def _per_query_head(args, kv):
+    """A guest's ``[seq_len, kv_heads, head_dim]`` spread over the query heads (h reads h // GROUP)."""
+    group = args[0].shape[1] // args[1].shape[2]
+    return kv.repeat_interleave(group, dim=1)
+
+
+def _own_kv(args, s):
+    return _per_query_head(args, _guest_kv(args, s)[0])
+
+
+def _own_values(args, s):
+    return _per_query_head(args, _guest_kv(args, s)[1])
+
+
+def _swapped(cache_at):
+    """A reader of guest s's keys (``cache_at`` 1) or values (2) at bed t of KV head h found where
+    t * stride_h + h * stride_t points: vector ``t + h * kv_heads`` of the room (None when that
+    is past the cache)."""
+
+    def read(args, s):
+        cache, tables, lens = args[cache_at], args[3], args[4]
+        blocks, size, kv_heads = cache.shape[:3]
+        group = args[0].shape[1] // kv_heads
+        vectors = cache.float().cpu().reshape(blocks * size * kv_heads, -1)
+        n = int(lens[s])
+        rooms = tables[s, : -(-n // size)].long().cpu()
+        token = torch.arange(n)
+        kv_of = torch.arange(args[0].shape[1]) // group
+        at = (rooms[token // size] * size * kv_heads + token % size)[:, None] + kv_of * kv_heads
+        return None if int(at.max()) >= len(vectors) else vectors[at]
+
+    return read
+
+
+def _lookalike_slips(args):
+    """(cause, what it computes on any case) for slips that can look alike on a case (named only
+    where confirmed, see ``_confirmed``); the causes None are rivals that lab04 names."""
+    q_heads, kv_heads = args[0].shape[1], args[1].shape[2]
+    whole = lambda n, size: -(-n // size) * size  # noqa: E731
+    one_more = lambda n, size: min(n + 1, whole(n, size))  # noqa: E731
+    yield "one bed too many", lambda a: attend_beds(a, one_more)
+    if q_heads > kv_heads:
+        yield "kv head 0", lambda a: attend_beds(a, kv_of_head=[0] * a[0].shape[1])
+        yield "kv head kvh // GROUP", lambda a: attend_beds(a, kv_of_head=_kv_head_divided(a))
+    yield "not normalised", lambda a: attend_read(a, normalise=False)
+    yield "k strides swapped", lambda a: attend_read(a, keys=_swapped(1))
+    yield "v strides swapped", lambda a: attend_read(a, values=_swapped(2))
+    yield "k and v strides swapped", lambda a: attend_read(a, keys=_swapped(1), values=_swapped(2))
+    yield "v is k", lambda a: attend_read(a, values=_own_kv)
+    yield "exp2 without log2(e)", lambda a: attend_read(a, exp2=True)
+    yield None, lambda a: attend_beds(a, whole)  # lab04's "whole last room"
+    if kv_heads not in (1, q_heads):
+        yield None, lambda a: attend_beds(a, kv_of_head=_kv_head_modulo(a))
+
+
+def _kv_head_divided(args) -> list[int]:
+    """The KV head each query head reads when program kvh loads KV head kvh // GROUP."""
+    group = args[0].shape[1] // args[1].shape[2]
+    return [(h // group) // group for h in range(args[0].shape[1])]
+
+
+def _kv_head_modulo(args) -> list[int]:
+    """The KV head each query head reads with lab04's slip h % kv_heads."""
+    return [h % args[1].shape[2] for h in range(args[0].shape[1])]
+
+
+# Cases on which slips that look alike elsewhere differ: tried in turn to tell them apart.
+LOOKALIKE_VARIANTS = (
+    dict(q_heads=8, kv_heads=4),  # KV head 0, kvh // GROUP and h % kv_heads all differ
+    dict(seq_lens=[5, 2]),  # with rooms of 4: one bed too many is not the whole last room
+)
+
+
+def _same(a, b, dtype) -> bool:
+    if a is None or b is None:
+        return False
+    atol, rtol = TOLERANCE[dtype]
+    return torch.allclose(a, b, atol=atol, rtol=rtol, equal_nan=True)
+
+
+def _confirmed(got, args, case, answer_on):
+    """(cause, what it computes) for the look-alike slips. A slip whose answer ``got`` matches
+    is offered when no other slip gives that answer on this case, or when the learner's kernel
+    also gives the slip's answer on a variant of the case where they differ
+    (``answer_on(**changes)``: the learner's answer there, or None)."""
+    dtype = args[0].dtype
+    slips = list(_lookalike_slips(args))
+    answers = {}
+
+    def here(j):
+        if j not in answers:
+            answers[j] = slips[j][1](args)
+        return answers[j]
+
+    def offered(i):
+        mine = here(i)
+        if not _same(got.float().cpu(), mine, dtype):
+            return None  # not this slip: nothing to confirm
+        rivals = [j for j in range(len(slips)) if j != i and _same(here(j), mine, dtype)]
+        if rivals and not _told_apart(slips, i, rivals, case, answer_on):
+            return None
+        return mine
+
+    for i, (cause, _) in enumerate(slips):
+        if cause is not None:
+            yield cause, lambda i=i: offered(i)
+
+
+def _told_apart(slips, i, rivals, case, answer_on) -> bool:
+    """Whether the learner gives slip i's answer on the first variant of the case where that
+    answer differs from its rivals' and from the right one (False: no such variant)."""
+    for changes in LOOKALIKE_VARIANTS:
+        variant = make_case(**{**case, **changes})
+        dtype = variant[0].dtype
+        mine = slips[i][1](variant)
+        if mine is None or _same(mine, paged_decode_attention_ref(*variant).float(), dtype):
+            continue
+        if any(_same(slips[j][1](variant), mine, dtype) for j in rivals):
+            continue
+        seen = answer_on(**changes)
+        return seen is not None and _same(seen.float().cpu(), mine, dtype)
+    return False
+
+
+def _kernel_slips(args, got=None, case=None, answer_on=None):
+    """(cause, what it computes) for the mistakes only a kernel can make (the look-alike ones
+    given the learner's answer ``got``, its case and ``answer_on``, see ``_confirmed``)."""
     q, k_cache = args[0], args[1]
     if 1 < k_cache.shape[2] < q.shape[1]:
         ordered = kernel_mode() == "interpreter"
@@ -296,6 +471,33 @@ def _kernel_slips(args):
     yield "acc not rescaled", lambda: attend_room_by_room(args, rescale_acc=False)
     yield "l not rescaled", lambda: attend_room_by_room(args, rescale_l=False)
     yield "max not kept", lambda: attend_room_by_room(args, keep_max=False)
+    if answer_on is not None:
+        yield from _confirmed(got, args, case, answer_on)
+
+
+# --- launching the learner's kernel outside the checks --------------------------------------------
+
+
+def launch_isolated(fn, *args, timeout: float = 60.0):
+    """``launch_paged_decode(fn, *args)`` for a notebook cell, isolated as the checks are: in
+    Triton's interpreter it runs in a forked child, so a load or store that corrupts memory ends
+    the child, not the notebook's kernel. Returns ``(output, None)``, or ``(None, what went
+    wrong)`` when it raised, crashed or ran past ``timeout`` seconds."""
+
+    def launch():
+        try:
+            return launch_paged_decode(fn, *args), None
+        except Exception as error:
+            return None, f"it raised {explain_exception(error)[0]}"
+
+    if kernel_mode() != "interpreter" or not can_fork():
+        return launch()  # compiled: a bad address is an error, not a dead process
+    try:
+        return in_child_process(launch, timeout)
+    except CheckTimeout:
+        return None, f"it did not finish within {timeout:g} s"
+    except ChildCrashed as crash:
+        return None, f"it crashed its process ({crash.how})"
 
 
 # --- launching on guarded tensors ----------------------------------------------------------------
@@ -380,10 +582,32 @@ def _launch(fn, args, out=None):
         raise
 
 
-def _expect_kernel(fn, what: str, padding=False, **case):
+def _fail_unread(got, expected, what: str, case: dict, unread) -> None:
+    """A wrong answer on a case that differs from one that passed only in memory the kernel must
+    not read: ``unread`` is (what was read, hint, cause)."""
+    read, hint, cause = unread
+    got, expected = got.float().cpu(), expected.float().cpu()
+    diff = (got - expected).abs().nan_to_num(nan=math.inf)
+    seq = int(diff.amax(dim=(1, 2)).argmax())
+    head = int(diff[seq].amax(dim=1).argmax())
+    raise CheckFailed(
+        f"guest {seq}, query head {head} differs from the reference "
+        f"(max error {diff.max().item():.3g}): {read}",
+        input=what,
+        expected=preview(expected[seq, head]),
+        got=preview(got[seq, head]),
+        hint=hint,
+        cause=cause,
+        replay=rebuild(case),
+    )
+
+
+def _expect_kernel(fn, what: str, padding=False, unread=None, **case):
     """Launch the learner's kernel on ``make_case(**case)`` and compare. Padding entries name a
     real room unless the case says otherwise: only the garbage check tries what a read of them
-    does (a wild read in the interpreter may crash, or return anything)."""
+    does (a wild read in the interpreter may crash, or return anything). ``unread`` (what was
+    read, hint, cause): the case differs from one that passed only in memory that must not be
+    read, so a wrong answer means it was (see ``_fail_unread``)."""
     case.setdefault("garbage", SPARE_ROOM)
     args = [t.to(DEVICE) for t in make_case(**case)]
     expected = paged_decode_attention_ref(*args)
@@ -406,19 +630,32 @@ def _expect_kernel(fn, what: str, padding=False, **case):
             cause="unwritten",
         )
 
+    if unread is not None and not close(got, expected):
+        _fail_unread(got, expected, what, case, unread)
+
     def rerun_fp32():
         if args[0].dtype == torch.float32:
             return None
         q, k_cache, v_cache, tables, lens = args
         return Launch(fn, [q.float(), k_cache.float(), v_cache.float(), tables, lens]).got
 
+    answers = {}
+
+    def answer_on(**changes):
+        """The learner's answer on the case with these changes (None: it raised)."""
+        key = repr(sorted(changes.items()))
+        if key not in answers:
+            variant = [t.to(DEVICE) for t in make_case(**{**case, **changes})]
+            try:
+                answers[key] = Launch(fn, variant).got
+            except Exception:
+                answers[key] = None
+        return answers[key]
+
     def right_on(**changes) -> bool:
-        variant = [t.to(DEVICE) for t in make_case(**{**case, **changes})]
-        try:
-            again = Launch(fn, variant).got
-        except Exception:
-            return False
-        return close(again, paged_decode_attention_ref(*variant))
+        again = answer_on(**changes)
+        variant = make_case(**{**case, **changes})
+        return again is not None and close(again, paged_decode_attention_ref(*variant))
 
     def rows_not_stored():
         if nothing.any():
@@ -453,7 +690,7 @@ def _expect_kernel(fn, what: str, padding=False, **case):
         hints=KERNEL_HINTS,
         rerun_fp32=rerun_fp32,
         padding=padding,
-        extra_slips=[*_kernel_slips(args), *_walk_slips(args)],
+        extra_slips=[*_kernel_slips(args, got, case, answer_on), *_walk_slips(args)],
         replay=rebuild(case),
         right_on=right_on,
         fallbacks=(rows_not_stored, stored_outside, loaded_outside),
@@ -498,12 +735,48 @@ def _group_of_three(fn):
     )
 
 
-@kernel.check("rooms past the key card's end are never read (a room full of NaN, 10**9)")
+ROOM_TOO_MANY = (
+    "a padding entry of its key card was read",
+    "a padding entry was read only where seq_len is a multiple of BLOCK_SIZE (seq_lens [5, 11] "
+    "read none): the loop ran one room past the key card's end, seq_len // BLOCK_SIZE + 1 rooms "
+    "instead of tl.cdiv(seq_len, BLOCK_SIZE), and that room's K/V loads were not masked by the "
+    "token mask (b * BLOCK_SIZE + t < seq_len), so its NaN reached the answer",
+    "room past the end at multiples",
+)
+BEDS_READ = (
+    "a bed past seq_len was read",
+    "the beds past seq_len in the last room were loaded, and here they hold NaN: a score of -inf "
+    "gives p = 0, but 0 × NaN is NaN. Mask the K and V loads with the token mask "
+    "(b * BLOCK_SIZE + t < seq_len) as well as the lane mask, other=0.0",
+    "beds past seq_len loaded",
+)
+
+
+@kernel.check(
+    "rooms past the key card's end are never read, nor beds past seq_len (NaN there, 10**9)"
+)
 def _garbage(fn):
     case = dict(seq_lens=[5, 11], block_size=4)
     _expect_kernel(fn, "padding entries name a spare room", **case)
     _expect_kernel(fn, NAN_WHAT, padding=True, garbage=NAN_ROOM, **case)
     _expect_kernel(fn, "padding entries 10**9", garbage=FAR, **case)
+    # whole rooms only: a loop of seq_len // BLOCK_SIZE + 1 rooms reaches the first padding entry
+    multiples = dict(seq_lens=[8, 4], block_size=4)
+    _expect_kernel(fn, "seq_lens [8, 4] (whole rooms), padding a spare room", **multiples)
+    _expect_kernel(
+        fn,
+        f"seq_lens [8, 4] (whole rooms), {NAN_WHAT}",
+        unread=ROOM_TOO_MANY,
+        **multiples,
+        garbage=NAN_ROOM,
+    )
+    _expect_kernel(
+        fn,
+        "seq_lens [5, 11], the beds past seq_len in each last room hold NaN",
+        unread=BEDS_READ,
+        **case,
+        nan_beds=True,
+    )
 
 
 @kernel.check("key cards stored column by column: follow both strides, one step per room")
