@@ -1120,6 +1120,15 @@ def _simulated_day() -> Day:
     )
 
 
+# the full hotel's guests: (name, prompt, answer, arrival), on 6 rooms of 4 beds
+FULL_HOTEL = (
+    ("ann", 5, 4, 0.0),
+    ("ben", 2, 6, 0.0),
+    ("cat", 7, 3, 1.0),
+    ("dan", 3, 3, 1.0),
+    ("eve", 9, 2, 1.0),
+)
+
 DAYS = {
     day.name: day
     for day in (
@@ -1165,13 +1174,7 @@ DAYS = {
         Day(
             "preemption",
             lambda: PagedCache(6, 4),
-            (
-                ("ann", 5, 4, 0.0),
-                ("ben", 2, 6, 0.0),
-                ("cat", 7, 3, 1.0),
-                ("dan", 3, 3, 1.0),
-                ("eve", 9, 2, 1.0),
-            ),
+            FULL_HOTEL,
         ),
         # the full hotel's day by swap: in step 3 dan, asked to leave while ben is decoded, is
         # SWAPPED, not PREEMPTED, when the walk reaches him (a step that skips only PREEMPTED
@@ -1180,13 +1183,7 @@ DAYS = {
         Day(
             "swap",
             lambda: PagedCache(6, 4),
-            (
-                ("ann", 5, 4, 0.0),
-                ("ben", 2, 6, 0.0),
-                ("cat", 7, 3, 1.0),
-                ("dan", 3, 3, 1.0),
-                ("eve", 9, 2, 1.0),
-            ),
+            FULL_HOTEL,
             preemption="swap",
             second="preemption",
         ),
