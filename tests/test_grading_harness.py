@@ -101,7 +101,8 @@ def test_an_unwritten_helper_is_named():
 
     result = run_checks("zz.double", double_it)
     assert result.status is Status.NOT_IMPLEMENTED
-    assert "(`helper` still raises NotImplementedError)" in result.report()
+    assert "(`helper` still raises NotImplementedError)" in " ".join(result.report().split())
+    assert all(len(line) <= 96 for line in result.report().splitlines())  # wrapped on words
 
 
 def test_a_lambda_inside_an_unwritten_function_names_the_function():

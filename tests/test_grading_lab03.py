@@ -210,7 +210,7 @@ def test_allocate_returning_the_managers_own_key_card_fails_with_the_copy_hint(r
         d.startswith("input:    BlockManager(32, 4); .allocate('one', 1); → card")
         for d in first.details
     )
-    assert any(d.startswith("got:      'one''s key card [0] → [") for d in first.details)
+    assert any(d.startswith("got:      the key card of 'one': [0] → [") for d in first.details)
     assert hints(first) == [f"hint:     {key_cards.ALIASED}"]
     assert folded(result)
 

@@ -603,11 +603,12 @@ def test_every_animation_plays_in_ten_to_thirty_seconds():
     1,210 not a 4-minute wait (the default was 200 ms a step for all)."""
     from kvlab.widgets.floorplan import play_pace
 
-    for n in (11, 50, 400, 1210, 20_000):
+    for n in (6, 9, 11, 50, 400, 1210, 20_000):
         interval, stride = play_pace(n)
-        assert 50 <= interval <= 1000 and stride >= 1
+        assert 50 <= interval <= 2000 and stride >= 1
         assert 10 <= (n - 1) / stride * interval / 1000 <= 30, (n, interval, stride)
-    assert play_pace(8) == (1000, 1)  # a short story: one step a second
+    assert play_pace(8) == (2000, 1)  # a short story: a step every 2 s, 14 s in all
+    assert play_pace(9) == (2000, 1) and play_pace(12) == (1818, 1)
     assert play_pace(1210) == (50, 4)  # a long day: every 4th step, 20 frames a second
     with pytest.raises(ValueError, match="num_steps"):
         play_pace(0)

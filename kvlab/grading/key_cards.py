@@ -192,9 +192,9 @@ class KeyCardJudge(ClassDriver):
         if after == before:
             quietly(undo)  # a copy: the value goes back to the lab's checks as it came
             return
-        self.transcript.add(f"{change}, on the key card .{method} returned")
+        self.transcript.add(f"{change}, on the key card that .{method} returned")
         changed = [
-            f"{s!r}'s key card {_card(before[0][s])} → {_card(after[0].get(s))}"
+            f"the key card of {s!r}: {_card(before[0][s])} → {_card(after[0].get(s))}"
             for s in before[0]
             if after[0].get(s) != before[0][s]
         ]

@@ -132,11 +132,12 @@ class CheckResult:
         if self.status is Status.NOT_IMPLEMENTED:
             verb = "raise" if len(unwritten) > 1 else "raises"
             where = f" ({names} still {verb} NotImplementedError)" if names else ""
-            return (
-                f"{head}: not implemented yet (0/{self.total}){where}\n"
+            lines = wrap(f"{head}: not implemented yet (0/{self.total}){where}")
+            lines.append(
                 "→ Replace `raise NotImplementedError` in the exercise cell above with your code,\n"
                 "  run that cell, then run this one again."
             )
+            return "\n".join(lines)
         first = f"{head}: {self.passed}/{plural(self.total, 'check')} passed"
         if unwritten:
             first += f" (still to write: {names})"

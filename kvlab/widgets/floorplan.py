@@ -107,12 +107,13 @@ class HotelFloorPlan(anywidget.AnyWidget):
 # Play's pace when none is given: a whole animation plays in about PLAY_SECONDS (10-30 s tells a
 # story; 2 s is a blur, 4 minutes nobody watches), skipping steps when frames would pass too fast.
 PLAY_SECONDS = 20
-FASTEST_MS, SLOWEST_MS = 50, 1000
+FASTEST_MS, SLOWEST_MS = 50, 2000
 
 
 def play_pace(num_steps: int) -> tuple[int, int]:
     """(interval_ms, step) so that ``num_steps`` steps play in 10-30 s when they can: one step
-    at most every second, a frame at most every 50 ms, every k-th step for long traces."""
+    at most every two seconds (time to read its caption), a frame at most every 50 ms, every
+    k-th step for long traces."""
     positive_int("num_steps", num_steps)
     moves = max(1, num_steps - 1)
     interval = min(SLOWEST_MS, max(FASTEST_MS, round(PLAY_SECONDS * 1000 / moves)))
