@@ -40,8 +40,16 @@ def record_times(name: str, grades: dict) -> None:
 
 @pytest.fixture(scope="module")
 def course():
-    """Every lab and solution, graded in the kernel `make lab` registered, two at a time."""
-    return grade("labs", "solutions", kernel="kvlab", jobs=2)
+    """Every lab and solution, graded by the judge (the default), two at a time."""
+    return grade("labs", "solutions", jobs=2)
+
+
+def test_the_self_reported_way_still_runs_a_lab_in_the_kvlab_kernel():
+    """`--kernel` runs the whole notebook in a Jupyter kernel, scored as its check cells say
+    (for self-study: a submission can forge that)."""
+    grades = grade(ROOT / "solutions" / "01_contiguous_cache.ipynb", kernel="kvlab")
+    (g,) = grades.values()
+    assert g["error"] is None and g["passed"] == g["total"] == 16, g
 
 
 # notebooks with nothing to grade (Lab 08 is a leader's brief: no code to write)
@@ -82,17 +90,6 @@ def test_solutions_get_full_marks(course):
         assert {e["status"] for e in g["exercises"]} == {"passed"}, path
 
 
-HOSTILE = [
-    "from kvlab.grading import check",
-    "def kv_bytes_per_token(spec):\n    while True:\n        pass",
-    'check("00.kv_bytes", kv_bytes_per_token)',
-    "def decode_step(layer, x_t, k, v):\n    print('spam ' * 200_000)\n    return 42",
-    'check("00.decode_step", decode_step)',
-    "1 / 0",
-    "print('still running after the error')",
-]
-
-
 def _notebook(tmp_path, sources, name="00_submission.ipynb"):
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
@@ -101,26 +98,41 @@ def _notebook(tmp_path, sources, name="00_submission.ipynb"):
     return path
 
 
+def _handed_in(tmp_path, cells: dict, name="00_submission.ipynb"):
+    """Lab 00 as a learner hands it in, ``cells`` (id -> source) in place of the lab's."""
+    nb = nbformat.read(ROOT / "labs" / "00_why_kv_cache.ipynb", as_version=4)
+    for cell in nb.cells:
+        cell.source = cells.get(cell.get("id"), cell.source)
+    path = tmp_path / name
+    nbformat.write(nb, path)
+    return path
+
+
+HOSTILE = {
+    "lab00-14": "def kv_bytes_per_token(spec):\n    while True:\n        pass",
+    "lab00-07": "def decode_step(layer, x_t, k, v):\n    print('spam ' * 200_000)\n    return 42\n\n1 / 0",
+}
+
+
 def test_grader_survives_a_hostile_submission(tmp_path):
-    path = _notebook(tmp_path, HOSTILE)
+    path = _handed_in(tmp_path, HOSTILE)
     g = grade(path, env={"KVLAB_CHECK_TIMEOUT": "1"})[str(path)]
     assert g["error"] is None
     scores = {e["id"]: (e["passed"], e["total"], e["status"]) for e in g["exercises"]}
     assert scores == {"00.kv_bytes": (0, 5, "failed"), "00.decode_step": (0, 6, "failed")}
-    assert g["error_cells"] == [5]
+    lab = nbformat.read(path, as_version=4)
+    assert [lab.cells[i].id for i in g["error_cells"]] == ["lab00-07"]
 
 
-def test_a_deleted_check_cell_scores_zero(tmp_path):
-    sources = [
-        "from kvlab.grading import check",
-        "def kv_bytes_per_token(s):\n    return 2 * s.num_layers * s.num_kv_heads * s.head_dim * s.dtype_bytes",
-        'check("00.kv_bytes", kv_bytes_per_token)',
-    ]
-    g = grade(_notebook(tmp_path, sources))
-    (g,) = g.values()
+def test_a_deleted_check_cell_changes_nothing(tmp_path):
+    """The judge runs the lab's own check cells: deleting one (or all) scores the same."""
+    nb = nbformat.read(ROOT / "solutions" / "00_why_kv_cache.ipynb", as_version=4)
+    nb.cells = [c for c in nb.cells if not c.source.startswith("check(")]
+    path = tmp_path / "00_no_checks.ipynb"
+    nbformat.write(nb, path)
+    (g,) = grade(path).values()
     scores = {e["id"]: (e["passed"], e["status"]) for e in g["exercises"]}
-    assert scores == {"00.kv_bytes": (5, "passed"), "00.decode_step": (0, "not run")}
-    assert (g["passed"], g["total"]) == (5, 11)
+    assert scores == {"00.decode_step": (6, "passed"), "00.kv_bytes": (5, "passed")}
 
 
 TRITON_FIRST = [
@@ -155,12 +167,16 @@ def test_grading_runs_in_the_learners_kernel_not_in_its_own_environment(tmp_path
 
 
 def test_grading_survives_a_looping_cell_a_dead_kernel_and_a_missing_kernel(tmp_path):
-    """nbclient's cell timeout and dead-kernel checks need the async kernel manager."""
+    """The judge stops a cell that runs past --cell-timeout and starts a process that died
+    again; the self-reported way (a Jupyter kernel) has nbclient's timeout and dead-kernel
+    checks, which need the async kernel manager."""
     loop = _notebook(
-        tmp_path, ["import time", "while True:\n    time.sleep(0.1)"], name="loop.ipynb"
+        tmp_path, ["import time", "while True:\n    time.sleep(0.1)", "x = 1"], name="loop.ipynb"
     )
     crash = _notebook(
-        tmp_path, ["import os, signal", "os.kill(os.getpid(), signal.SIGSEGV)"], name="crash.ipynb"
+        tmp_path,
+        ["import os, signal", "os.kill(os.getpid(), signal.SIGSEGV)", "x = 1"],
+        name="crash.ipynb",
     )
     out = subprocess.run(
         [*kvlab_cli(), "grade", "--json", "--cell-timeout", "3", str(loop), str(crash)],
@@ -170,6 +186,26 @@ def test_grading_survives_a_looping_cell_a_dead_kernel_and_a_missing_kernel(tmp_
         timeout=120,
     )
     grades = {g["path"]: g for g in json.loads(out.stdout)["notebooks"]}
+    for path in (loop, crash):
+        assert grades[str(path)]["error"] is None and grades[str(path)]["error_cells"] == [1]
+    kernel = subprocess.run(
+        [
+            *kvlab_cli(),
+            "grade",
+            "--json",
+            "--kernel",
+            "kvlab",
+            "--cell-timeout",
+            "3",
+            str(loop),
+            str(crash),
+        ],
+        capture_output=True,
+        text=True,
+        env=LEARNER_ENV,
+        timeout=120,
+    )
+    grades = {g["path"]: g for g in json.loads(kernel.stdout)["notebooks"]}
     assert grades[str(loop)]["error"].startswith("CellTimeoutError"), grades
     assert grades[str(crash)]["error"].startswith("DeadKernelError"), grades
     missing = subprocess.run(

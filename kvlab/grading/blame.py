@@ -32,12 +32,24 @@ def _is_learner_frame(filename: str) -> bool:
     return not installed
 
 
+def _remote(exc: BaseException):
+    """What the learner's process said of an error raised there (``kvlab grade``'s judge)."""
+    info = getattr(exc, "__kvlab_remote__", None)
+    return info if isinstance(info, dict) else None
+
+
 def learner_frames(exc: BaseException) -> list:
+    remote = _remote(exc)
+    if remote is not None:
+        return ["<your code>"] if remote.get("learner") else []
     return [f for f in traceback.extract_tb(exc.__traceback__) if _is_learner_frame(f.filename)]
 
 
 def explain_exception(exc: BaseException) -> list[str]:
     """One or two lines: the exception and, when it came from learner code, that line."""
+    remote = _remote(exc)
+    if remote is not None and isinstance(remote.get("lines"), list):
+        return [str(line) for line in remote["lines"][:3]]
     # KeyError's str() is its key's repr: a sentence (kvlab's messages) would show in quotes
     sentence = isinstance(exc, KeyError) and len(exc.args) == 1 and " " in str(exc.args[0])
     text = exc.args[0] if sentence else exc
@@ -56,6 +68,9 @@ def explain_exception(exc: BaseException) -> list[str]:
 
 def exception_cause(exc: BaseException) -> str:
     """Two failures with the same exception raised at the same line share a cause."""
+    remote = _remote(exc)
+    if remote is not None:
+        return str(remote.get("cause"))
     learner = learner_frames(exc)
     where = f"{learner[-1].filename}:{learner[-1].lineno}" if learner else str(exc)
     return f"{type(exc).__name__}@{where}"
@@ -68,6 +83,10 @@ def unwritten(exc: NotImplementedError) -> str | None:
 
     Returns the function's name (a method's for class exercises), or "?" when it has none.
     """
+    remote = _remote(exc)
+    if remote is not None:
+        name = remote.get("unwritten")
+        return name if isinstance(name, str) else None
     frames = traceback.extract_tb(exc.__traceback__)
     if not frames:
         return None
@@ -90,4 +109,7 @@ def exception_chain(exc: BaseException | None):
 
 def triton_too_early(exc: BaseException) -> bool:
     """Triton was imported before the interpreter was chosen (its message, anywhere in the chain)."""
+    remote = _remote(exc)
+    if remote is not None:
+        return bool(remote.get("too_early"))
     return any(TRITON_TOO_EARLY_MARK in str(e) for e in exception_chain(exc))

@@ -73,6 +73,13 @@ def short(value, limit: int = 160, typed: bool = False) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def max_error(got, diff) -> str:
+    """How far an answer is off, in a report: NaN named as such (not as an infinite error)."""
+    if bool(got.isnan().any()):
+        return "NaN in the answer"
+    return f"max error {diff.max().item():.3g}"
+
+
 def preview(vector, n: int = 4) -> str:
     """The first values of a tensor: enough to compare by eye."""
     values = ", ".join(f"{x:.4g}" for x in vector.reshape(-1)[:n].tolist())

@@ -17,7 +17,13 @@ import torch
 from kvlab import testing
 from kvlab.attention import decode_attention, gather_kv, paged_decode_attention_ref
 from kvlab.grading.blame import explain_exception
-from kvlab.grading.expect import CheckFailed, call_without_mutation, expect_type, preview
+from kvlab.grading.expect import (
+    CheckFailed,
+    call_without_mutation,
+    expect_type,
+    max_error,
+    preview,
+)
 from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise
 from kvlab.testing import FAR, NAN_ROOM, TOLERANCE, close
@@ -283,8 +289,7 @@ def expect_attention(
         )
     read = ": a padding entry of its key card was read" if padding else ""
     raise CheckFailed(
-        f"guest {seq}, query head {head} differs from {reference} "
-        f"(max error {diff.max().item():.3g}){read}",
+        f"guest {seq}, query head {head} differs from {reference} ({max_error(got, diff)}){read}",
         input=what,
         expected=preview(expected[seq, head]),
         got=preview(got[seq, head]),

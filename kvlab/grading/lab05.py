@@ -29,7 +29,7 @@ import torch
 
 from kvlab.attention import decode_attention, gather_kv, paged_decode_attention_ref
 from kvlab.grading.blame import exception_chain, explain_exception
-from kvlab.grading.expect import CheckFailed, plural, preview
+from kvlab.grading.expect import CheckFailed, max_error, plural, preview
 from kvlab.grading.lab04 import (
     ANY,
     HINTS,
@@ -592,7 +592,7 @@ def _fail_unread(got, expected, what: str, case: dict, unread) -> None:
     head = int(diff[seq].amax(dim=1).argmax())
     raise CheckFailed(
         f"guest {seq}, query head {head} differs from the reference "
-        f"(max error {diff.max().item():.3g}): {read}",
+        f"({max_error(got, diff)}): {read}",
         input=what,
         expected=preview(expected[seq, head]),
         got=preview(got[seq, head]),

@@ -74,6 +74,16 @@ class refuse_reference:  # noqa: N801 (a context manager, named like contextlib'
         self._undo.append((space, key, original, guard, setter))
 
     def __enter__(self):
+        from kvlab.grading.remote import connection_of, is_remote
+
+        if is_remote(self.learner):  # kvlab grade's judge: the learner's code runs elsewhere
+            self._remote = connection_of(self.learner)
+            if self._remote is None:  # a rooted proxy: found again by name
+                self._remote = _rooted_connection(self.learner)
+            names = [_name(r) for r in self.references]
+            self._remote.request("guard", names, self.learner, self.task)
+            return self
+        self._remote = None
         originals = {}
         for reference in self.references:
             owner, name = _home(reference)
@@ -87,6 +97,15 @@ class refuse_reference:  # noqa: N801 (a context manager, named like contextlib'
         return self
 
     def __exit__(self, kind, error, traceback):
+        if self._remote is not None:
+            from kvlab.grading.remote import RemoteDied
+
+            try:
+                self.seen = list(self._remote.request("unguard"))
+            except RemoteDied:
+                self.seen = []
+            if kind is not None and issubclass(kind, RemoteDied):
+                return False
         for space, key, original, guard, setter in reversed(self._undo):
             current = space.get(key) if isinstance(space, dict) else vars(space).get(key)
             if current is guard:
@@ -101,3 +120,14 @@ class refuse_reference:  # noqa: N801 (a context manager, named like contextlib'
                 cause=HANDOVER,
             ) from None
         return False
+
+
+def _name(reference) -> tuple[str, str]:
+    """(module, qualname) of a reference function, method or property."""
+    function = getattr(reference, "fget", reference)
+    return function.__module__, function.__qualname__
+
+
+def _rooted_connection(learner):
+    session = getattr(learner, "_session", None) or getattr(learner, "_kvlab_session", None)
+    return session.live() if session is not None else None

@@ -31,6 +31,7 @@ from kvlab.grading.limits import (
     time_limit,
 )
 from kvlab.grading.registry import Check, get_exercise
+from kvlab.grading.remote import Remote, RemoteDied, is_remote, origin
 from kvlab.grading.report import SAME_PROBLEM, CheckResult, Outcome, Status, failure_details
 from kvlab.runtime import TRITON_TOO_EARLY_DETAILS
 
@@ -48,11 +49,12 @@ CRASH_HINT = (
 def check(exercise_id: str, obj, timeout: float | None = None) -> CheckResult:
     """Grade ``obj`` (the learner's function or class) on an exercise and print a short report."""
     result = run_checks(exercise_id, obj, timeout)
-    print(result.report())
+    report = result.report()
+    print(report)
     log = os.environ.get(GRADE_LOG_VAR)
     if log:
         with open(log, "a") as f:
-            f.write(json.dumps(result.to_dict()) + "\n")
+            f.write(json.dumps({**result.to_dict(), "report": report}) + "\n")
     return result
 
 
@@ -67,7 +69,8 @@ def run_checks(exercise_id: str, obj, timeout: float | None = None) -> CheckResu
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     total = len(ex.checks)
     wanted_class = ex.expects == "class"
-    if not callable(obj) or (wanted_class and not isinstance(obj, type)):
+    remote = is_remote(obj)  # the learner's object in its own process (kvlab grade's judge)
+    if not _callable(obj) or (wanted_class and not isinstance(obj, type)):
         kind = "a class" if wanted_class else "a function"
         details = [
             f"expected {kind}, got {short(obj)}",
@@ -88,8 +91,9 @@ def run_checks(exercise_id: str, obj, timeout: float | None = None) -> CheckResu
         if timed_out:  # one endless loop is enough to wait for
             outcomes.append(Outcome(check_.name, Status.SKIPPED, [TIMED_OUT_SKIP]))
             continue
-        run = _run_isolated if ex.isolate and can_fork() else _run_one
-        outcome = run(check_, obj, timeout, out)
+        # the judge's learner process is the isolation: a crash there costs this check only
+        run = _run_isolated if ex.isolate and can_fork() and not remote else _run_one
+        outcome = run(check_, obj, timeout, out, ex.isolate)
         unwritten_ = outcome.status is Status.NOT_IMPLEMENTED
         itself = outcome.unimplemented in ("?", getattr(obj, "__name__", None))
         if unwritten_ and itself and not outcomes and not wanted_class:
@@ -106,27 +110,40 @@ def run_checks(exercise_id: str, obj, timeout: float | None = None) -> CheckResu
 def _kvlab_reference(obj) -> str | None:
     """The name of kvlab's own function or class when ``obj`` is one, else None. (Wrappers that
     hand over to kvlab are caught by each lab's checks, e.g. ``own_code.refuse_reference``.)"""
+    if is_remote(obj):
+        where = origin(obj) or ""
+        return where if where.startswith("kvlab.") else None
     inner = getattr(obj, "fn", obj)  # a @triton.jit kernel wraps the Python function in .fn
     if str(getattr(inner, "__module__", "")).startswith("kvlab."):
         return getattr(inner, "__qualname__", repr(obj))
     return None
 
 
+def _callable(obj) -> bool:
+    if isinstance(obj, Remote):
+        return bool(obj._info.get("callable"))
+    return callable(obj)
+
+
 # --- one check -------------------------------------------------------------------------------
 
 
-def _run_one(check_: Check, obj, timeout: float, out: BoundedBuffer) -> Outcome:
+def _run_one(
+    check_: Check, obj, timeout: float, out: BoundedBuffer, kernel: bool = False
+) -> Outcome:
     """Run one check and say what happened, blaming the learner's code only when it is at fault."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")  # once per place: a warning in a loop is one entry
-        outcome = _run_caught(check_, obj, timeout, out)
+        outcome = _run_caught(check_, obj, timeout, out, kernel)
     outcome.warnings = list(
         dict.fromkeys(f"{w.category.__name__}: {' '.join(str(w.message).split())}" for w in caught)
     )[:5]
     return outcome
 
 
-def _run_caught(check_: Check, obj, timeout: float, out: BoundedBuffer) -> Outcome:
+def _run_caught(
+    check_: Check, obj, timeout: float, out: BoundedBuffer, kernel: bool = False
+) -> Outcome:
     name = check_.name
     try:
         with captured_output(out), time_limit(timeout):
@@ -135,6 +152,16 @@ def _run_caught(check_: Check, obj, timeout: float, out: BoundedBuffer) -> Outco
         return Outcome(name, Status.FAILED, failure_details(f), cause=f.cause)
     except CheckTimeout:
         return _timed_out(name, timeout)
+    except RemoteDied as died:
+        how = died.how
+        if died.broke_protocol:
+            details = [f"your notebook's process was stopped: {how}"]
+        elif how.startswith("SIG"):  # killed by a signal (a kernel: memory it must not touch)
+            details = [f"your code crashed the process ({how})"]
+            details += [f"hint:     {CRASH_HINT}"] if kernel else []
+        else:
+            details = [f"your code ended its process ({how})"]
+        return Outcome(name, Status.CRASHED, details, cause=f"kvlab: crash {how}")
     except SystemExit as e:
         details = [f"your code called exit({e.code!r}); return a value instead"]
         return Outcome(name, Status.ERROR, details + explain_exception(e)[1:], cause="kvlab: exit")
@@ -160,12 +187,14 @@ def _timed_out(name: str, timeout: float) -> Outcome:
     return Outcome(name, Status.TIMED_OUT, details, cause=TIMEOUT_CAUSE)
 
 
-def _run_isolated(check_: Check, obj, timeout: float, out: BoundedBuffer) -> Outcome:
+def _run_isolated(
+    check_: Check, obj, timeout: float, out: BoundedBuffer, kernel: bool = True
+) -> Outcome:
     """``_run_one`` in a forked child; a crash or a hang costs this check only."""
 
     def child():
         buffer = BoundedBuffer()
-        outcome = _run_one(check_, obj, timeout, buffer)
+        outcome = _run_one(check_, obj, timeout, buffer, kernel)
         return outcome, buffer.text(), buffer.total
 
     try:

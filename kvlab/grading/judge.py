@@ -1,0 +1,389 @@
+"""``kvlab grade``'s judge: scores that the submission cannot reach.
+
+The submission's code never runs in this process. A learner's process (``judge_child``) runs
+the lab as the instructor ships it, with only the exercise cells taken from the submission
+(matched by cell id; every other cell is the instructor's copy, so a forged check cell or a
+patched given cell has no effect). Where the lab has a check cell, this process asks for the
+object the cell names and runs the exercise's checks here, calling the learner's functions,
+classes and kernels across the process boundary (:mod:`kvlab.grading.remote`). The checks,
+kvlab's references, the inputs and the results stay here; nothing the learner's process writes
+or patches, and no way it ends, changes a score but by the answers its code gives.
+
+A learner's process that dies or hangs is started again and the cells before replayed (seeds are
+fixed), so one crash costs the check it happened in, as in the learner's own notebook.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from kvlab.grading.limits import CheckTimeout, time_limit
+from kvlab.grading.registry import get_exercise, load_lab
+from kvlab.grading.remote import (
+    JUDGE,
+    Connection,
+    Remote,
+    RemoteDied,
+    _RemoteMeta,
+)
+from kvlab.grading.report import CheckResult, Outcome, Status
+from kvlab.labgen import RAISES_TAG
+from kvlab.runtime import child_environ
+
+CHECK_CELL = re.compile(
+    r"""^\s*check\(\s*["'](\d\d\.[\w.]+)["']\s*,\s*([A-Za-z_]\w*)\s*\)\s*;?\s*$"""
+)
+LAB_NAME = re.compile(r"^(\d\d)_")
+MAX_RESTARTS = 12  # a submission that needs more has stopped being graded fairly anyway
+
+
+@dataclass
+class Cell:
+    id: str
+    kind: str  # "given", "exercise" or "check"
+    source: str
+    exercise: str | None = None  # a check cell's exercise id
+    name: str | None = None  # the object a check cell names
+
+
+def lab_notebook(number: str) -> Path:
+    """The instructor's copy of a lab: the generated learner notebook kvlab ships."""
+    from kvlab.labgen import LABS_DIR
+
+    found = sorted(LABS_DIR.glob(f"{number}_*.ipynb"))
+    if not found:
+        raise FileNotFoundError(f"no Lab {number} in {LABS_DIR}")
+    return found[0]
+
+
+def lab_for(path: Path) -> Path | None:
+    """The instructor's copy for a submission named like a lab (``03_...ipynb``), or None."""
+    match = LAB_NAME.match(Path(path).name)
+    if not match:
+        return None
+    try:
+        return lab_notebook(match.group(1))
+    except FileNotFoundError:
+        return None
+
+
+def program(submission, lab) -> list[Cell]:
+    """The cells the learner's process runs: the lab's, with the submission's exercise cells
+    (same id) in place of the lab's stubs. Cells the learner added are left out."""
+    theirs = {
+        c.get("id"): c.source for c in submission.cells if c.cell_type == "code" and c.get("id")
+    }
+    cells = []
+    if lab is None:  # not a lab of the course: its own cells, its check cells judged
+        lab, theirs = submission, {}
+    for cell in lab.cells:
+        if cell.cell_type != "code":
+            continue
+        cid = cell.get("id") or ""
+        match = CHECK_CELL.match(cell.source)
+        if match:
+            cells.append(Cell(cid, "check", cell.source, match.group(1), match.group(2)))
+        elif RAISES_TAG in cell.metadata.get("tags", []) or not theirs:
+            cells.append(Cell(cid, "exercise", theirs.get(cid, cell.source)))
+        else:
+            cells.append(Cell(cid, "given", cell.source))
+    return cells
+
+
+class Session:
+    """One learner's process and the channel to it; started again (cells replayed) when it
+    dies or must be stopped."""
+
+    def __init__(self, workdir: Path, env: dict | None = None, launcher=None):
+        self.workdir = workdir
+        self.env = env if env is not None else _child_env()
+        self.launcher = launcher  # (argv, pass_fds, cwd, env) -> Popen; plain Popen if None
+        self.process: subprocess.Popen | None = None
+        self.conn: Connection | None = None
+        self.ran: list[str] = []  # sources run so far, replayed after a restart
+        self.roots: dict[str, int] = {}
+        self.restarts = 0
+        self.notes: list[str] = []
+        self.start()
+
+    def start(self) -> None:
+        to_child_r, to_child_w = os.pipe()
+        to_judge_r, to_judge_w = os.pipe()
+        argv = [sys.executable, "-m", "kvlab.grading.judge_child", str(to_child_r), str(to_judge_w)]
+        fds = (to_child_r, to_judge_w)
+        if self.launcher is not None:
+            self.process = self.launcher(argv, fds, self.workdir, self.env)
+        else:
+            self.process = subprocess.Popen(
+                argv,
+                pass_fds=fds,
+                cwd=self.workdir,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=_debug_log(),
+                start_new_session=True,
+            )
+        os.close(to_child_r)
+        os.close(to_judge_w)
+        self.conn = Connection(to_judge_r, to_child_w, JUDGE)
+        self.conn.on_printed = _printed
+        self.conn.on_died = self.how_it_ended
+        self.roots = {}
+
+    def stop(self) -> None:
+        if self.process is not None:
+            _kill_tree(self.process)
+            self.process = None
+        if self.conn is not None:
+            for fd in (self.conn.read_fd, self.conn.write_fd):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self.conn = None
+
+    def restart(self) -> None:
+        self.restarts += 1
+        if self.restarts > MAX_RESTARTS:
+            raise RemoteDied(f"stopped after {MAX_RESTARTS} restarts of your notebook")
+        self.stop()
+        self.start()
+        for source in self.ran:
+            self.conn.request("run_cell", source)
+
+    def how_it_ended(self) -> str:
+        """How the learner's process ended, for a report ("SIGSEGV", "exit status 1")."""
+        if self.process is None:
+            return "stopped"
+        try:
+            code = self.process.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            return "stopped answering"
+        if code < 0:
+            try:
+                return signal.Signals(-code).name
+            except ValueError:
+                return f"signal {-code}"
+        return f"exit status {code}"
+
+    def live(self) -> Connection:
+        if self.conn is None or self.conn.broken:
+            self.restart()
+        return self.conn
+
+    def run_cell(self, source: str, timeout: float) -> str | None:
+        """Run one cell; returns the error it raised, if any. A cell that hangs or kills the
+        process is left out of the replay."""
+        conn = self.live()
+        try:
+            with time_limit(timeout):
+                error = conn.request("run_cell", source)
+        except CheckTimeout:
+            self.conn.broken = True
+            return f"the cell did not finish within {timeout:g} s"
+        except RemoteDied:
+            return "the notebook's process died in this cell"
+        self.ran.append(source)
+        return error
+
+    def root_handle(self, name: str) -> int:
+        """The handle of ``name`` in the live learner's process (found again after a restart)."""
+        conn = self.live()
+        handle = self.roots.get(name)
+        if handle is None:
+            handle = self.roots[name] = _handle(conn.request("resolve", name))
+        return handle
+
+    def ask_root(self, name: str, op: str, *args, **options):
+        handle = self.root_handle(name)
+        return self.conn.request(op, handle, *args, **options)
+
+    def root(self, name: str):
+        """The object ``name`` of the learner's notebook, as a proxy that survives restarts."""
+        value = self.live().request("resolve", name)
+        self.roots[name] = _handle(value)
+        if isinstance(value, _RemoteMeta):
+            return rooted_class(self, name, value._kvlab_info)
+        return Rooted(self, name, value._info)
+
+    def release(self) -> None:
+        """Forget the handles of one exercise (both sides)."""
+        if self.conn is not None and not self.conn.broken:
+            try:
+                self.conn.request("release")
+            except RemoteDied:
+                pass
+            self.conn.release_all()
+        self.roots = {}
+
+
+def _handle(value) -> int:
+    if isinstance(value, Remote):
+        return value._handle
+    if isinstance(value, _RemoteMeta):
+        return value._kvlab_handle
+    raise RemoteDied("the name does not hold an object of yours")
+
+
+class Rooted(Remote):
+    """The exercise's object, found again by name after the learner's process restarts."""
+
+    __slots__ = ("_session", "_root")
+
+    def __init__(self, session: Session, name: str, info: dict):
+        super().__init__(None, None, info)
+        object.__setattr__(self, "_session", session)
+        object.__setattr__(self, "_root", name)
+
+    def _ask(self, op, *args, **options):
+        return self._session.ask_root(self._root, op, *args, **options)
+
+    def _kvlab_pid(self, conn):
+        return ("P", self._session.root_handle(self._root))
+
+    def __eq__(self, other):
+        return self is other
+
+    def __hash__(self):
+        return id(self)
+
+
+class _RootedMeta(_RemoteMeta):
+    def _kvlab_ask(cls, op, *args, **options):
+        return cls._kvlab_session.ask_root(cls._kvlab_root, op, *args, **options)
+
+    def _kvlab_pid(cls, conn):
+        return ("P", cls._kvlab_session.root_handle(cls._kvlab_root))
+
+
+def rooted_class(session: Session, name: str, info: dict):
+    namespace = {
+        "_kvlab_session": session,
+        "_kvlab_root": name,
+        "_kvlab_info": info,
+        "__module__": info["module"],
+        "__qualname__": info["qualname"],
+    }
+    return _RootedMeta(info["name"], (), namespace)
+
+
+def _debug_log():
+    """KVLAB_JUDGE_LOG=FILE keeps what the learner's process writes to stderr (for kvlab's
+    developers); by default it is dropped."""
+    path = os.environ.get("KVLAB_JUDGE_LOG")
+    return open(path, "a") if path else subprocess.DEVNULL
+
+
+def _printed(printed) -> None:
+    """What the learner's code printed during a check goes where the check's output goes
+    (the runner counts it; only the first characters are kept)."""
+    hidden = max(0, min(printed.total - len(printed.text), 1 << 20))
+    sys.stdout.write(printed.text + " " * hidden)
+
+
+def _child_env() -> dict:
+    env = child_environ()
+    env.pop("KVLAB_GRADE_LOG", None)
+    env["MPLBACKEND"] = "Agg"
+    env.setdefault("PYTHONHASHSEED", "0")
+    return env
+
+
+def _kill_tree(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            process.kill()
+        except ProcessLookupError:
+            pass
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+# --- grading one submission ----------------------------------------------------------------
+
+
+@dataclass
+class Judged:
+    """What the judge found in one submission."""
+
+    results: dict[str, CheckResult] = field(default_factory=dict)
+    error_cells: list[str] = field(default_factory=list)  # ids of cells that raised
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+AUTO = "auto"
+
+
+def judge(submission_path: str | Path, cell_timeout: float = 300, lab_path=AUTO, launcher=None):
+    """Run a submission as the judge does; returns :class:`Judged` (never raises for what the
+    submission does). ``lab_path``: the instructor's copy (by default the course's lab of the
+    file's number; None judges the notebook's own cells)."""
+    from kvlab.grading.runner import run_checks
+
+    started = time.monotonic()
+    path = Path(submission_path)
+    submission = nbformat.read(path, as_version=4)
+    if lab_path == AUTO:
+        lab_path = lab_for(path)
+    lab = nbformat.read(lab_path, as_version=4) if lab_path is not None else None
+    found = Judged()
+    with tempfile.TemporaryDirectory(prefix="kvlab-judge-") as tmp:
+        session = Session(Path(tmp), launcher=launcher)
+        try:
+            for cell in program(submission, lab):
+                if cell.kind != "check":
+                    error = session.run_cell(cell.source, cell_timeout)
+                    if error is not None:
+                        found.error_cells.append(cell.id)
+                    continue
+                found.results[cell.exercise] = _judge_exercise(session, cell, run_checks)
+        finally:
+            session.stop()
+        found.notes += session.notes
+        if session.restarts:
+            found.notes.append(
+                f"your notebook's process was started again {session.restarts} times"
+            )
+    found.seconds = time.monotonic() - started
+    return found
+
+
+def _judge_exercise(session: Session, cell: Cell, run_checks) -> CheckResult:
+    ex = get_exercise(cell.exercise)
+    try:
+        obj = session.root(cell.name)
+    except RemoteDied as died:
+        return _not_run(ex, f"your notebook's process is gone ({died})")
+    except NameError:
+        return _not_run(ex, f"`{cell.name}` is not defined when its check cell runs")
+    except Exception as e:  # noqa: BLE001
+        return _not_run(ex, f"`{cell.name}` could not be read ({type(e).__name__})")
+    try:
+        return run_checks(cell.exercise, obj)
+    finally:
+        session.release()
+
+
+def _not_run(ex, why: str) -> CheckResult:
+    outcome = Outcome("the exercise's object", Status.NOT_RUN, [why])
+    return CheckResult(ex.id, ex.title, Status.NOT_RUN, [outcome], len(ex.checks))
+
+
+def lab_exercises(number: str) -> list:
+    return load_lab(number)

@@ -1,0 +1,774 @@
+"""Calls across the boundary between the judge and the learner's process.
+
+One :class:`Connection` per side, over two pipes. Either side may call the other while it is
+itself being called (the judge calls the learner's ``step(scheduler)``; the learner's code calls
+``scheduler.preempt()``, which runs in the judge): a side waiting for a reply serves requests
+in the meantime. What a side hands out by reference lives in its ``exports``; the other side
+holds a proxy (:class:`Remote` in the judge, :class:`JudgeRef` in the learner's process) whose
+every use is a request. Arguments of a call that travel by value (lists, dicts, tensors) come
+back after it, so a function that fills or changes them does so as it would in one process.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import pickle
+import sys
+import types
+
+from kvlab.grading import wire
+from kvlab.grading.wire import ProtocolError
+
+JUDGE, LEARNER = "judge", "learner"
+MUTABLE = (list, dict, set, collections.deque, collections.OrderedDict)
+
+
+class RemoteDied(Exception):
+    """The learner's process ended (a crash, a limit, an exit) while the judge waited on it,
+    or broke the protocol (wrote on the channel itself): either way it is stopped."""
+
+    def __init__(self, how: str, broke_protocol: bool = False):
+        super().__init__(how)
+        self.how, self.broke_protocol = how, broke_protocol
+
+
+@dataclasses.dataclass
+class Printed:
+    """What the learner's code printed during one request (the first ``keep`` characters)."""
+
+    text: str = ""
+    total: int = 0
+
+
+class Connection:
+    def __init__(self, read_fd: int, write_fd: int, side: str):
+        self.read_fd, self.write_fd, self.side = read_fd, write_fd, side
+        self.exports: dict[int, object] = {}
+        self._export_ids: dict[int, int] = {}  # id(obj) -> handle
+        self.proxies: dict[int, object] = {}
+        self.handlers: dict[str, object] = {}  # extra operations this side serves
+        self.on_printed = None  # the judge: where the learner's printing goes
+        self.on_died = None  # the judge: how the learner's process ended, in words
+        self.broken = False
+        self.storages: list[dict] = []  # per request being served: its rebuilt storages
+        self.pending_back = None  # what a call that raised left of its arguments
+
+    # --- handles ---------------------------------------------------------------------------
+    def export(self, obj) -> int:
+        handle = self._export_ids.get(id(obj))
+        if handle is None or self.exports.get(handle) is not obj:
+            handle = len(self.exports) + 1
+            while handle in self.exports:
+                handle += 1
+            self.exports[handle] = obj
+            self._export_ids[id(obj)] = handle
+        return handle
+
+    def exported(self, handle):
+        if not isinstance(handle, int) or handle not in self.exports:
+            raise ProtocolError(f"no object {handle!r} was handed out")
+        return self.exports[handle]
+
+    def release_all(self) -> None:
+        self.exports.clear()
+        self._export_ids.clear()
+        self.proxies.clear()
+
+    # --- encoding --------------------------------------------------------------------------
+    def _special(self, storages: dict, by_reference: bool, target=None):
+        def special(obj):
+            first = obj is target
+            if wire.is_tensor(obj):
+                return wire.tensor_id(obj, storages)
+            pid = getattr(type(obj), "_kvlab_pid", None)  # a proxy found again by name
+            if pid is not None and isinstance(obj, (_Proxy, _RemoteMeta)):
+                return pid(obj, self)
+            if isinstance(obj, (Remote, JudgeRef)):
+                if obj._conn is self:
+                    return ("P", obj._handle)
+                raise ProtocolError("a proxy of another connection")
+            if isinstance(obj, _RemoteMeta):
+                if obj._kvlab_remote is self:
+                    return ("P", obj._kvlab_handle)
+                raise ProtocolError("a class of another connection")
+            if self.side == JUDGE:
+                return self._judge_special(obj, first and by_reference)
+            return self._learner_special(obj, first and by_reference)
+
+        return special
+
+    def _judge_special(self, obj, containers_by_reference: bool):
+        """What the judge sends by reference: kvlab's live objects (a scheduler, a cache, a
+        sequence), functions and methods, and the containers they hold when asked for them."""
+        if containers_by_reference and type(obj) in MUTABLE:
+            return ("R", self.export(obj), _info(obj))
+        if _bound_or_local(obj) or _live_kvlab(obj):
+            return ("R", self.export(obj), _info(obj))
+        return None
+
+    def _learner_special(self, obj, aliased: bool):
+        """What the learner's side sends: plain data as it is, kvlab's enums and dataclasses by
+        name and fields, numbers of NumPy as Python's; everything else by handle."""
+        kind = type(obj)
+        if kind in wire.PLAIN_TYPES:
+            if aliased and kind is list:  # a key card the caller may change: changes go back
+                return ("L", self.export(obj), list(obj))
+            return None
+        if isinstance(obj, BaseException):  # an error kept as a value (a refusal): by value
+            return ("X", describe_error(obj, traceback=False))
+        if wire.is_kvlab_enum(obj):
+            module, qualname = wire.kvlab_name(obj)
+            return ("E", module, qualname, obj.name)
+        if wire.is_kvlab_data(obj):
+            return wire.data_id(obj)
+        numpy = sys.modules.get("numpy")
+        if numpy is not None and isinstance(obj, numpy.generic) and obj.ndim == 0:
+            value = obj.item()
+            if type(value) in (bool, int, float, complex):
+                return ("V", value)
+        return ("R", self.export(obj), _info(obj))
+
+    def _resolve(self, built: dict):
+        def resolve(pid):
+            tag = pid[0]
+            if tag == "T":
+                return wire.tensor_from(pid, built)
+            if tag == "P":
+                return self.exported(pid[1])
+            if tag == "R":
+                return self._proxy(pid[1], pid[2])
+            if tag == "L" and self.side == JUDGE:
+                return RemoteList(self, pid[1], pid[2])
+            if tag == "E":
+                return wire.enum_from(pid)
+            if tag == "D":
+                return wire.data_from(pid)
+            if tag == "V" and type(pid[1]) in (bool, int, float, complex):
+                return pid[1]
+            if tag == "X" and self.side == JUDGE:
+                return rebuild_error(pid[1], remote=False)
+            raise ProtocolError(f"an unknown reference {tag!r}")
+
+        return resolve
+
+    def _proxy(self, handle, info):
+        if not isinstance(handle, int) or not isinstance(info, dict):
+            raise ProtocolError("a malformed reference")
+        proxy = self.proxies.get(handle)
+        if proxy is None:
+            proxy = remote_class(self, handle, info) if self.side == JUDGE else None
+            if proxy is None:
+                proxy = (Remote if self.side == JUDGE else JudgeRef)(self, handle, info)
+            self.proxies[handle] = proxy
+        return proxy
+
+    def encode(self, message, by_reference: bool = False) -> tuple[bytes, dict]:
+        """``by_reference``: a reply whose value, if a container, goes by reference (a
+        scheduler's ``running`` list, which the learner's code changes in place)."""
+        storages: dict = {}
+        target = message[1] if by_reference and isinstance(message, tuple) else None
+        body = wire.dumps(message, self._special(storages, by_reference, target))
+        outer = pickle.dumps((body, wire.storage_table(storages)), protocol=5)
+        return outer, storages
+
+    def decode(self, data: bytes):
+        """(message, rebuilt storages)."""
+        trusted = self.side == LEARNER
+
+        def no_references(pid):
+            raise ProtocolError("a reference outside a message")
+
+        outer = wire.loads(data, no_references, trusted)
+        if not (isinstance(outer, tuple) and len(outer) == 2 and isinstance(outer[0], bytes)):
+            raise ProtocolError("not a message")
+        body, table = outer
+        if not isinstance(table, dict):
+            raise ProtocolError("not a message")
+        built = wire.build_storages(table)
+        return wire.loads(body, self._resolve(built), trusted), built
+
+    # --- requests --------------------------------------------------------------------------
+    def _send(self, message, by_reference: bool = False) -> dict:
+        data, storages = self.encode(message, by_reference)
+        try:
+            wire.send(self.write_fd, data)
+        except (BrokenPipeError, OSError) as e:
+            self.broken = True
+            raise RemoteDied(f"the channel closed ({e})") from None
+        return storages
+
+    def _receive(self):
+        try:
+            data = wire.recv(self.read_fd)
+        except EOFError:
+            self.broken = True
+            how = self.on_died() if self.on_died is not None else "the channel closed"
+            raise RemoteDied(how) from None
+        except BaseException:
+            self.broken = True  # interrupted mid-message (a time limit): the stream is lost
+            raise
+        return self.decode(data)
+
+    def request(self, op: str, *args, copy_back=None):
+        """Send ``(op, *args)`` and serve the other side until its reply; returns the value or
+        raises what the other side raised. ``copy_back``: the call's by-value arguments, whose
+        changes come back."""
+        if self.broken:
+            raise RemoteDied("the channel is closed")
+        storages = self._send(("req", op, args))
+        while True:
+            try:
+                message, built = self._receive()
+                if not isinstance(message, tuple) or not message:
+                    raise ProtocolError("not a message")
+                kind = message[0]
+                if kind == "req":
+                    self._serve(message, built)
+                    continue
+                if kind not in ("ok", "err") or len(message) != 4:
+                    raise ProtocolError("not a reply")
+                _, value, printed, back = message
+                self._printed(printed)
+                if back is not None:
+                    self._copy_back(storages, back, copy_back)
+            except ProtocolError as e:
+                if self.side == LEARNER:
+                    raise
+                self.broken = True  # whatever wrote that is not to be talked to again
+                raise RemoteDied(f"it wrote on the grader's channel: {e}", True) from None
+            except BaseException:
+                self.broken = True
+                raise
+            if kind == "err":
+                raise self._error(value)
+            return value
+
+    def _printed(self, printed) -> None:
+        if self.on_printed is not None and isinstance(printed, tuple) and len(printed) == 2:
+            text, total = printed
+            if isinstance(text, str) and isinstance(total, int):
+                self.on_printed(Printed(text, total))
+
+    def _copy_back(self, storages: dict, back, arguments) -> None:
+        if not (isinstance(back, tuple) and len(back) == 2):
+            raise ProtocolError("a malformed copy-back")
+        table, values = back
+        if isinstance(table, dict):
+            wire.copy_back(storages, table)
+        if arguments is not None and isinstance(values, list):
+            for original, value in zip(arguments, values, strict=False):
+                _assign(original, value)
+
+    def _error(self, info) -> BaseException:
+        if self.side == LEARNER:
+            return info if isinstance(info, BaseException) else RuntimeError(str(info))
+        return rebuild_error(info)
+
+    # --- serving ---------------------------------------------------------------------------
+    def serve_forever(self) -> None:
+        """The learner's side: answer the judge until it closes the channel."""
+        while True:
+            try:
+                message, built = self._receive()
+            except RemoteDied:
+                return
+            if isinstance(message, tuple) and message and message[0] == "req":
+                self._serve(message, built)
+
+    def _serve(self, message, built: dict) -> None:
+        try:
+            _, op, args = message
+        except ValueError:
+            raise ProtocolError("a malformed request") from None
+        self.storages.append(built)  # the request's tensors, for what goes back after a call
+        try:
+            self._answer(op, args)
+        finally:
+            self.storages.pop()
+
+    def _answer(self, op, args) -> None:
+        handler = self.handlers.get(op) or OPERATIONS.get(op)
+        if handler is None:
+            raise ProtocolError(f"an unknown operation {op!r}")
+        self.pending_back = None
+        try:
+            value, by_reference, printed, back = handler(self, *args)
+            reply = ("ok", value, printed, back)
+        except ProtocolError:
+            raise
+        except BaseException as error:  # noqa: BLE001 (every error goes to the caller)
+            if isinstance(error, KeyboardInterrupt) and self.side == LEARNER:
+                raise
+            printed, back, self.pending_back = None, self.pending_back, None
+            reply, by_reference = ("err", self._describe(error), printed, back), False
+        try:
+            self._send(reply, by_reference)
+        except (pickle.PicklingError, TypeError, AttributeError, ProtocolError) as e:
+            failure = RuntimeError(f"a result that cannot be sent back: {type(e).__name__}: {e}")
+            self._send(("err", self._describe(failure), printed, back))
+
+    def _describe(self, error: BaseException):
+        if self.side == JUDGE:  # the learner's side trusts the judge's exceptions
+            try:
+                pickle.dumps(error)
+                return error
+            except Exception:
+                return RuntimeError(f"{type(error).__name__}: {error}")
+        return describe_error(error)
+
+
+# --- the operations both sides serve -------------------------------------------------------
+# each returns (value, send containers by reference?, printed, copy-back)
+
+
+def _call(conn, handle, args, kwargs):
+    target = conn.exported(handle)
+    if not isinstance(args, tuple) or not isinstance(kwargs, dict):
+        raise ProtocolError("a malformed call")
+    if conn.side == LEARNER:
+        from kvlab.grading.judge_child import learner_call
+
+        return learner_call(conn, target, args, kwargs)
+    return target(*args, **kwargs), True, None, None
+
+
+def _getattr(conn, handle, name):
+    if not isinstance(name, str):
+        raise ProtocolError("a malformed attribute")
+    if conn.side == JUDGE and name.startswith("_"):
+        raise AttributeError(f"{name!r}: the judge's private attributes are not yours to read")
+    return getattr(conn.exported(handle), name), True, None, None
+
+
+def _setattr(conn, handle, name, value):
+    if not isinstance(name, str) or (conn.side == JUDGE and name.startswith("_")):
+        raise AttributeError(f"{name!r} cannot be set from the other side")
+    setattr(conn.exported(handle), name, value)
+    return None, False, None, None
+
+
+def _getitem(conn, handle, key):
+    return conn.exported(handle)[key], True, None, None
+
+
+def _setitem(conn, handle, key, value):
+    conn.exported(handle)[key] = value
+    return None, False, None, None
+
+
+def _delitem(conn, handle, key):
+    del conn.exported(handle)[key]
+    return None, False, None, None
+
+
+def _method(conn, handle, name, args):
+    """A container's own method (``append``, ``pop``, ``sort``) on an exported container."""
+    target = conn.exported(handle)
+    if not isinstance(name, str) or name.startswith("_") or type(target) not in MUTABLE:
+        raise ProtocolError("a malformed container method")
+    return getattr(target, name)(*args), False, None, None
+
+
+def _unary(name):
+    def op(conn, handle):
+        target = conn.exported(handle)
+        functions = {"len": len, "iter": iter, "next": next, "repr": repr, "str": str}
+        functions |= {"bool": bool, "hash": hash}
+        return functions[name](target), name in ("iter", "next"), None, None
+
+    return op
+
+
+def _binary(name):
+    def op(conn, handle, other):
+        target = conn.exported(handle)
+        if name == "eq":
+            return target == other, False, None, None
+        if name == "contains":
+            return other in target, False, None, None
+        raise ProtocolError(name)
+
+    return op
+
+
+OPERATIONS = {
+    "call": _call,
+    "getattr": _getattr,
+    "setattr": _setattr,
+    "getitem": _getitem,
+    "setitem": _setitem,
+    "delitem": _delitem,
+    "method": _method,
+    **{n: _unary(n) for n in ("len", "iter", "next", "repr", "str", "bool", "hash")},
+    "eq": _binary("eq"),
+    "contains": _binary("contains"),
+}
+
+
+# --- what travels by reference, and the proxies --------------------------------------------
+
+
+def _live_kvlab(obj) -> bool:
+    """kvlab's objects with state that calls change (not its enums, errors, frozen data or
+    torch modules): they stay in the judge, the learner's code holds a proxy."""
+    if wire.kvlab_name(obj) is None or isinstance(obj, (enum.Enum, BaseException, type)):
+        return False
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.nn.Module):
+        return False
+    if dataclasses.is_dataclass(obj):
+        return not type(obj).__dataclass_params__.frozen
+    return not isinstance(obj, tuple)
+
+
+def _bound_or_local(obj) -> bool:
+    """A callable that cannot travel by name: a bound method, a lambda, a nested function (a
+    module's own functions, pickle's ``copyreg.__newobj__`` among them, go by name)."""
+    if isinstance(obj, types.MethodType):
+        return True
+    if isinstance(obj, types.FunctionType):
+        return "<" in obj.__qualname__
+    if isinstance(obj, types.BuiltinFunctionType):  # also bound built-in methods ([].append)
+        owner = getattr(obj, "__self__", None)
+        return owner is not None and not isinstance(owner, types.ModuleType)
+    return type(obj).__name__ == "method-wrapper"
+
+
+def _info(obj) -> dict:
+    kind = type(obj)
+    return {
+        "type": kind.__name__,
+        "module": str(getattr(obj, "__module__", None) or getattr(kind, "__module__", "")),
+        "qualname": str(getattr(obj, "__qualname__", None) or kind.__qualname__),
+        "name": str(getattr(obj, "__name__", None) or kind.__name__),
+        "is_class": isinstance(obj, type),
+        "callable": callable(obj),
+        "repr": _safe_repr(obj),
+    }
+
+
+def _safe_repr(obj) -> str:
+    try:
+        text = repr(obj)
+    except Exception as e:
+        text = f"<{type(obj).__name__} whose repr raised {type(e).__name__}>"
+    return text if len(text) <= 400 else text[:399] + "…"
+
+
+def _assign(original, value) -> None:
+    """Make the judge's by-value argument what the learner's side left of it."""
+    if isinstance(original, list) and isinstance(value, list):
+        original[:] = value
+    elif isinstance(original, dict) and isinstance(value, dict):
+        original.clear()
+        original.update(value)
+    elif isinstance(original, set) and isinstance(value, set):
+        original.clear()
+        original.update(value)
+    elif isinstance(original, collections.deque) and isinstance(value, collections.deque):
+        original.clear()
+        original.extend(value)
+
+
+class _Proxy:
+    """Forwards what Python does with an object to the side that holds it."""
+
+    __slots__ = ("_conn", "_handle", "_info", "__weakref__")
+
+    def __init__(self, conn, handle, info):
+        object.__setattr__(self, "_conn", conn)
+        object.__setattr__(self, "_handle", handle)
+        object.__setattr__(self, "_info", info)
+
+    def _ask(self, op, *args, **options):
+        return self._conn.request(op, self._handle, *args, **options)
+
+    def __getattr__(self, name):
+        if (name.startswith("__") and name.endswith("__")) or name.startswith("_kvlab"):
+            raise AttributeError(name)
+        return self._ask("getattr", name)
+
+    def __setattr__(self, name, value):
+        self._ask("setattr", name, value)
+
+    def __call__(self, *args, **kwargs):
+        return self._ask("call", args, kwargs, copy_back=[*args, *kwargs.values()])
+
+    def __getitem__(self, key):
+        return self._ask("getitem", key)
+
+    def __setitem__(self, key, value):
+        self._ask("setitem", key, value)
+
+    def __delitem__(self, key):
+        self._ask("delitem", key)
+
+    def __len__(self):
+        return self._ask("len")
+
+    def __iter__(self):
+        return self._ask("iter")
+
+    def __next__(self):
+        return self._ask("next")
+
+    def __contains__(self, item):
+        return self._ask("contains", item)
+
+    def __bool__(self):
+        return self._ask("bool")
+
+    def __eq__(self, other):
+        if isinstance(other, _Proxy) and other._conn is self._conn:
+            if other._handle == self._handle:
+                return True
+        return self._ask("eq", other)
+
+    def __ne__(self, other):
+        return not self == other
+
+    def __hash__(self):
+        return self._ask("hash")
+
+    def __repr__(self):
+        return self._ask("repr")
+
+    def __str__(self):
+        return self._ask("str")
+
+    def __copy__(self):  # a copy of a scheduler holding a proxy holds the same proxy
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+class Remote(_Proxy):
+    """The judge's view of one of the learner's objects (a function, an instance, a kernel).
+    Where it was defined is :func:`origin`: ``__module__`` here is this module's.
+
+    It equals only itself: numbers, strings, lists and tensors come by value, so anything that
+    arrives as a proxy is an object of the learner's, and its own ``__eq__`` (one that says
+    True to everything) must not decide a check."""
+
+    __slots__ = ()
+
+    def __eq__(self, other):
+        return self is other
+
+    def __hash__(self):
+        return id(self)
+
+    @property
+    def __name__(self):
+        return self._info["name"]
+
+
+class JudgeRef(_Proxy):
+    """The learner's view of one of the judge's objects (a scheduler, a cache, a sequence)."""
+
+    __slots__ = ()
+
+
+class RemoteList(list):
+    """A list the learner's code returned: a copy here, whose changes are made there too, so
+    a caller changing a returned key card changes the learner's list if it is their own."""
+
+    def __init__(self, conn, handle, items):
+        super().__init__(items)
+        self._conn, self._handle = conn, handle
+
+    def _both(self, name, *args):
+        result = getattr(super(), name)(*args)
+        self._conn.request("method", self._handle, name, args)
+        return result
+
+    def append(self, item):
+        return self._both("append", item)
+
+    def extend(self, items):
+        return self._both("extend", list(items))
+
+    def insert(self, index, item):
+        return self._both("insert", index, item)
+
+    def pop(self, index=-1):
+        return self._both("pop", index)
+
+    def remove(self, item):
+        return self._both("remove", item)
+
+    def clear(self):
+        return self._both("clear")
+
+    def reverse(self):
+        return self._both("reverse")
+
+    def sort(self, *, key=None, reverse=False):
+        super().sort(key=key, reverse=reverse)
+        self._conn.request("setitem", self._handle, slice(None), list(self))
+
+    def __setitem__(self, index, value):
+        super().__setitem__(index, value)
+        self._conn.request("setitem", self._handle, index, value)
+
+    def __delitem__(self, index):
+        super().__delitem__(index)
+        self._conn.request("delitem", self._handle, index)
+
+    def __iadd__(self, items):
+        self.extend(items)
+        return self
+
+    def __reduce__(self):  # a copy of it is a plain list
+        return (list, (list(self),))
+
+
+class _RemoteMeta(type):
+    """The type of a learner's class as the judge sees it: its attributes are asked for."""
+
+    def _kvlab_ask(cls, op, *args, **options):
+        return cls._kvlab_remote.request(op, cls._kvlab_handle, *args, **options)
+
+    def __getattr__(cls, name):
+        if name.startswith(("__", "_kvlab")):
+            raise AttributeError(name)
+        return cls._kvlab_ask("getattr", name)
+
+    def __call__(cls, *args, **kwargs):
+        return cls._kvlab_ask("call", args, kwargs, copy_back=[*args, *kwargs.values()])
+
+    def __repr__(cls):
+        return cls._kvlab_info["repr"]
+
+
+def remote_class(conn, handle, info):
+    """A class of the learner's, as a class here (``isinstance(obj, type)`` holds), or None
+    for anything else."""
+    if not info.get("is_class"):
+        return None
+    namespace = {
+        "_kvlab_remote": conn,
+        "_kvlab_handle": handle,
+        "_kvlab_info": info,
+        "__module__": info["module"],
+        "__qualname__": info["qualname"],
+    }
+    return _RemoteMeta(info["name"], (), namespace)
+
+
+def is_remote(obj) -> bool:
+    return isinstance(obj, (Remote, _RemoteMeta))
+
+
+def connection_of(obj):
+    """The connection a proxy talks over (None for a proxy found again by name, whose
+    connection changes when the learner's process restarts)."""
+    if isinstance(obj, Remote):
+        return obj._conn
+    if isinstance(obj, _RemoteMeta):
+        return getattr(obj, "_kvlab_remote", None)
+    return None
+
+
+def handle_of(obj):
+    return obj._handle if isinstance(obj, Remote) else obj._kvlab_handle
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+def describe_error(error: BaseException, traceback: bool = True) -> dict:
+    """The learner's side: what the judge needs of an error (its classes, message, the line of
+    the learner's code it came from), computed here where the traceback is."""
+    from kvlab.grading.blame import (
+        exception_cause,
+        explain_exception,
+        learner_frames,
+        triton_too_early,
+        unwritten,
+    )
+
+    attrs = {
+        k: v
+        for k, v in getattr(error, "__dict__", {}).items()
+        if type(v) in (bool, int, float, str, type(None)) and not k.startswith("_")
+    }
+    described = {
+        "mro": [(c.__module__, c.__qualname__) for c in type(error).__mro__],
+        "args": [
+            a if type(a) in (bool, int, float, str, type(None)) else repr(a) for a in error.args
+        ],
+        "attrs": attrs,
+        "code": error.code if isinstance(error, SystemExit) else None,
+    }
+    if not traceback:
+        return described
+    return described | {
+        "lines": explain_exception(error),
+        "cause": exception_cause(error),
+        "learner": bool(learner_frames(error)),
+        "unwritten": unwritten(error) if isinstance(error, NotImplementedError) else None,
+        "too_early": triton_too_early(error),
+    }
+
+
+def _known_exception(module: str, qualname: str):
+    """Exception classes the judge rebuilds by name: Python's own and kvlab's errors."""
+    import builtins
+
+    from kvlab import errors
+
+    space = {"builtins": builtins, "kvlab.errors": errors}.get(module)
+    found = getattr(space, qualname, None) if space is not None and "." not in qualname else None
+    if found is None and module.startswith("kvlab."):
+        try:
+            found = wire.find_kvlab(module, qualname)
+        except (ProtocolError, ImportError, AttributeError):
+            found = None
+    return found if isinstance(found, type) and issubclass(found, BaseException) else None
+
+
+def rebuild_error(info, remote: bool = True) -> BaseException:
+    """The judge's side: an exception of the nearest class it knows (builtins, kvlab.errors),
+    carrying what the learner's side said of it."""
+    if not isinstance(info, dict) or not isinstance(info.get("mro"), list):
+        return ProtocolError("a malformed error")
+    cls = None
+    for entry in info["mro"]:
+        if isinstance(entry, (tuple, list)) and len(entry) == 2:
+            cls = _known_exception(*map(str, entry))
+            if cls is not None:
+                break
+    cls = cls or Exception
+    if cls in (KeyboardInterrupt, GeneratorExit) or not issubclass(cls, BaseException):
+        cls = Exception
+    error = cls.__new__(cls)
+    args = info.get("args") if isinstance(info.get("args"), list) else []
+    BaseException.__init__(error, *args)
+    attrs = info.get("attrs") if isinstance(info.get("attrs"), dict) else {}
+    for key, value in attrs.items():
+        if isinstance(key, str) and not key.startswith("_"):
+            try:
+                object.__setattr__(error, key, value)
+            except (AttributeError, TypeError):
+                pass
+    if cls is SystemExit:
+        error.code = info.get("code")
+    if remote:  # raised by the learner's code: what it said of its traceback
+        error.__kvlab_remote__ = info
+    return error
+
+
+def remote_info(error: BaseException):
+    return getattr(error, "__kvlab_remote__", None)
+
+
+def origin(obj) -> str | None:
+    """``module.qualname`` of the learner's object behind a proxy (None for anything else)."""
+    info = getattr(obj, "_kvlab_info", None) if isinstance(obj, _RemoteMeta) else None
+    if isinstance(obj, Remote):
+        info = obj._info
+    return None if info is None else f"{info['module']}.{info['qualname']}"

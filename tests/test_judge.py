@@ -1,0 +1,217 @@
+"""`kvlab grade`'s judge: the checks run in the grader's process, the submission's code in its
+own. Every cheat of issue 22 (and a few more) scores no more than the honest code in it; the
+solutions get full marks; a report through the judge reads as the learner's own check cell."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+from conftest import ROOT
+
+from kvlab.grading import run_checks
+from kvlab.grading.judge import judge, program
+
+pytestmark = pytest.mark.slow
+
+
+def _lab(number: str, folder: str = "labs"):
+    (path,) = sorted((ROOT / folder).glob(f"{number}_*.ipynb"))
+    return path, nbformat.read(path, as_version=4)
+
+
+def exercise_cells(number: str) -> list[str]:
+    _, lab = _lab(number)
+    return [c.id for c in lab.cells if "raises-exception" in c.metadata.get("tags", [])]
+
+
+def solution_of(number: str, cell_id: str) -> str:
+    _, solution = _lab(number, "solutions")
+    return next(c.source for c in solution.cells if c.get("id") == cell_id)
+
+
+def submission(tmp_path: Path, number: str, cells: dict[str, str] | None = None, solved=()):
+    """Lab ``number`` as a learner hands it in: ``solved`` exercise cells take the solution's
+    code, ``cells`` (id -> source) replace whatever else they name."""
+    path, lab = _lab(number)
+    nb = copy.deepcopy(lab)
+    for cell in nb.cells:
+        if cell.id in solved:
+            cell.source = solution_of(number, cell.id)
+        if cells and cell.id in cells:
+            cell.source = cells[cell.id]
+    out = tmp_path / f"{number}_submission.ipynb"
+    nbformat.write(nb, out)
+    return out
+
+
+def scores(found) -> dict[str, tuple[int, int]]:
+    return {k: (r.passed, r.total) for k, r in found.results.items()}
+
+
+# --- honest work ---------------------------------------------------------------------------
+
+
+def test_a_solved_lab_gets_full_marks_and_an_unsolved_one_none(tmp_path):
+    ids = exercise_cells("01")
+    solved = judge(submission(tmp_path, "01", solved=ids))
+    assert scores(solved) == {"01.waste_split": (6, 6), "01.max_length_cache": (10, 10)}
+    assert solved.error_cells == []
+    blank = judge(_lab("01")[0])
+    assert scores(blank) == {"01.waste_split": (0, 6), "01.max_length_cache": (0, 10)}
+
+
+WRONG_KV_BYTES = """def kv_bytes_per_token(spec):
+    return 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 2
+"""
+
+
+def test_a_report_through_the_judge_reads_as_the_check_cell_prints_it(tmp_path):
+    """The same slip, checked in the learner's kernel and by the judge: the same report."""
+    found = judge(submission(tmp_path, "00", {"lab00-14": WRONG_KV_BYTES}))
+    namespace: dict = {}
+    exec("from kvlab.models import ModelSpec\n" + WRONG_KV_BYTES, namespace)
+    local = run_checks("00.kv_bytes", namespace["kv_bytes_per_token"])
+    assert found.results["00.kv_bytes"].report() == local.report()
+    assert "spec.dtype_bytes" in local.report()
+
+
+# --- cheats ----------------------------------------------------------------------------------
+
+FORGE = """import json, os
+line = json.dumps({"exercise": "01.waste_split", "title": "x", "status": "passed", "passed": 6, "total": 6})
+for path in {os.environ.get("KVLAB_GRADE_LOG", ""), "results.jsonl"} - {""}:
+    with open(path, "a") as f:
+        f.write(line + "\\n")
+os._exit(0)
+"""
+
+FAKE_CHECK = """def check(exercise, obj, timeout=None):
+    print(f"{exercise}: 6/6 checks passed\\nAll checks passed. Well done!")
+
+def waste_split(booked, tokens, final):
+    return (0, 0, 0)
+"""
+
+PATCH_REFERENCE = """import sys
+
+def waste_split(booked, tokens, final):
+    return (booked, 0, 0)  # wrong
+
+import kvlab.accounting
+for module in list(sys.modules.values()):
+    if getattr(module, "__name__", "").startswith("kvlab") and hasattr(module, "split_waste"):
+        module.split_waste = waste_split
+"""
+
+ALWAYS_EQUAL = """class Yes(tuple):
+    def __eq__(self, other):
+        return True
+    def __ne__(self, other):
+        return False
+    __hash__ = tuple.__hash__
+
+def waste_split(booked, tokens, final):
+    return Yes((0, 0, 0))
+"""
+
+POISON = """import os, pickle, sys, struct
+
+class Boom:
+    def __reduce__(self):
+        return (os.system, ("touch {marker}",))
+
+def waste_split(booked, tokens, final):
+    payload = pickle.dumps((pickle.dumps(("ok", Boom(), None, None)), {{}}))
+    os.write(int(sys.argv[2]), struct.pack("!Q", len(payload)) + payload)
+    return (0, 0, 0)
+"""
+
+
+@pytest.mark.parametrize(
+    "name, cell",
+    [
+        ("forged results, then exit", FORGE),
+        ("a check of its own", FAKE_CHECK),
+        ("kvlab's reference swapped for the learner's", PATCH_REFERENCE),
+        ("an answer that equals everything", ALWAYS_EQUAL),
+    ],
+)
+def test_a_cheat_scores_no_more_than_its_honest_code(tmp_path, name, cell):
+    found = judge(submission(tmp_path, "01", {"lab01-07": cell}))
+    passed, total = scores(found)["01.waste_split"]
+    assert (passed, total) == (0, 6), (name, found.results["01.waste_split"].report())
+    assert scores(found)["01.max_length_cache"] == (0, 10)
+
+
+def test_a_message_forged_on_the_judges_channel_runs_no_code_in_the_judge(tmp_path):
+    marker = tmp_path / "judge-was-made-to-run-this"
+    found = judge(submission(tmp_path, "01", {"lab01-07": POISON.format(marker=marker)}))
+    assert not marker.exists()
+    assert scores(found)["01.waste_split"][0] == 0
+
+
+def test_a_given_cell_is_the_instructors_whatever_the_submission_says(tmp_path):
+    """Only exercise cells come from the submission: a check cell turned into a print, or a
+    given cell that redefines kvlab's names, has no effect; cells the learner added neither."""
+    path, lab = _lab("01")
+    nb = copy.deepcopy(lab)
+    checks = [c for c in nb.cells if c.source.startswith("check(")]
+    for c in checks:
+        c.source = "print('All checks passed. Well done!')"
+    for c in nb.cells:
+        if c.id in exercise_cells("01"):
+            c.source = solution_of("01", c.id)
+    nb.cells.insert(3, nbformat.v4.new_code_cell("raise SystemExit('added by the learner')"))
+    out = tmp_path / "01_tampered.ipynb"
+    nbformat.write(nb, out)
+    cells = program(nb, lab)
+    assert [c.source for c in cells if c.kind == "check"] == [
+        c.source for c in lab.cells if c.source.startswith("check(")
+    ]
+    assert not any("added by the learner" in c.source for c in cells)
+    assert scores(judge(out)) == {"01.waste_split": (6, 6), "01.max_length_cache": (10, 10)}
+
+
+def test_an_exit_or_a_crash_costs_only_what_it_stops(tmp_path):
+    """The learner's process dies (os._exit in one exercise, SIGSEGV inside a check): it is
+    started again, the cells before replayed, and the other exercise is graded as usual."""
+    crash = """import os, signal
+def kv_bytes_per_token(spec):
+    if spec.num_layers == 40:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * spec.dtype_bytes
+"""
+    found = judge(submission(tmp_path, "00", {"lab00-14": crash}, solved=["lab00-07"]))
+    kv = found.results["00.kv_bytes"]
+    statuses = [o.status.value for o in kv.outcomes]
+    assert statuses[0] == "crashed" and "SIGSEGV" in " ".join(kv.outcomes[0].details)
+    assert kv.passed >= 2  # the checks without a 40-layer model still pass
+    assert scores(found)["00.decode_step"] == (6, 6)
+    exits = judge(
+        submission(tmp_path, "00", {"lab00-07": "import os\nos._exit(3)"}, solved=["lab00-14"])
+    )
+    assert scores(exits)["00.kv_bytes"] == (5, 5)
+    assert scores(exits)["00.decode_step"][0] == 0
+
+
+def test_a_hang_costs_its_exercise_only(tmp_path):
+    hang = "def kv_bytes_per_token(spec):\n    while True:\n        pass\n"
+    found = judge(submission(tmp_path, "00", {"lab00-14": hang}, solved=["lab00-07"]))
+    kv = found.results["00.kv_bytes"]
+    assert kv.passed == 0 and kv.outcomes[0].status.value == "timed out"
+    assert scores(found)["00.decode_step"] == (6, 6)
+
+
+def test_judged_results_are_the_same_every_time(tmp_path):
+    path = submission(
+        tmp_path, "01", {"lab01-07": "def waste_split(b, t, f):\n    return (t, b - t, 0)"}
+    )
+    first, second = judge(path), judge(path)
+    assert [r.report() for r in first.results.values()] == [
+        r.report() for r in second.results.values()
+    ]
+    assert json.dumps(scores(first)) == json.dumps(scores(second))
