@@ -215,3 +215,51 @@ def test_judged_results_are_the_same_every_time(tmp_path):
         r.report() for r in second.results.values()
     ]
     assert json.dumps(scores(first)) == json.dumps(scores(second))
+
+
+WRITE_INTO_KVLAB = """import os, kvlab.grading
+folder = os.path.dirname(kvlab.grading.__file__)
+def waste_split(booked, tokens, final):
+    return (0, 0, 0)
+for name in ("lab01.py", "zz_planted.py"):
+    try:
+        with open(os.path.join(folder, name), "a") as f:
+            f.write("\\nimport os; os.system('touch {marker}')\\n")
+    except OSError:
+        pass
+"""
+
+OUTLIVE = """import os, time, json
+def waste_split(booked, tokens, final):
+    return (0, 0, 0)
+if os.fork() == 0:  # a writer that waits for the grader to finish, then forges its files
+    os.setsid()
+    time.sleep(4)
+    open("{marker}", "w").write("still alive")
+    os._exit(0)
+"""
+
+
+def test_the_package_stays_as_it_was_and_no_process_outlives_the_submission(tmp_path):
+    import time
+
+    import kvlab.grading
+
+    folder = Path(kvlab.grading.__file__).parent
+    before = sorted(p.name for p in folder.iterdir())
+    lab01 = (folder / "lab01.py").read_bytes()
+    marker = tmp_path / "planted-code-ran"
+    found = judge(submission(tmp_path, "01", {"lab01-07": WRITE_INTO_KVLAB.format(marker=marker)}))
+    assert sorted(p.name for p in folder.iterdir()) == before
+    assert (folder / "lab01.py").read_bytes() == lab01 and not marker.exists()
+    assert scores(found)["01.waste_split"][0] == 0
+    late = tmp_path / "written-after-grading"
+    judge(submission(tmp_path, "01", {"lab01-07": OUTLIVE.format(marker=late)}))
+    time.sleep(6)
+    assert not late.exists()
+
+
+def test_the_report_says_what_the_sandbox_did(tmp_path):
+    found = judge(submission(tmp_path, "00", solved=exercise_cells("00")))
+    text = "\n".join(found.notes)
+    assert "network:" in text and "limits:" in text, text

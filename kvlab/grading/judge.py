@@ -114,6 +114,8 @@ class Session:
         self.roots: dict[str, int] = {}
         self.restarts = 0
         self.notes: list[str] = []
+        self.outcomes: list = []  # the sandbox's account of each run of the learner's process
+        self.sandbox_report: list[str] = []  # what the sandbox did (network, files, limits)
         self.start()
 
     def start(self) -> None:
@@ -144,6 +146,10 @@ class Session:
     def stop(self) -> None:
         if self.process is not None:
             _kill_tree(self.process)
+            run = getattr(self.process, "sandbox", None)
+            if run is not None:  # what the sandbox did, a limit hit, a protected file changed
+                self.outcomes.append(run.finish(timeout=30))
+                self.sandbox_report = list(run.report)
             self.process = None
         if self.conn is not None:
             for fd in (self.conn.read_fd, self.conn.write_fd):
@@ -324,6 +330,7 @@ class Judged:
     results: dict[str, CheckResult] = field(default_factory=dict)
     error_cells: list[str] = field(default_factory=list)  # ids of cells that raised
     notes: list[str] = field(default_factory=list)
+    tampered: bool = False  # a protected file changed (and was put back): the run fails
     seconds: float = 0.0
 
 
@@ -343,10 +350,19 @@ def judge(submission_path: str | Path, cell_timeout: float = 300, lab_path=AUTO,
         lab_path = lab_for(path)
     lab = nbformat.read(lab_path, as_version=4) if lab_path is not None else None
     found = Judged()
+    cells = []
+    for cell in program(submission, lab):
+        if cell.kind == "check":
+            try:  # every check's module is imported before the learner's code runs at all
+                get_exercise(cell.exercise)
+            except KeyError:
+                found.notes.append(f"no exercise {cell.exercise!r}: its check cell is left out")
+                continue
+        cells.append(cell)
     with tempfile.TemporaryDirectory(prefix="kvlab-judge-") as tmp:
-        session = Session(Path(tmp), launcher=launcher)
+        session = Session(Path(tmp), launcher=launcher or sandboxed())
         try:
-            for cell in program(submission, lab):
+            for cell in cells:
                 if cell.kind != "check":
                     error = session.run_cell(cell.source, cell_timeout)
                     if error is not None:
@@ -360,8 +376,25 @@ def judge(submission_path: str | Path, cell_timeout: float = 300, lab_path=AUTO,
             found.notes.append(
                 f"your notebook's process was started again {session.restarts} times"
             )
+    found.notes += session.sandbox_report
+    for outcome in session.outcomes:  # a limit hit or a protected file changed: said
+        if outcome.limits_hit or outcome.tampered:
+            found.notes += [line for line in outcome.lines if line not in found.notes]
+        found.tampered = found.tampered or outcome.tampered
     found.seconds = time.monotonic() - started
     return found
+
+
+def sandboxed():
+    """How the judge starts the learner's process: in kvlab's sandbox (namespaces where the
+    machine allows them, else content hashes of kvlab's package), with its limits."""
+    from kvlab.grading import sandbox
+
+    torch = sys.modules.get("torch")
+    gpu = torch is not None and torch.cuda.is_available()
+    # CUDA reserves far more address space than it uses: no memory limit on a GPU machine
+    limits = sandbox.Limits(memory_bytes=None if gpu else 8 << 30, wall_seconds=3600.0)
+    return sandbox.launcher(limits, protected=[sandbox.kvlab_package_path()], stderr=_debug_log())
 
 
 def _judge_exercise(session: Session, cell: Cell, run_checks) -> CheckResult:

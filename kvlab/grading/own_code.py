@@ -76,41 +76,46 @@ class refuse_reference:  # noqa: N801 (a context manager, named like contextlib'
     def __enter__(self):
         from kvlab.grading.remote import connection_of, is_remote
 
-        if is_remote(self.learner):  # kvlab grade's judge: the learner's code runs elsewhere
-            self._remote = connection_of(self.learner)
-            if self._remote is None:  # a rooted proxy: found again by name
-                self._remote = _rooted_connection(self.learner)
-            names = [_name(r) for r in self.references]
-            self._remote.request("guard", names, self.learner, self.task)
-            return self
         self._remote = None
         originals = {}
+        if is_remote(self.learner):  # kvlab grade's judge: the learner's code runs elsewhere,
+            # and is guarded there; here, kvlab's objects it holds may be asked to do the work
+            # (a scheduler's own step): the references are guarded in this process too
+            self._remote = connection_of(self.learner) or _rooted_connection(self.learner)
+            names = [_name(r) for r in self.references]
+            self._remote.request("guard", names, self.learner, self.task)
         for reference in self.references:
             owner, name = _home(reference)
             guard = self._guard(reference)
             self._swap(owner, name, reference, guard, setattr)
             originals[id(reference)] = guard
+        if self._remote is not None:
+            return self
         for space in _globals_of(self.learner):
             for key, value in list(space.items()):
                 if id(value) in originals:
                     self._swap(space, key, value, originals[id(value)], dict.__setitem__)
         return self
 
-    def __exit__(self, kind, error, traceback):
-        if self._remote is not None:
-            from kvlab.grading.remote import RemoteDied
-
-            try:
-                self.seen = list(self._remote.request("unguard"))
-            except RemoteDied:
-                self.seen = []
-            if kind is not None and issubclass(kind, RemoteDied):
-                return False
+    def _restore(self) -> None:
         for space, key, original, guard, setter in reversed(self._undo):
             current = space.get(key) if isinstance(space, dict) else vars(space).get(key)
             if current is guard:
                 setter(space, key, original)
         self._undo.clear()
+
+    def __exit__(self, kind, error, traceback):
+        if self._remote is not None:
+            from kvlab.grading.remote import RemoteDied
+
+            try:
+                self.seen = list(self._remote.request("unguard")) + self.seen
+            except RemoteDied:
+                pass
+            if kind is not None and issubclass(kind, RemoteDied):
+                self._restore()
+                return False
+        self._restore()
         if self.seen and (kind is None or issubclass(kind, Exception)):
             name = self.seen[0]
             raise CheckFailed(

@@ -19,6 +19,7 @@ import sys
 import types
 
 from kvlab.grading import wire
+from kvlab.grading.limits import CheckTimeout
 from kvlab.grading.wire import ProtocolError
 
 JUDGE, LEARNER = "judge", "learner"
@@ -299,8 +300,8 @@ class Connection:
         except ProtocolError:
             raise
         except BaseException as error:  # noqa: BLE001 (every error goes to the caller)
-            if isinstance(error, KeyboardInterrupt) and self.side == LEARNER:
-                raise
+            if isinstance(error, (KeyboardInterrupt, CheckTimeout)):
+                raise  # the judge's own time limit, never the learner's to catch
             printed, back, self.pending_back = None, self.pending_back, None
             reply, by_reference = ("err", self._describe(error), printed, back), False
         try:
@@ -577,6 +578,8 @@ class RemoteList(list):
     a caller changing a returned key card changes the learner's list if it is their own."""
 
     def __init__(self, conn, handle, items):
+        if not isinstance(items, list) or not isinstance(handle, int):
+            raise ProtocolError("a malformed list")
         super().__init__(items)
         self._conn, self._handle = conn, handle
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
-import importlib
 import io
 import os
 import pickle
@@ -189,9 +188,13 @@ def find_kvlab(module: str, qualname: str):
     """A class of kvlab's by name (nothing else: the name comes from the other side)."""
     if not (module == "kvlab" or module.startswith("kvlab.")) or "<" in qualname:
         raise ProtocolError(f"{module}.{qualname} is not kvlab's")
-    owner = importlib.import_module(module)
+    owner = sys.modules.get(module)  # never an import: a module's import may run code
+    if owner is None:
+        raise ProtocolError(f"{module} is not loaded here")
     for part in qualname.split("."):
-        owner = getattr(owner, part)
+        if part.startswith("_"):
+            raise ProtocolError(f"{module}.{qualname} is private")
+        owner = getattr(owner, part, None)
     if not isinstance(owner, type):
         raise ProtocolError(f"{module}.{qualname} is not a class")
     return owner
