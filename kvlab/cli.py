@@ -13,6 +13,10 @@ def _labs(args) -> int:
     args.solutions = args.solutions or labgen.SOLUTIONS_DIR
     args.out = args.out or labgen.LABS_DIR
 
+    if args.nbgrader:
+        for path in labgen.export_nbgrader(args.nbgrader, args.solutions):
+            print(f"wrote {path}")
+        return 0
     if args.check:
         problems = labgen.stale_labs(args.solutions, args.out)
         problems += labgen.dirty_notebooks(sorted(args.solutions.glob("*.ipynb")))
@@ -93,6 +97,29 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="a registered Jupyter kernel to run in (default: kvlab's kernel on this Python)",
     )
+    grade.add_argument(
+        "--out",
+        metavar="DIR",
+        help="grade PATHS as a class (folders of student folders or STUDENT_NN.ipynb files): "
+        "write gradebook.csv, grades.json and feedback/STUDENT.md into this folder",
+    )
+    grade.add_argument(
+        "--shard",
+        metavar="K/N",
+        help="grade only the K-th of N slices of the class (1-based; writes grades.json only)",
+    )
+    grade.add_argument(
+        "--merge",
+        action="store_true",
+        help="PATHS are the shards' grades.json (or their folders): combine them into --out",
+    )
+    grade.add_argument(
+        "--notebook-timeout",
+        type=float,
+        metavar="SECONDS",
+        default=1800,
+        help="class grading: seconds for one notebook, kernel start included (1800)",
+    )
 
     kernel = sub.add_parser(
         "kernel", help="register the 'kvlab (Python 3)' Jupyter kernel for this environment"
@@ -140,6 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
     labs.add_argument("--solutions", type=Path, help="default: the course's solutions/")
     labs.add_argument("--out", type=Path, help="default: the course's labs/")
     labs.add_argument("--check", action="store_true", help="only report stale labs; exit 1 if any")
+    labs.add_argument(
+        "--nbgrader",
+        type=Path,
+        metavar="DIR",
+        help="instead, write an nbgrader course: DIR/source/<lab>/<lab>.ipynb (labs/ untouched)",
+    )
     return parser
 
 
@@ -150,8 +183,28 @@ def main(argv: list[str] | None = None) -> int:
 
         return doctor(start_kernel=not args.quick)
     if args.command == "grade":
+        if args.out or args.shard or args.merge:
+            from kvlab.grading.classroom import main as grade_class
+
+            return grade_class(
+                args.paths,
+                out=args.out,
+                jobs=args.jobs,
+                shard=args.shard,
+                merge=args.merge,
+                cell_timeout=args.cell_timeout,
+                notebook_timeout=args.notebook_timeout,
+                kernel_name=args.kernel,
+                as_json=args.json,
+            )
         from kvlab.grading.notebook import main as grade
 
+        if any(os.path.isdir(p) for p in args.paths):
+            print(
+                "kvlab grade: tip: --out DIR grades a folder of submissions as a class "
+                "(gradebook.csv, grades.json, feedback per student)",
+                file=sys.stderr,
+            )
         return grade(args.paths, args.json, args.cell_timeout, args.kernel, args.jobs)
     if args.command == "kernel":
         from kvlab.jupyter_kernel import install

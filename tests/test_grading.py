@@ -213,6 +213,8 @@ def test_results_are_logged_for_kvlab_grade(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("KVLAB_GRADE_LOG", str(log))
     check("00.kv_bytes", good_kv_bytes)
     record = json.loads(log.read_text())
+    report = record.pop("report")  # what the cell printed, for `kvlab grade --out`'s feedback
+    assert report == capsys.readouterr().out.rstrip("\n")
     assert record == {
         "exercise": "00.kv_bytes",
         "title": "KV bytes per token",

@@ -732,9 +732,7 @@ def test_an_unrecognised_step_mistake_gets_the_neutral_note():
 
 def test_the_swap_day_fails_skipping_only_the_preempted_at_the_guest_it_skips_no_longer():
     _, first = first_failure("06.step", step(f"{RUNNING_TEST} => {PREEMPTED_TEST}"))
-    assert (
-        first.details[0].splitlines()[0] == "KeyError: seq_id 'dan' is not in the block manager"
-    )
+    assert first.details[0].splitlines()[0] == "KeyError: seq_id 'dan' is not in the block manager"
     (where,) = [d for d in first.details if d.startswith("input:    ")]
     assert "PagedCache(6 rooms of 4 beds), preemption='swap'; guests" in where
     assert "; step 3 (now=2), before it:" in where

@@ -268,10 +268,7 @@ def test_the_report_says_what_the_sandbox_did(tmp_path):
 def test_kvlabs_own_objects_asked_to_do_the_work_are_refused_across_the_channel(tmp_path):
     """The scheduler the judge hands the learner's preempt stays in the judge: asking it for
     its own preempt is a hand-over there, as it is in the learner's kernel."""
-    handover = (
-        "def preempt(scheduler):\n"
-        "    return scheduler.preempt()\n"
-    )
+    handover = "def preempt(scheduler):\n    return scheduler.preempt()\n"
     found = judge(submission(tmp_path, "06", {"lab06-09": handover}, solved=["lab06-12"]))
     result = found.results["06.preempt"]
     assert result.passed == 0, result.report()

@@ -36,6 +36,7 @@ class ExerciseScore:
     passed: int
     total: int
     status: str
+    report: str | None = None  # the text the check cell printed (class feedback files)
 
 
 @dataclass
@@ -45,6 +46,7 @@ class NotebookGrade:
     error_cells: list[int] = field(default_factory=list)
     error: str | None = None  # the notebook could not be run at all
     seconds: float = 0.0  # wall time of the run, kernel start included
+    notes: list[str] = field(default_factory=list)  # what the judge or its sandbox did
 
     @property
     def passed(self) -> int:
@@ -60,9 +62,12 @@ class NotebookGrade:
             "passed": self.passed,
             "total": self.total,
             "score": round(self.passed / self.total, 4) if self.total else 0.0,
-            "exercises": [e.__dict__ for e in self.exercises],
+            "exercises": [
+                {k: v for k, v in e.__dict__.items() if k != "report"} for e in self.exercises
+            ],
             "error_cells": self.error_cells,
             "error": self.error,
+            "notes": self.notes,
             "seconds": round(self.seconds, 1),
         }
 
@@ -97,11 +102,78 @@ def _kernel_manager(kernel_name: str | None, spec_dir: Path):
     return AsyncKernelManager(kernel_name="kvlab-grade", kernel_spec_manager=specs)
 
 
-def grade_notebook(path: str | Path, cell_timeout: int = 300, kernel_name: str | None = None):
+def grade_notebook(
+    path: str | Path,
+    cell_timeout: int = 300,
+    kernel_name: str | None = None,
+    judged: bool | None = None,
+):
     """Run one notebook and return its :class:`NotebookGrade` (never raises for learner errors).
 
-    ``kernel_name`` names a registered Jupyter kernel; by default kvlab's kernel on this Python.
+    By default the judge scores it (:mod:`kvlab.grading.judge`: the checks run in this process,
+    the submission's code in a sandboxed one). ``judged=False``, or a ``kernel_name`` (a
+    registered Jupyter kernel), runs it the old way instead: the whole notebook in a kernel,
+    scores as its check cells reported them (a submission can forge those: for self-study).
     """
+    if judged is None:
+        judged = kernel_name is None
+    if judged:
+        return grade_by_judge(path, cell_timeout)
+    return grade_self_reported(path, cell_timeout, kernel_name)
+
+
+def grade_by_judge(path: str | Path, cell_timeout: int = 300) -> NotebookGrade:
+    """The judge's grade of one notebook: a lab of the course runs on the instructor's copy
+    (its exercise cells from the submission); any other notebook as it is, its check cells
+    judged all the same."""
+    from kvlab.grading.judge import judge, lab_for
+
+    path = Path(path)
+    grade = NotebookGrade(str(path))
+    started = time.monotonic()
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except Exception as e:
+        grade.error = f"cannot read notebook: {type(e).__name__}: {e}"
+        return grade
+    lab_path = lab_for(path)
+    lab = nbformat.read(lab_path, as_version=4) if lab_path else nb
+    try:
+        found = judge(path, cell_timeout, lab_path=lab_path)
+    except Exception as e:  # the judge's own failure: say so, score nothing
+        grade.error = f"the judge failed: {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        grade.seconds = time.monotonic() - started
+        return grade
+    index = {c.get("id"): i for i, c in enumerate(nb.cells)}
+    grade.error_cells = [index[c] for c in found.error_cells if c in index]
+    grade.notes = found.notes
+    if found.tampered:  # the sandbox put kvlab's files back: this submission scores nothing
+        grade.error = "the submission changed files it must not change (put back): not graded"
+        found.results = {}
+    for exercise_id in expected_exercises(lab, path):
+        result = found.results.get(exercise_id)
+        if result is None:
+            ex = get_exercise(exercise_id)
+            grade.exercises.append(
+                ExerciseScore(ex.id, ex.title, 0, len(ex.checks), Status.NOT_RUN.value)
+            )
+            continue
+        grade.exercises.append(
+            ExerciseScore(
+                result.exercise,
+                result.title,
+                result.passed,
+                result.total,
+                result.status.value,
+                result.report(),
+            )
+        )
+    grade.seconds = time.monotonic() - started
+    return grade
+
+
+def grade_self_reported(path: str | Path, cell_timeout: int = 300, kernel_name=None):
+    """The whole notebook in a Jupyter kernel, scored by what its check cells logged."""
     from nbclient import NotebookClient
 
     path = Path(path)
@@ -146,7 +218,9 @@ def grade_notebook(path: str | Path, cell_timeout: int = 300, kernel_name: str |
         if exercise_id in results:
             r = results[exercise_id]
             grade.exercises.append(
-                ExerciseScore(exercise_id, r["title"], r["passed"], r["total"], r["status"])
+                ExerciseScore(
+                    exercise_id, r["title"], r["passed"], r["total"], r["status"], r.get("report")
+                )
             )
         else:
             ex = get_exercise(exercise_id)
