@@ -1,6 +1,7 @@
 """``kvlab bench``: figures, not asserts. Each benchmark prints a table and writes JSON.
 
-``kvlab bench allocator``, ``kvlab bench serve [--requests N]`` and ``kvlab bench attention``;
+``kvlab bench allocator``, ``kvlab bench serve [--requests N]``, ``kvlab bench attention`` and
+``kvlab bench grade`` (a synthetic class through the judge, :mod:`kvlab.grading.bench_grade`);
 the launch-option sweep of the attention kernel (GPU only, a few minutes) runs as
 ``python -m kvlab.bench attention-sweep [--out PATH] [--budget SECONDS]``.
 """
@@ -242,11 +243,14 @@ def print_caches(report: dict) -> None:
 def main(
     name: str, out: str | None, budget_s: float | None = None, requests: int | None = None
 ) -> int:
+    from kvlab.grading.bench_grade import grade
+
     benchmarks = {
         "allocator": allocator,
         "serve": serve,
         "attention": attention,
         "attention-sweep": attention_sweep,
+        "grade": grade,
     }
     if name not in benchmarks:
         print(f"kvlab bench: unknown benchmark {name!r}; choose from {', '.join(benchmarks)}")
