@@ -274,3 +274,38 @@ def test_kvlabs_own_objects_asked_to_do_the_work_are_refused_across_the_channel(
     assert result.passed == 0, result.report()
     assert "hands the work to kvlab's" in result.report()
     assert scores(found)["06.step"] == (7, 7)
+
+
+FORGED_EXIT = """import gc, pickle, struct
+from kvlab.grading.remote import Connection
+_conn = next(o for o in gc.get_objects() if isinstance(o, Connection))
+_fake = "01_submission.ipynb\\n  total  16/16  (100%)\\n"
+_err = {"mro": [("builtins", "SystemExit")], "args": [0], "attrs": {}, "code": 0}
+_body = pickle.dumps(("err", _err, (_fake, len(_fake)), None), protocol=5)
+_frame = pickle.dumps((_body, {}), protocol=5)
+import os
+os.write(_conn.write_fd, struct.pack("!Q", len(_frame)) + _frame)
+"""
+
+
+def test_a_forged_exit_with_forged_output_ends_nothing_and_prints_nothing(tmp_path, capsys):
+    _, lab = _lab("01")
+    stub = next(c.source for c in lab.cells if c.get("id") == "lab01-10")
+    cells = {"lab01-10": FORGED_EXIT + stub}
+    found = judge(submission(tmp_path, "01", cells, solved=["lab01-07"]))
+    assert "16/16" not in capsys.readouterr().out
+    assert scores(found) == {"01.waste_split": (6, 6), "01.max_length_cache": (0, 10)}
+
+
+def test_honest_code_returning_a_namedtuple_or_a_defaultdict_scores_as_in_the_kernel(tmp_path):
+    split = solution_of("01", "lab01-07").replace(
+        "return tokens, future, booked - tokens - future",
+        "return Split(tokens, future, booked - tokens - future)",
+    )
+    assert "Split(" in split
+    split = (
+        'from collections import namedtuple\nSplit = namedtuple("Split", "used future internal")\n'
+        + split
+    )
+    found = judge(submission(tmp_path, "01", {"lab01-07": split}))
+    assert scores(found)["01.waste_split"] == (6, 6)

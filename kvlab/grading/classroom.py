@@ -275,7 +275,6 @@ def grade_submissions(
     only on a terminal). ``grader`` stands in for ``grade_notebook`` (tests); it must be
     importable by name, as the spawned process imports it.
     """
-    import multiprocessing
     from multiprocessing.connection import wait
 
     from tqdm import tqdm

@@ -45,6 +45,8 @@ CHECK_CELL = re.compile(
 )
 LAB_NAME = re.compile(r"^(\d\d)_")
 MAX_RESTARTS = 12  # a submission that needs more has stopped being graded fairly anyway
+REPLAY_BUDGET = 120.0  # seconds for replaying cells after restarts, all of them together
+ASK_TIMEOUT = 5.0  # seconds for the judge's own requests (find an object, forget handles)
 
 
 @dataclass
@@ -113,6 +115,8 @@ class Session:
         self.ran: list[str] = []  # sources run so far, replayed after a restart
         self.roots: dict[str, int] = {}
         self.restarts = 0
+        self.cell_timeout = 300.0
+        self.replay_left = REPLAY_BUDGET
         self.notes: list[str] = []
         self.outcomes: list = []  # the sandbox's account of each run of the learner's process
         self.sandbox_report: list[str] = []  # what the sandbox did (network, files, limits)
@@ -165,8 +169,21 @@ class Session:
             raise RemoteDied(f"stopped after {MAX_RESTARTS} restarts of your notebook")
         self.stop()
         self.start()
-        for source in self.ran:
-            self.conn.request("run_cell", source)
+        for source in self.ran:  # each cell within its time, all replays within one budget
+            left = min(self.cell_timeout, self.replay_left)
+            began = time.monotonic()
+            try:
+                if left <= 0:
+                    raise CheckTimeout(left)
+                with time_limit(left):
+                    self.conn.request("run_cell", source)
+                self.replay_left -= time.monotonic() - began
+            except (CheckTimeout, RemoteDied, Exception) as e:
+                self.replay_left = 0.0
+                self.conn.broken = True
+                raise RemoteDied(
+                    f"replaying your notebook's cells failed ({type(e).__name__})"
+                ) from None
 
     def how_it_ended(self) -> str:
         """How the learner's process ended, for a report ("SIGSEGV", "exit status 1")."""
@@ -191,25 +208,47 @@ class Session:
     def run_cell(self, source: str, timeout: float) -> str | None:
         """Run one cell; returns the error it raised, if any. A cell that hangs or kills the
         process is left out of the replay."""
-        conn = self.live()
+        self.cell_timeout = timeout
         try:
+            conn = self.live()
             with time_limit(timeout):
                 error = conn.request("run_cell", source)
         except CheckTimeout:
-            self.conn.broken = True
+            self._broken()
             return f"the cell did not finish within {timeout:g} s"
         except RemoteDied:
             return "the notebook's process died in this cell"
+        except Exception as e:  # anything else the learner's side sent: its cell, its loss
+            self._broken()
+            return f"the cell's process answered wrongly ({type(e).__name__})"
         self.ran.append(source)
-        return error
+        return error if isinstance(error, str) or error is None else "error"
+
+    def _broken(self) -> None:
+        if self.conn is not None:
+            self.conn.broken = True
 
     def root_handle(self, name: str) -> int:
         """The handle of ``name`` in the live learner's process (found again after a restart)."""
         conn = self.live()
         handle = self.roots.get(name)
         if handle is None:
-            handle = self.roots[name] = _handle(conn.request("resolve", name))
+            handle = self.roots[name] = _handle(self._ask(conn, "resolve", name))
         return handle
+
+    def _ask(self, conn, op, *args):
+        """One of the judge's own requests, within :data:`ASK_TIMEOUT`; any failure (a time
+        out, an error the learner's side sent) stops that process."""
+        try:
+            with time_limit(ASK_TIMEOUT):
+                return conn.request(op, *args)
+        except NameError:
+            raise
+        except (CheckTimeout, Exception) as e:
+            conn.broken = True
+            if isinstance(e, RemoteDied):
+                raise
+            raise RemoteDied(f"it did not answer the grader ({type(e).__name__})") from None
 
     def ask_root(self, name: str, op: str, *args, **options):
         handle = self.root_handle(name)
@@ -217,7 +256,7 @@ class Session:
 
     def root(self, name: str):
         """The object ``name`` of the learner's notebook, as a proxy that survives restarts."""
-        value = self.live().request("resolve", name)
+        value = self._ask(self.live(), "resolve", name)
         self.roots[name] = _handle(value)
         if isinstance(value, _RemoteMeta):
             return rooted_class(self, name, value._kvlab_info)
@@ -227,8 +266,8 @@ class Session:
         """Forget the handles of one exercise (both sides)."""
         if self.conn is not None and not self.conn.broken:
             try:
-                self.conn.request("release")
-            except RemoteDied:
+                self._ask(self.conn, "release")
+            except (RemoteDied, NameError):
                 pass
             self.conn.release_all()
         self.roots = {}
@@ -292,10 +331,14 @@ def _debug_log():
 
 
 def _printed(printed) -> None:
-    """What the learner's code printed during a check goes where the check's output goes
-    (the runner counts it; only the first characters are kept)."""
-    hidden = max(0, min(printed.total - len(printed.text), 1 << 20))
-    sys.stdout.write(printed.text + " " * hidden)
+    """What the learner's code printed during a check goes where the check's output goes (the
+    runner counts it; only the first characters are kept). Outside a check it goes nowhere: the
+    judge's own output is never the learner's to write."""
+    from kvlab.grading.limits import BoundedBuffer
+
+    if isinstance(sys.stdout, BoundedBuffer):
+        hidden = max(0, min(printed.total - len(printed.text), 1 << 20))
+        sys.stdout.write(printed.text + " " * hidden)
 
 
 def _child_env() -> dict:

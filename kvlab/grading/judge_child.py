@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import keyword
 import os
+import pickle
 import sys
 
 from kvlab.grading.limits import BoundedBuffer
@@ -50,18 +51,35 @@ def learner_call(conn: Connection, target, args, kwargs):
     """One call of the learner's code for the judge: its value, what it printed, and what
     became of the by-value arguments (the storages of its tensors, its lists and dicts)."""
     built = conn.storages[-1] if conn.storages else {}
+    given = [*args, *kwargs.values()]
+    before = [_snapshot(v) for v in given]
     printed = ("", 0)
     try:
         value, printed = _captured(target, *args, **kwargs)
     except BaseException:
-        conn.pending_back = _back(built, args, kwargs)
+        conn.pending_back = _back(built, given, before)
         raise
-    return value, True, printed, _back(built, args, kwargs)
+    return value, True, printed, _back(built, given, before)
 
 
-def _back(built: dict, args, kwargs):
+def _snapshot(value):
+    """A by-value argument as bytes, to tell afterwards whether the call changed it."""
+    if type(value) not in MUTABLE:
+        return None
+    try:
+        return pickle.dumps(value)
+    except Exception:
+        return None
+
+
+def _back(built: dict, given: list, before: list):
+    """What goes back after a call: the storages of its tensors, and the by-value arguments
+    it changed (None for the others, which the judge then leaves as they are)."""
     table = {key: (str(t.device), _bytes(t)) for key, t in built.items()}
-    values = [v if type(v) in MUTABLE else None for v in (*args, *kwargs.values())]
+    values = [
+        v if was is not None and _snapshot(v) != was else None
+        for v, was in zip(given, before, strict=True)
+    ]
     return table, values
 
 

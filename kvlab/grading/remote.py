@@ -124,11 +124,21 @@ class Connection:
             return ("E", module, qualname, obj.name)
         if wire.is_kvlab_data(obj):
             return wire.data_id(obj)
+        if isinstance(obj, tuple) and hasattr(obj, "_fields") and wire.kvlab_name(obj):
+            module, qualname = wire.kvlab_name(obj)  # a NamedTuple of kvlab's (CachedBlock)
+            return ("N", module, qualname, tuple(obj))
+        if isinstance(obj, collections.deque):
+            return ("Q", list(obj))
+        if isinstance(obj, complex):
+            return ("Z", obj.real, obj.imag)
         numpy = sys.modules.get("numpy")
         if numpy is not None and isinstance(obj, numpy.generic) and obj.ndim == 0:
             value = obj.item()
-            if type(value) in (bool, int, float, complex):
+            if type(value) in (bool, int, float):
                 return ("V", value)
+        for base in (bool, int, float, str, bytes, tuple, list, dict, set, frozenset):
+            if isinstance(obj, base):  # a subclass (a namedtuple, a defaultdict): its plain value,
+                return ("B", base(obj))  # so its own __eq__ decides nothing
         return ("R", self.export(obj), _info(obj))
 
     def _resolve(self, built: dict):
@@ -146,8 +156,14 @@ class Connection:
                 return wire.enum_from(pid)
             if tag == "D":
                 return wire.data_from(pid)
-            if tag == "V" and type(pid[1]) in (bool, int, float, complex):
+            if tag in ("V", "B") and type(pid[1]) in wire.PLAIN_TYPES:
                 return pid[1]
+            if tag == "Z" and all(type(x) is float for x in pid[1:]):
+                return complex(pid[1], pid[2])
+            if tag == "Q" and isinstance(pid[1], list):
+                return collections.deque(pid[1])
+            if tag == "N" and self.side == JUDGE:
+                return wire.named_from(pid)
             if tag == "X" and self.side == JUDGE:
                 return rebuild_error(pid[1], remote=False)
             raise ProtocolError(f"an unknown reference {tag!r}")
@@ -249,8 +265,8 @@ class Connection:
     def _printed(self, printed) -> None:
         if self.on_printed is not None and isinstance(printed, tuple) and len(printed) == 2:
             text, total = printed
-            if isinstance(text, str) and isinstance(total, int):
-                self.on_printed(Printed(text, total))
+            if isinstance(text, str) and type(total) is int:
+                self.on_printed(Printed(text[:2000], max(0, total)))
 
     def _copy_back(self, storages: dict, back, arguments) -> None:
         if not (isinstance(back, tuple) and len(back) == 2):
@@ -260,7 +276,8 @@ class Connection:
             wire.copy_back(storages, table)
         if arguments is not None and isinstance(values, list):
             for original, value in zip(arguments, values, strict=False):
-                _assign(original, value)
+                if value is not None:  # None: the call left it as it was
+                    _assign(original, value)
 
     def _error(self, info) -> BaseException:
         if self.side == LEARNER:
@@ -718,20 +735,31 @@ def describe_error(error: BaseException, traceback: bool = True) -> dict:
     }
 
 
+class LearnerExit(Exception):
+    """``exit()`` or ``SystemExit`` in the learner's code, as the judge holds it: an ordinary
+    error here, never one that ends the judge."""
+
+    def __init__(self, *args, code=None):
+        super().__init__(*args)
+        self.code = code
+
+
 def _known_exception(module: str, qualname: str):
-    """Exception classes the judge rebuilds by name: Python's own and kvlab's errors."""
+    """Exception classes the judge rebuilds by name: Python's and kvlab's own errors, never
+    one of the grader's (a time limit, a dead process) nor one that is not an Exception."""
     import builtins
 
-    from kvlab import errors
-
-    space = {"builtins": builtins, "kvlab.errors": errors}.get(module)
-    found = getattr(space, qualname, None) if space is not None and "." not in qualname else None
-    if found is None and module.startswith("kvlab."):
+    if module == "builtins" and qualname == "SystemExit":
+        return LearnerExit
+    found = None
+    if module == "builtins" and "." not in qualname:
+        found = getattr(builtins, qualname, None)
+    elif module.startswith("kvlab.") and not module.startswith("kvlab.grading"):
         try:
             found = wire.find_kvlab(module, qualname)
-        except (ProtocolError, ImportError, AttributeError):
+        except (ProtocolError, AttributeError):
             found = None
-    return found if isinstance(found, type) and issubclass(found, BaseException) else None
+    return found if isinstance(found, type) and issubclass(found, Exception) else None
 
 
 def rebuild_error(info, remote: bool = True) -> BaseException:
@@ -746,11 +774,9 @@ def rebuild_error(info, remote: bool = True) -> BaseException:
             if cls is not None:
                 break
     cls = cls or Exception
-    if cls in (KeyboardInterrupt, GeneratorExit) or not issubclass(cls, BaseException):
-        cls = Exception
     error = cls.__new__(cls)
     args = info.get("args") if isinstance(info.get("args"), list) else []
-    BaseException.__init__(error, *args)
+    BaseException.__init__(error, *[a for a in args if type(a) in (bool, int, float, str)])
     attrs = info.get("attrs") if isinstance(info.get("attrs"), dict) else {}
     for key, value in attrs.items():
         if isinstance(key, str) and not key.startswith("_"):
@@ -758,8 +784,9 @@ def rebuild_error(info, remote: bool = True) -> BaseException:
                 object.__setattr__(error, key, value)
             except (AttributeError, TypeError):
                 pass
-    if cls is SystemExit:
-        error.code = info.get("code")
+    if cls is LearnerExit:
+        code = info.get("code")
+        error.code = code if type(code) in (int, str, type(None)) else None
     if remote:  # raised by the learner's code: what it said of its traceback
         error.__kvlab_remote__ = info
     return error

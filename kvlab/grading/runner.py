@@ -31,7 +31,7 @@ from kvlab.grading.limits import (
     time_limit,
 )
 from kvlab.grading.registry import Check, get_exercise
-from kvlab.grading.remote import Remote, RemoteDied, is_remote, origin
+from kvlab.grading.remote import LearnerExit, Remote, RemoteDied, is_remote, origin
 from kvlab.grading.report import SAME_PROBLEM, CheckResult, Outcome, Status, failure_details
 from kvlab.runtime import TRITON_TOO_EARLY_DETAILS
 
@@ -153,8 +153,8 @@ def _run_caught(
     except CheckTimeout:
         return _timed_out(name, timeout)
     except RemoteDied as died:
-        how = died.how
-        if died.broke_protocol:
+        how = getattr(died, "how", str(died))
+        if getattr(died, "broke_protocol", False):
             details = [f"your notebook's process was stopped: {how}"]
         elif how.startswith("SIG"):  # killed by a signal (a kernel: memory it must not touch)
             details = [f"your code crashed the process ({how})"]
@@ -162,7 +162,7 @@ def _run_caught(
         else:
             details = [f"your code ended its process ({how})"]
         return Outcome(name, Status.CRASHED, details, cause=f"kvlab: crash {how}")
-    except SystemExit as e:
+    except (SystemExit, LearnerExit) as e:  # the judge's learner process: LearnerExit
         details = [f"your code called exit({e.code!r}); return a value instead"]
         return Outcome(name, Status.ERROR, details + explain_exception(e)[1:], cause="kvlab: exit")
     except Exception as e:  # RecursionError included

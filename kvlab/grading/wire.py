@@ -14,7 +14,6 @@ protocol error, never code run in the judge.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import enum
 import io
@@ -24,21 +23,12 @@ import struct
 import sys
 
 HEADER = struct.Struct("!Q")
-MAX_MESSAGE = 1 << 29  # 512 MiB: a bigger message is a broken or hostile peer
-# exact types pickled as they are (their subclasses, a learner's own, go by handle)
-PLAIN = (type(None), bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset)
-PLAIN_TYPES = frozenset(PLAIN) | {collections.deque, collections.OrderedDict, bytearray, range}
-# what JudgeUnpickler may find by name: containers rebuilt from plain data only
-JUDGE_GLOBALS = {
-    ("builtins", "set"),
-    ("builtins", "frozenset"),
-    ("builtins", "complex"),
-    ("builtins", "bytearray"),
-    ("builtins", "range"),
-    ("builtins", "slice"),
-    ("collections", "deque"),
-    ("collections", "OrderedDict"),
-}
+MAX_MESSAGE = 1 << 28  # 256 MiB: a bigger message is a broken or hostile peer
+# exact types pickled with constants and container opcodes only (a learner's subclasses go as
+# their plain base, kvlab's NamedTuples by name and fields, deques and complex numbers by tag)
+PLAIN_TYPES = frozenset(
+    (type(None), bool, int, float, str, bytes, list, tuple, dict, set, frozenset)
+)
 
 
 class ProtocolError(Exception):
@@ -114,16 +104,49 @@ def tensor_id(tensor, storages: dict) -> tuple:
     )
 
 
+def _dtypes() -> dict:
+    import torch
+
+    return {
+        str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)
+    }
+
+
+def _device(name) -> str:
+    """The CPU, or a CUDA GPU where this process has one: nothing else is built from a name."""
+    import torch
+
+    if name == "cpu":
+        return name
+    if isinstance(name, str) and torch.cuda.is_available():
+        head, _, index = name.partition(":")
+        count = torch.cuda.device_count()
+        if head == "cuda" and (not index or (index.isdigit() and int(index) < count)):
+            return name
+    raise ProtocolError(f"a storage on the device {name!r}")
+
+
 def build_storages(table: dict) -> dict:
-    """Storages from ``{key: (nbytes, device, bytes)}``, each a uint8 tensor over its bytes."""
+    """Storages from ``{key: (device, bytes)}``, each a uint8 tensor over its bytes."""
     import torch
 
     built = {}
-    for key, (device, raw) in table.items():
-        if not isinstance(raw, bytes) or not isinstance(device, str):
+    for key, entry in table.items():
+        if not (isinstance(entry, tuple) and len(entry) == 2):
+            raise ProtocolError("a malformed storage")
+        device, raw = entry
+        if not isinstance(raw, bytes):
             raise ProtocolError("a storage is not bytes")
-        flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0)
-        built[key] = flat.to(device) if device != "cpu" else flat
+        device = _device(device)
+        try:
+            flat = (
+                torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+                if raw
+                else torch.empty(0, dtype=torch.uint8)
+            )
+            built[key] = flat.to(device) if device != "cpu" else flat
+        except Exception as e:
+            raise ProtocolError(f"a storage that cannot be built ({type(e).__name__})") from None
     return built
 
 
@@ -131,21 +154,29 @@ def tensor_from(pid: tuple, built: dict):
     """The tensor a ``tensor_id`` names, a view of its storage as rebuilt."""
     import torch
 
-    _, key, dtype, size, stride, offset, _device = pid
+    try:
+        _, key, dtype, size, stride, offset, _device = pid
+    except ValueError:
+        raise ProtocolError("a malformed tensor") from None
     if key not in built:
         raise ProtocolError("a tensor without its storage")
-    dtype = getattr(torch, dtype, None)
-    if not isinstance(dtype, torch.dtype):
+    dtype = _dtypes().get(dtype) if isinstance(dtype, str) else None
+    if dtype is None:  # looked up in a table: torch's own getattr would import modules
         raise ProtocolError("a tensor of an unknown dtype")
+    if not all(isinstance(n, int) and n >= 0 for n in (*size, *stride, offset)):
+        raise ProtocolError("a tensor of a malformed shape")
     base = built[key]
-    typed = (
-        base.view(dtype)
-        if base.numel() % torch.empty((), dtype=dtype).element_size() == 0
-        else None
-    )
-    if typed is None:
+    if base.numel() % torch.empty((), dtype=dtype).element_size():
         raise ProtocolError("a storage that does not hold whole elements")
-    return typed.as_strided(tuple(size), tuple(stride), int(offset))
+    typed = base.view(dtype)
+    if all(size):
+        reach = offset + sum((n - 1) * st for n, st in zip(size, stride, strict=True))
+        if reach >= typed.numel():
+            raise ProtocolError("a tensor past the end of its storage")
+    try:
+        return typed.as_strided(tuple(size), tuple(stride), int(offset))
+    except Exception as e:
+        raise ProtocolError(f"a tensor that cannot be built ({type(e).__name__})") from None
 
 
 def storage_table(storages: dict) -> dict:
@@ -271,16 +302,98 @@ class ChildUnpickler(pickle.Unpickler):
         return self.resolve(pid)
 
 
+# The opcodes a learner's message may hold: constants, containers, memo and persistent ids.
+# No GLOBAL, REDUCE, BUILD, NEWOBJ or INST: nothing is looked up by name, no callable is called
+# and no object's state is set, so a message can neither run code nor change an object it names.
+SAFE_OPCODES = frozenset(
+    """PROTO FRAME STOP MARK POP POP_MARK DUP NONE NEWTRUE NEWFALSE INT BININT BININT1 BININT2
+    LONG LONG1 LONG4 FLOAT BINFLOAT BINUNICODE SHORT_BINUNICODE BINUNICODE8 UNICODE BINBYTES
+    SHORT_BINBYTES BINBYTES8 BINSTRING SHORT_BINSTRING EMPTY_LIST APPEND APPENDS LIST EMPTY_TUPLE
+    TUPLE TUPLE1 TUPLE2 TUPLE3 EMPTY_DICT DICT SETITEM SETITEMS EMPTY_SET ADDITEMS FROZENSET
+    MEMOIZE PUT BINPUT LONG_BINPUT GET BINGET LONG_BINGET BINPERSID""".split()
+)
+MAX_DEPTH = 64  # containers inside containers: C code hashes and compares them recursively
+_MARK = object()
+
+
+def check_opcodes(data: bytes) -> None:
+    """Refuse a learner's pickle with an opcode outside :data:`SAFE_OPCODES`, or containers
+    nested deeper than :data:`MAX_DEPTH` (a tuple nested a million deep crashes the reader when
+    it is hashed). A small stack machine follows each value's depth."""
+    import pickletools
+
+    stack: list = []
+    memo: dict = {}
+
+    def pop_mark() -> list:
+        items = []
+        while stack and stack[-1] is not _MARK:
+            items.append(stack.pop())
+        if not stack:
+            raise ProtocolError("a pickle without its mark")
+        stack.pop()
+        return items
+
+    def deep(items) -> int:
+        depth = 1 + max(items, default=0)
+        if depth > MAX_DEPTH:
+            raise ProtocolError(f"containers nested more than {MAX_DEPTH} deep")
+        return depth
+
+    try:
+        for op, arg, _ in pickletools.genops(data):
+            name = op.name
+            if name not in SAFE_OPCODES:
+                raise ProtocolError(f"a pickle with {name}")
+            if name in ("PROTO", "FRAME", "STOP"):
+                continue
+            if name == "MARK":
+                stack.append(_MARK)
+            elif name == "POP":
+                stack.pop()
+            elif name == "POP_MARK":
+                pop_mark()
+            elif name == "DUP":
+                stack.append(stack[-1])
+            elif name in ("EMPTY_LIST", "EMPTY_TUPLE", "EMPTY_DICT", "EMPTY_SET"):
+                stack.append(1)
+            elif name == "APPEND":
+                item = stack.pop()
+                stack[-1] = max(stack[-1], deep([item]))
+            elif name == "SETITEM":
+                value, key = stack.pop(), stack.pop()
+                stack[-1] = max(stack[-1], deep([key, value]))
+            elif name in ("APPENDS", "SETITEMS", "ADDITEMS"):
+                items = pop_mark()
+                stack[-1] = max(stack[-1], deep(items))
+            elif name in ("LIST", "TUPLE", "DICT", "FROZENSET"):
+                stack.append(deep(pop_mark()))
+            elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
+                items = [stack.pop() for _ in range(int(name[-1]))]
+                stack.append(deep(items))
+            elif name == "BINPERSID":
+                stack[-1] = 0  # the id's tuple becomes what it names, built by the judge
+            elif name in ("MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"):
+                memo[len(memo) if name == "MEMOIZE" else arg] = stack[-1]
+            elif name in ("GET", "BINGET", "LONG_BINGET"):
+                stack.append(memo[arg])
+            else:  # a constant
+                stack.append(0)
+    except ProtocolError:
+        raise
+    except Exception as e:  # truncated or malformed
+        raise ProtocolError(f"a malformed pickle ({type(e).__name__})") from None
+
+
 class JudgeUnpickler(pickle.Unpickler):
-    """The judge reads the learner's messages: plain containers only, the rest by id."""
+    """The judge reads the learner's messages: plain containers only, the rest by id (after
+    :func:`check_opcodes`: nothing is found by name at all)."""
 
     def __init__(self, data: bytes, resolve):
         super().__init__(io.BytesIO(data))
         self.resolve = resolve
 
     def find_class(self, module, name):
-        if (module, name) in JUDGE_GLOBALS:
-            return super().find_class(module, name)
         raise ProtocolError(f"the learner's side sent {module}.{name} by name")
 
     def persistent_load(self, pid):
@@ -291,9 +404,26 @@ class JudgeUnpickler(pickle.Unpickler):
 
 def loads(data: bytes, resolve, trusted: bool):
     reader = ChildUnpickler if trusted else JudgeUnpickler
+    if not trusted:
+        check_opcodes(data)
     try:
         return reader(data, resolve).load()
     except (ProtocolError, EOFError):
         raise
     except Exception as e:  # a malformed pickle: never the judge's fault
         raise ProtocolError(f"an unreadable message ({type(e).__name__}: {e})") from None
+
+
+def named_from(pid: tuple):
+    """A NamedTuple of kvlab's (a cached block) from its name and values."""
+    try:
+        _, module, qualname, values = pid
+    except ValueError:
+        raise ProtocolError("a malformed named tuple") from None
+    cls = find_kvlab(module, qualname)
+    fields = getattr(cls, "_fields", None)
+    if not (issubclass(cls, tuple) and isinstance(fields, tuple)):
+        raise ProtocolError(f"{qualname} is not a kvlab NamedTuple")
+    if not isinstance(values, tuple) or len(values) != len(fields):
+        raise ProtocolError(f"{qualname} with other fields")
+    return cls._make(values)
