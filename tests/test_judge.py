@@ -200,7 +200,8 @@ def kv_bytes_per_token(spec):
 
 def test_a_hang_costs_its_exercise_only(tmp_path):
     hang = "def kv_bytes_per_token(spec):\n    while True:\n        pass\n"
-    found = judge(submission(tmp_path, "00", {"lab00-14": hang}, solved=["lab00-07"]))
+    path = submission(tmp_path, "00", {"lab00-14": hang}, solved=["lab00-07"])
+    found = judge(path, check_timeout=3)
     kv = found.results["00.kv_bytes"]
     assert kv.passed == 0 and kv.outcomes[0].status.value == "timed out"
     assert scores(found)["00.decode_step"] == (6, 6)

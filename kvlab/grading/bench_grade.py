@@ -89,7 +89,9 @@ def grade(labs=None, jobs: int = 2, shards: int = 3, before: bool = True) -> dic
         merged = merge_documents(
             [(f"shard-{k}", load_grades(root / f"shard-{k}")) for k in range(1, shards + 1)]
         )
-        same = gradebook_csv(merged["notebooks"]) == single and codes == [0] * shards
+        merged_csv = gradebook_csv(merged["notebooks"])
+        same = merged_csv == single and codes == [0] * shards
+        differ = sorted(set(merged_csv.splitlines()) ^ set(single.splitlines()))
 
         report = {
             "benchmark": "grade",
@@ -102,6 +104,9 @@ def grade(labs=None, jobs: int = 2, shards: int = 3, before: bool = True) -> dic
             "judge_cheats_that_worked": _cheats_that_worked(expected, judged),
             "shards": _rate(len(found), shard_s) | {"processes": shards},
             "shards_merged_equal_one_run": same,
+            "shard_exit_codes": codes,
+            "shard_rows_that_differ": differ[:20],
+            "shards_mismatches": synthetic.compare(expected, merged["notebooks"])[:20],
             "traces_left_by_cheats": [str(t) for t in synthetic.TRACES if t.exists()],
         }
         if before:

@@ -380,10 +380,17 @@ class Judged:
 AUTO = "auto"
 
 
-def judge(submission_path: str | Path, cell_timeout: float = 300, lab_path=AUTO, launcher=None):
+def judge(
+    submission_path: str | Path,
+    cell_timeout: float = 300,
+    lab_path=AUTO,
+    launcher=None,
+    check_timeout: float | None = None,
+):
     """Run a submission as the judge does; returns :class:`Judged` (never raises for what the
     submission does). ``lab_path``: the instructor's copy (by default the course's lab of the
-    file's number; None judges the notebook's own cells)."""
+    file's number; None judges the notebook's own cells). ``check_timeout``: seconds per check
+    (by default :func:`judged_check_timeout`)."""
     from kvlab.grading.runner import run_checks
 
     started = time.monotonic()
@@ -411,7 +418,9 @@ def judge(submission_path: str | Path, cell_timeout: float = 300, lab_path=AUTO,
                     if error is not None:
                         found.error_cells.append(cell.id)
                     continue
-                found.results[cell.exercise] = _judge_exercise(session, cell, run_checks)
+                found.results[cell.exercise] = _judge_exercise(
+                    session, cell, run_checks, check_timeout or judged_check_timeout()
+                )
         finally:
             session.stop()
         found.notes += session.notes
@@ -440,7 +449,17 @@ def sandboxed():
     return sandbox.launcher(limits, protected=[sandbox.kvlab_package_path()], stderr=_debug_log())
 
 
-def _judge_exercise(session: Session, cell: Cell, run_checks) -> CheckResult:
+def judged_check_timeout() -> float:
+    """A check's time limit under the judge: three times the learner's (``KVLAB_CHECK_TIMEOUT``,
+    10 s), since every call of the learner's code crosses the process boundary (Lab 06's
+    40-guest day takes 9 s so, 3 s in one process). The limit is there for endless loops: an
+    honest submission must never lose a check to a busy grading machine."""
+    from kvlab.grading.runner import DEFAULT_TIMEOUT
+
+    return 3 * DEFAULT_TIMEOUT
+
+
+def _judge_exercise(session: Session, cell: Cell, run_checks, timeout: float) -> CheckResult:
     ex = get_exercise(cell.exercise)
     try:
         obj = session.root(cell.name)
@@ -451,7 +470,7 @@ def _judge_exercise(session: Session, cell: Cell, run_checks) -> CheckResult:
     except Exception as e:  # noqa: BLE001
         return _not_run(ex, f"`{cell.name}` could not be read ({type(e).__name__})")
     try:
-        return run_checks(cell.exercise, obj)
+        return run_checks(cell.exercise, obj, timeout)
     finally:
         session.release()
 
