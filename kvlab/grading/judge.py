@@ -446,7 +446,17 @@ def sandboxed():
     gpu = torch is not None and torch.cuda.is_available()
     # CUDA reserves far more address space than it uses: no memory limit on a GPU machine
     limits = sandbox.Limits(memory_bytes=None if gpu else 8 << 30, wall_seconds=3600.0)
-    return sandbox.launcher(limits, protected=[sandbox.kvlab_package_path()], stderr=_debug_log())
+    from kvlab.labgen import ROOT
+
+    # the course's data (traces, the tiny model) read-only beside the package, wherever the
+    # checkout is (under /tmp, which the sandbox otherwise hides)
+    data = [path for path in (ROOT / "assets",) if path.is_dir()]
+    return sandbox.launcher(
+        limits,
+        protected=[sandbox.kvlab_package_path()],
+        readonly=data,
+        stderr=_debug_log(),
+    )
 
 
 def judged_check_timeout() -> float:
