@@ -28,7 +28,7 @@ from pathlib import Path
 import nbformat
 
 from kvlab.grading.limits import CheckTimeout, time_limit
-from kvlab.grading.registry import get_exercise, load_lab
+from kvlab.grading.registry import get_exercise
 from kvlab.grading.remote import (
     JUDGE,
     Connection,
@@ -488,7 +488,3 @@ def _judge_exercise(session: Session, cell: Cell, run_checks, timeout: float) ->
 def _not_run(ex, why: str) -> CheckResult:
     outcome = Outcome("the exercise's object", Status.NOT_RUN, [why])
     return CheckResult(ex.id, ex.title, Status.NOT_RUN, [outcome], len(ex.checks))
-
-
-def lab_exercises(number: str) -> list:
-    return load_lab(number)

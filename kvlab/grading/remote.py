@@ -693,10 +693,6 @@ def connection_of(obj):
     return None
 
 
-def handle_of(obj):
-    return obj._handle if isinstance(obj, Remote) else obj._kvlab_handle
-
-
 # --- errors ----------------------------------------------------------------------------------
 
 
@@ -790,10 +786,6 @@ def rebuild_error(info, remote: bool = True) -> BaseException:
     if remote:  # raised by the learner's code: what it said of its traceback
         error.__kvlab_remote__ = info
     return error
-
-
-def remote_info(error: BaseException):
-    return getattr(error, "__kvlab_remote__", None)
 
 
 def origin(obj) -> str | None:
