@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Hashable
 
 from kvlab.accounting import CacheState, Usage, usage
+from kvlab.cache_kinds import POLICIES, booking_policy
+from kvlab.cache_kinds import POLICY_PAPER_NAMES as PAPER_NAMES  # by booking policy
 from kvlab.errors import OutOfMemory, OutOfSpace, ReservationFull
 from kvlab.validate import positive_int
 
 PLACEMENTS = ("first_fit", "best_fit")
-POLICIES = ("max", "pow2", "exact")
-PAPER_NAMES = {"max": "Orca (Max)", "pow2": "Orca (Pow2)", "exact": "Orca (Oracle)"}
 
 
 def first_fit(free_extents: list[tuple[int, int]], n: int) -> int | None:
@@ -48,6 +48,8 @@ def _check_id(request_id) -> None:
 
 class ArenaAllocator:
     """Variable-size contiguous bookings in one linear arena of ``capacity_tokens`` beds."""
+
+    prefix_caching = False  # every booking is its own: nothing is shared or found cached
 
     def __init__(self, capacity_tokens: int, placement: str = "first_fit"):
         self.capacity = positive_int("capacity_tokens", capacity_tokens)
@@ -99,7 +101,7 @@ class ArenaAllocator:
     def _out_of_space(self, n: int) -> OutOfSpace:
         total, largest = self.total_free, self.largest_free_extent
         return OutOfSpace(
-            f"no free extent holds {n} beds (largest free extent {largest}, {total} free in total)",
+            f"no free extent holds {n} slots (largest free extent {largest}, {total} free in total)",
             needed=n,
             total_free=total,
             largest_free=largest,
@@ -154,15 +156,11 @@ class ArenaAllocator:
 
 
 def torch_dtype(spec):
-    """The tensor dtype for a spec's element size (1, 2 or 4 bytes)."""
-    import torch
+    """The tensor dtype for a spec's element size: :func:`kvlab.kv_tensors.torch_dtype`, under its
+    old import path (looked up when called, so that importing this module imports no torch)."""
+    from kvlab.kv_tensors import torch_dtype
 
-    dtypes = {1: torch.uint8, 2: torch.float16, 4: torch.float32}
-    if spec.dtype_bytes not in dtypes:
-        raise ValueError(
-            f"spec.dtype_bytes must be 1, 2 or 4 for real tensors, got {spec.dtype_bytes}"
-        )
-    return dtypes[spec.dtype_bytes]
+    return torch_dtype(spec)
 
 
 def next_power_of_two(n: int) -> int:
@@ -176,16 +174,16 @@ def booking_size(policy: str, prompt_len: int, output_len: int | None, max_seq_l
     over-reserved to the next power of two (25 tokens book 32), the prompt goes on top, and the
     buddy allocator those baselines place bookings with hands out a power-of-two block for the
     sum. Placement here stays first fit: the rounding is modelled, the buddy's alignment is not.
+    ``"oracle"`` (also accepted as ``"exact"``) books exactly the final length.
     """
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    policy = booking_policy(policy)
     if policy == "max":
         return max_seq_len
     if output_len is None:
         raise ValueError(
             f"policy {policy!r} needs output_len (it assumes the true length is known)"
         )
-    if policy == "exact":
+    if policy == "oracle":
         return prompt_len + output_len
     reserved = prompt_len + (next_power_of_two(output_len) if output_len else 0)
     return min(max_seq_len, next_power_of_two(reserved))
@@ -196,12 +194,14 @@ class ContiguousKVCache:
 
     Capacity is ``num_slots x max_seq_len`` beds. With the ``"max"`` policy every booking is a whole
     slot of ``max_seq_len`` beds (Orca-Max), so exactly ``num_slots`` requests fit. ``"pow2"`` and
-    ``"exact"`` book less, placing the bookings in an :class:`ArenaAllocator` over the same memory.
+    ``"oracle"`` (Orca-Oracle; ``"exact"`` is accepted as its old name) book less, placing the bookings in an :class:`ArenaAllocator` over the same memory.
     ``capacity_tokens`` (accounts only) sizes the memory in beds instead, for comparisons on equal
     memory that is not a whole number of slots. With a ``spec``, real K and V tensors
     ``[num_slots, max_seq_len, kv_heads, head_dim]`` per layer back the beds; without one the
-    cache only keeps the accounts.
+    cache only keeps the accounts (the tensors themselves are built by :mod:`kvlab.kv_tensors`).
     """
+
+    prefix_caching = False  # kvlab.interfaces.KVCache: never shares a prompt's K/V
 
     def __init__(
         self,
@@ -220,8 +220,7 @@ class ContiguousKVCache:
         elif spec is not None:
             raise ValueError("capacity_tokens is for accounts only; with a spec give num_slots")
         positive_int("capacity_tokens", capacity_tokens)
-        if policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        policy = booking_policy(policy)
         if placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
         self.policy = policy
@@ -231,12 +230,9 @@ class ContiguousKVCache:
         self._final: dict[Hashable, int | None] = {}
         self.k = self.v = None
         if spec is not None:
-            import torch
+            from kvlab.kv_tensors import kv_layers
 
-            dtype = torch_dtype(spec)
-            shape = (num_slots, max_seq_len, spec.num_kv_heads, spec.head_dim)
-            self.k = [torch.zeros(shape, dtype=dtype) for _ in range(spec.num_layers)]
-            self.v = [torch.zeros(shape, dtype=dtype) for _ in range(spec.num_layers)]
+            self.k, self.v = kv_layers(spec, (num_slots, max_seq_len))
 
     @property
     def capacity(self) -> int:
@@ -293,7 +289,7 @@ class ContiguousKVCache:
     def admit(self, request_id, prompt_len: int, output_len: int | None = None) -> int:
         """Book beds for a new request holding ``prompt_len`` prompt tokens; return its offset.
 
-        ``output_len`` is the number of tokens the request will generate: the pow2 and exact
+        ``output_len`` is the number of tokens the request will generate: the pow2 and oracle
         policies need it (the paper's baselines assume it is known); the accounts use it to tell
         reserved-for-future beds from internal fragmentation.
         """
@@ -317,7 +313,9 @@ class ContiguousKVCache:
         offset, size = self.arena.booking(request_id)
         tokens = self._tokens[request_id]
         if tokens >= size:
-            raise ReservationFull(f"request_id {request_id!r} already fills its {size} booked beds")
+            raise ReservationFull(
+                f"request_id {request_id!r} already fills its {size} booked slots"
+            )
         self._tokens[request_id] = tokens + 1
         return offset + tokens
 
@@ -342,6 +340,8 @@ class ContiguousKVCache:
 
 __all__ = [
     "PAPER_NAMES",
+    "PLACEMENTS",
+    "POLICIES",
     "ArenaAllocator",
     "ContiguousKVCache",
     "OutOfMemory",

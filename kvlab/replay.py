@@ -1,25 +1,25 @@
 """Replay a workload through a cache one decode step at a time, and measure it.
 
-This is the simplest possible server, a thin driver over :class:`~kvlab.scheduler.Scheduler`: it
-brings guests (sequences) to the door at their arrival times, runs the clock in fixed steps, and
+This is the simplest possible server, the shared :class:`~kvlab.serve.engine.Engine` with an
+observer that measures and no executor (steps of ``step_seconds``): it brings guests (sequences) to the door at their arrival times, runs the clock in fixed steps, and
 measures after every step. At each step every guest in the hotel writes one new token, the
 scheduler checks in as many waiting guests as fit (first come, first served), and guests who are
 done check out at the end of the step, after the measurement, so the beds they held count in it.
 A cache that allocates on demand (paged) can run out of rooms in the middle of a step: then the
 guest checked in last is asked to leave and come back later (preemption by recomputation, as in
-vLLM). Labs 01-03 measure with it; Lab 06's :func:`kvlab.serve.simulate` runs the full engine
-(retiring at the start of the next step, costed steps, latencies). The cache needs, besides what
+vLLM). Labs 01-03 measure with it; Lab 06's :func:`kvlab.serve.simulate` runs the same engine
+with costed steps and latencies. The cache needs, besides what
 the scheduler asks of it, ``memory_report()`` and ``state()``.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from kvlab.accounting import Usage
 from kvlab.recorder import Recorder
-from kvlab.scheduler import Scheduler, Sequence
+from kvlab.scheduler import Sequence
+from kvlab.serve.engine import Engine
 from kvlab.trace import Trace
 from kvlab.workload import Request
 
@@ -88,6 +88,31 @@ class ReplayResult:
         return sum(self.running[i] for i in steps) / len(steps)
 
 
+class _Measure:
+    """The replay's observer: measures after each step's scheduling, then lets the sequences
+    that are done check out (after the measurement, so the beds they held count in it)."""
+
+    def __init__(self, result: ReplayResult, probe):
+        self.result, self.probe = result, probe
+
+    def after_step(self, engine: Engine, step) -> None:
+        result, scheduler = self.result, engine.scheduler
+        now = engine.step_start
+        result.refusals += step.refused is not None
+        result.preemptions += len(step.preempted)
+        result.usage.append(engine.cache.memory_report())
+        result.running.append(len(scheduler.running))
+        waiting = sum(1 for seq in scheduler.waiting if seq.arrival <= now)
+        scheduler.retire()
+        if self.probe is not None:
+            result.probes.append(self.probe(engine.cache))
+        result.times.append(now)
+        result.waiting.append(waiting)
+        result.busy.append(waiting > 0)
+        impossible = step.refusal is not None and step.refusal.impossible
+        result.blocked.append(step.refused.seq_id if impossible else None)
+
+
 def replay(
     cache,
     requests: list[Request],
@@ -109,40 +134,16 @@ def replay(
     if not step_seconds > 0:
         raise ValueError(f"step_seconds must be > 0, got {step_seconds}")
     recorder = Recorder(cache) if record else None
-    scheduler = Scheduler(cache, recorder)
-    for i, r in sorted(enumerate(requests), key=lambda pair: pair[1].arrival):
-        scheduler.add(Sequence(f"r{i}", r.prompt_len, r.output_len, r.arrival))
     result = ReplayResult(step_seconds=step_seconds, trace=recorder and recorder.trace)
-    step = 0
-    while scheduler.has_unfinished():
-        if step >= max_steps:
+    engine = Engine(
+        cache, recorder=recorder, observer=_Measure(result, probe), step_seconds=step_seconds
+    )
+    for i, r in sorted(enumerate(requests), key=lambda pair: pair[1].arrival):
+        engine.add(Sequence(f"r{i}", r.prompt_len, r.output_len, r.arrival))
+    while engine.has_unfinished():
+        if result.steps >= max_steps:
             raise RuntimeError(f"replay did not finish within max_steps={max_steps}")
-        now = step * step_seconds
-        next_arrival = scheduler.waiting[0].arrival if scheduler.waiting else now
-        if not scheduler.running and next_arrival > now:  # empty cache: skip to the next arrival
-            step = math.ceil(next_arrival / step_seconds - 1e-9)
-            now = step * step_seconds
-        if until is not None and now > until:
+        if until is not None and engine.next_start() > until:
             break
-        if recorder is not None:
-            recorder.clock = now
-        scheduled = scheduler.schedule(now)
-        result.refusals += scheduled.refused is not None
-        result.preemptions += len(scheduled.preempted)
-        report = cache.memory_report()
-        if recorder is not None:
-            recorder.record("step")
-        result.running.append(len(scheduler.running))
-        waiting = sum(1 for seq in scheduler.waiting if seq.arrival <= now)
-        for seq in [s for s in scheduler.running if s.remaining == 0]:
-            scheduler.finish(seq)
-        if probe is not None:
-            result.probes.append(probe(cache))
-        result.times.append(now)
-        result.usage.append(report)
-        result.waiting.append(waiting)
-        result.busy.append(waiting > 0)
-        impossible = scheduled.refusal is not None and scheduled.refusal.impossible
-        result.blocked.append(scheduled.refused.seq_id if impossible else None)
-        step += 1
+        engine.step()
     return result

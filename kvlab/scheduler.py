@@ -12,14 +12,25 @@ by swapping they are copied out to CPU memory and back. The scheduler asks the c
 (``refusal``, ``can_append``) before it changes anything, so the normal "not now" of scheduling
 raises nothing.
 
-The cache is any object with ``refusal(prompt_len, output_len)`` (the OutOfMemory that admitting
-would raise, or None), ``admit(seq_id, prompt_len, output_len)``, ``can_append(seq_id)``,
-``append(seq_id)`` and ``release(seq_id)``: :class:`~kvlab.contiguous.ContiguousKVCache` and
-:class:`~kvlab.paged.PagedCache` are two. A cache whose ``prefix_caching`` is true also gets the
-token ids of sequences that know them (``token_ids=`` to ``refusal`` and ``admit``; after each
-decode slot, ``cache_computed(seq_id, token_ids, n)`` with the n tokens whose K/V exist by the
-end of the step), and says with ``num_cached_tokens(seq_id)`` how much of a prompt it found
-cached: those tokens count as computed, and are neither recomputed nor swapped back in (Lab 07).
+With a token budget (``max_num_batched_tokens``) a step computes at most that many tokens, as
+vLLM v1 plans it: running sequences first, in the order they were admitted (a decode costs one
+token, a prompt still being read costs what is left of it), then the queue. With
+``chunked_prefill=True`` a prompt longer than what is left of the budget is read in chunks over
+several steps, and the sequence produces its first token in the step that reads its last chunk;
+without it a prompt waits until the whole of it fits in one step's budget. Every scheduled
+sequence carries ``num_scheduled`` (the tokens it computes in this step, positions
+``[num_computed, num_computed + num_scheduled)``) and ``samples`` (whether the step produces its
+next token). Without a budget, every prompt is read whole in the step that admits it.
+
+The cache is a :class:`kvlab.interfaces.KVCache`: ``refusal(prompt_len, output_len)`` (the
+OutOfMemory that admitting would raise, or None), ``admit``, ``can_append``, ``append`` and
+``release`` (:class:`~kvlab.contiguous.ContiguousKVCache` and :class:`~kvlab.paged.PagedCache`
+are two). A cache that declares ``prefix_caching = True`` (a
+:class:`kvlab.interfaces.PrefixCachingKVCache`) also gets the token ids of sequences that know
+them (``token_ids=`` to ``refusal`` and ``admit``; after each step, ``cache_computed(seq_id,
+token_ids, n)`` with the n tokens whose K/V exist by the end of the step), and says with
+``num_cached_tokens(seq_id)`` how much of a prompt it found cached: those tokens count as
+computed, and are neither recomputed nor swapped back in (Lab 07).
 """
 
 from __future__ import annotations
@@ -56,7 +67,10 @@ class Sequence:
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # found in a prefix cache at its last admission (not computed)
     num_dropped: int = 0  # K/V its last preemption by recompute dropped (until readmitted)
+    num_scheduled: int = 0  # tokens computed in the current step (set when scheduled)
+    samples: bool = False  # the current step produces its next token
     first_token_time: float | None = None  # set by the engine, on its clock
+    last_token_time: float | None = None
     finish_time: float | None = None
 
     @property
@@ -67,6 +81,12 @@ class Sequence:
     @property
     def remaining(self) -> int:
         return self.output_len - self.num_generated
+
+    @property
+    def num_uncomputed(self) -> int:
+        """Tokens to compute before the next one can be produced: the whole prompt (and what was
+        generated before a recompute) when admitted, one when decoding."""
+        return self.prompt_len + self.num_generated - self.num_computed
 
     @property
     def total_len(self) -> int:
@@ -84,6 +104,13 @@ class ScheduledStep:
     refusal: OutOfMemory | None = None  # why
     finished: list[Sequence] = field(default_factory=list)  # retired at the start of the step
     swapped_tokens: int = 0  # K/V moved between GPU and CPU memory (set by the engine)
+    num_batched_tokens: int = 0  # tokens computed in the step, under a token budget
+
+    @property
+    def sampling(self) -> list[Sequence]:
+        """The scheduled sequences that produce a token in this step (not a prompt's earlier
+        chunks)."""
+        return [seq for seq in self.scheduled if seq.samples]
 
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -98,7 +125,9 @@ class Scheduler:
     ``swap_out(seq)`` before a sequence's memory is released and ``swap_in(seq)`` after it is
     readmitted. ``batching="static"`` admits only into an empty cache, so a batch runs until its
     longest member is done. ``preempt`` (a function of the scheduler) replaces :meth:`preempt`.
-    ``recorder`` (optional, owned by the driver) gets a frame after every event.
+    ``max_num_batched_tokens`` is the token budget of a step and ``chunked_prefill=True`` lets a
+    prompt be read over several steps (the module's docstring says how). ``recorder`` (optional,
+    owned by the driver) gets a frame after every event.
     """
 
     def __init__(
@@ -111,9 +140,22 @@ class Scheduler:
         batching: str = "continuous",
         swapper=None,
         preempt=None,
+        max_num_batched_tokens: int | None = None,
+        chunked_prefill: bool = False,
     ):
         if max_batch is not None:
             positive_int("max_batch", max_batch)
+        if max_num_batched_tokens is not None:
+            positive_int("max_num_batched_tokens", max_num_batched_tokens)
+        if not isinstance(chunked_prefill, bool):
+            raise TypeError(f"chunked_prefill must be a bool, got {chunked_prefill!r}")
+        if chunked_prefill and max_num_batched_tokens is None:
+            raise ValueError("chunked_prefill needs a token budget: give max_num_batched_tokens")
+        if not isinstance(getattr(cache, "prefix_caching", None), bool):
+            raise TypeError(
+                "cache must be a kvlab.interfaces.KVCache declaring prefix_caching (a bool), "
+                f"got {cache!r}"
+            )
         if preemption not in PREEMPTION_MODES:
             raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
         if batching not in BATCHING_MODES:
@@ -131,12 +173,15 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in order of admission: the last is preempted first
         self.num_preemptions = 0
+        self.num_finished = 0
         self.swapped_out_tokens = 0  # K/V moved to CPU memory, in tokens
         self.swapped_in_tokens = 0
         self.recompute_tokens = 0  # K/V dropped by preemption, to be computed again
         self.custom_preempt = preempt  # Lab 06: the learner's own, a function of the scheduler
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.chunked_prefill = chunked_prefill
         # prefix caching (Lab 07): the cache is told the token ids of prompts and new tokens
-        self.pass_token_ids = bool(getattr(cache, "prefix_caching", False))
+        self.pass_token_ids = cache.prefix_caching
 
     def add(self, seq: Sequence) -> None:
         if not isinstance(seq, Sequence):
@@ -167,6 +212,8 @@ class Scheduler:
         """Make room for one token of every running sequence, then admit what arrived and fits
         (vLLM's order: the sequences holding memory go first, newcomers get what is left, and
         nobody is admitted in a step that had to preempt)."""
+        if self.max_num_batched_tokens is not None:
+            return self._schedule_budgeted(now)
         step = ScheduledStep()
         can_append, append = self.cache.can_append, self.cache.append
         pass_ids = self.pass_token_ids
@@ -186,6 +233,42 @@ class Scheduler:
             self._admit_arrived(now, step)
         return step
 
+    def _schedule_budgeted(self, now: float) -> ScheduledStep:
+        """:meth:`schedule` under the token budget: running sequences in admission order (a
+        decode costs one token, an unfinished prompt its next chunk), then the queue."""
+        step = ScheduledStep()
+        budget = self.max_num_batched_tokens
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this step
+                continue
+            chunk = min(seq.num_uncomputed, budget)
+            if chunk < seq.num_uncomputed:
+                self._chunk(seq, chunk, step)
+            elif self.cache.can_append(seq.seq_id):
+                self._decode(seq, step)
+            else:
+                self._make_room(seq, step)
+            budget = self.max_num_batched_tokens - step.num_batched_tokens
+        if not step.preempted and (self.batching == "continuous" or not self.running):
+            self._admit_arrived(now, step)
+        return step
+
+    def _chunk(self, seq: Sequence, n: int, step: ScheduledStep) -> None:
+        """The next ``n`` tokens of a prompt that does not end in this step: no new slot, no
+        token produced."""
+        seq.num_scheduled, seq.samples = n, False
+        step.num_batched_tokens += n
+        step.scheduled.append(seq)
+        if self.pass_token_ids:
+            self._cache_computed(seq)
+
+    def _budget_left(self, step: ScheduledStep) -> int | None:
+        if self.max_num_batched_tokens is None:
+            return None
+        return self.max_num_batched_tokens - step.num_batched_tokens
+
     def _admit_arrived(self, now: float, step: ScheduledStep) -> None:
         """First come, first served: stop at the first sequence that does not fit. An admitted
         sequence computes its first token in the same step (the cache's refusal counts it)."""
@@ -193,19 +276,39 @@ class Scheduler:
             if self.max_batch is not None and len(self.running) >= self.max_batch:
                 return
             seq = self.waiting[0]
+            budget = self._budget_left(step)
+            if budget is not None and not self._fits_budget(seq, budget):
+                return
             refusal = self.cache.refusal(seq.num_tokens, seq.remaining, **self._known_ids(seq))
             if refusal is not None:
                 step.refused, step.refusal = seq, refusal
                 self._record_refusal(seq, refusal)
                 if not self.running:
                     raise ValueError(
-                        f"{seq.seq_id} needs {seq.total_len} beds and cannot be admitted even into "
-                        "an empty hotel"
+                        f"{seq.seq_id} needs {seq.total_len} token slots and cannot be admitted "
+                        "even into an empty cache"
                     )
                 return
             self.admit(seq)
             step.admitted.append(seq)
-            self._decode(seq, step)
+            if budget is not None and seq.num_uncomputed > budget:
+                self._chunk(seq, budget, step)
+            else:
+                self._decode(seq, step)
+
+    def _fits_budget(self, seq: Sequence, budget: int) -> bool:
+        """Whether the queue's head can start in this step: any budget left with chunked
+        prefill, else all of its prompt (a prompt that could never fit is an error)."""
+        if self.chunked_prefill:
+            return budget > 0
+        need = seq.num_uncomputed
+        if need > self.max_num_batched_tokens:
+            raise ValueError(
+                f"{seq.seq_id} must compute {need} tokens in one step, more than "
+                f"max_num_batched_tokens={self.max_num_batched_tokens}: raise the budget or use "
+                "chunked_prefill=True"
+            )
+        return need <= budget
 
     def admit(self, seq: Sequence) -> None:
         """Check a waiting sequence in: book memory for the tokens it holds and run it. A sequence
@@ -216,6 +319,8 @@ class Scheduler:
         if seq not in self.waiting:
             raise ValueError(f"{seq.seq_id} is not in the queue (status {seq.status.value})")
         ids = self._known_ids(seq)
+        if ids and self.chunked_prefill:  # only what is computed may be found by others
+            ids["num_computed"] = seq.num_computed
         self.cache.admit(seq.seq_id, seq.num_tokens, seq.remaining, **ids)
         if ids:  # a cached prefix is neither computed again nor swapped back in
             seq.num_cached_tokens = self.cache.num_cached_tokens(seq.seq_id)
@@ -242,14 +347,14 @@ class Scheduler:
             if victim in step.scheduled:
                 raise ValueError(
                     f"preempt chose {victim.seq_id}, which already has its token for this step: "
-                    "the guest checked in last leaves"
+                    "the sequence admitted last leaves"
                 )
             step.preempted.append(victim)
             if victim is seq:
                 if alone:
                     raise ValueError(
-                        f"{seq.seq_id} needs {seq.total_len} beds and cannot fit even alone in "
-                        "the hotel"
+                        f"{seq.seq_id} needs {seq.total_len} token slots and cannot fit even "
+                        "alone in the cache"
                     )
                 return
         self._decode(seq, step)
@@ -270,11 +375,16 @@ class Scheduler:
         """Tell a prefix-caching cache which tokens have K/V at the end of this step: all but the
         one whose slot was just taken (it is produced in this step, its K/V written in the next)."""
         if seq.token_ids is not None:
-            done = min(len(seq.token_ids), seq.num_tokens - 1)
-            self.cache.cache_computed(seq.seq_id, seq.token_ids, done)
+            if self.max_num_batched_tokens is None:
+                done = seq.num_tokens - 1
+            else:
+                done = seq.num_computed + seq.num_scheduled
+            self.cache.cache_computed(seq.seq_id, seq.token_ids, min(len(seq.token_ids), done))
 
     def _decode(self, seq: Sequence, step: ScheduledStep) -> None:
         """A slot for the sequence's next token (inlined in :meth:`schedule`'s hot loop)."""
+        seq.num_scheduled, seq.samples = seq.num_uncomputed, True
+        step.num_batched_tokens += seq.num_scheduled
         self.cache.append(seq.seq_id)
         seq.num_generated += 1
         if self.pass_token_ids:
@@ -340,6 +450,7 @@ class Scheduler:
         self.running.remove(seq)
         self.cache.release(seq.seq_id)
         seq.status = SequenceStatus.FINISHED
+        self.num_finished += 1
         self._record("check-out", seq.seq_id)
 
     def _record(self, event: str, seq_id, note: str = "") -> None:

@@ -608,6 +608,7 @@ def test_a_schedule_that_never_admits_is_an_error_not_a_hang():
 def test_engine_runs_a_scheduler_with_its_own_executor():
     class Counting:
         timed = False
+        can_swap = False
 
         def __init__(self):
             self.positions = []
@@ -805,6 +806,7 @@ def test_a_custom_preempt_must_return_the_sequence():
 def test_swapping_tells_the_swapper_and_counts_both_ways():
     class Swapper:
         timed = False
+        can_swap = True
 
         def __init__(self):
             self.moves = []

@@ -74,7 +74,7 @@ class TinyHotel(ContiguousKVCache):
 
 def test_replay_refuses_impossible_and_idle_inputs():
     with pytest.raises(
-        ValueError, match="r1 needs 9 beds and cannot be admitted even into an empty"
+        ValueError, match="r1 needs 9 token slots and cannot be admitted even into an empty"
     ):
         replay(TinyHotel(1, 16), [Request(2, 2), Request(8, 1)])
     with pytest.raises(ValueError, match="prompt_len \\+ output_len = 9 exceeds max_seq_len = 8"):

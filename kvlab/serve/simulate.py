@@ -38,8 +38,14 @@ PAPER_NAMES = {
 }
 
 
+PREFIX_CACHES = ("hash", "radix")
+
+
 class CostedSteps:
-    """The simulator's executor: computes nothing, costs each step with ``step_time``."""
+    """The simulator's executor: computes nothing, costs each step with ``step_time`` (a mixed
+    step of prompt chunks and decodes costs its FLOPs and its bytes together)."""
+
+    can_swap = False
 
     def __init__(self, step_time=None):
         if step_time is not None and not callable(getattr(step_time, "seconds", None)):
@@ -56,11 +62,37 @@ class CostedSteps:
         new = kv = 0
         attended = 0.0
         for seq in step.scheduled:
-            start, stop = seq.num_computed, seq.num_tokens - 1
+            start = seq.num_computed
+            stop = start + seq.num_scheduled
             new += stop - start
             attended += (stop * (stop + 1) - start * (start + 1)) / 2
             kv += stop
         return self.step_time.seconds(new, attended, kv, step.swapped_tokens)
+
+
+def weighted_percentile(pairs: list[tuple[float, int]], p: float) -> float:
+    """:func:`percentile` of the list holding each ``value`` ``count`` times, for ``(value,
+    count)`` pairs, without building that list (a day of a million tokens has a million gaps)."""
+    if not 0 <= p <= 100:
+        raise ValueError(f"p must be in [0, 100], got {p}")
+    pairs = sorted((v, c) for v, c in pairs if c > 0)
+    total = sum(c for _, c in pairs)
+    if not total:
+        raise ValueError("no values to take a percentile of")
+    rank = p / 100 * (total - 1)
+    low = int(rank)
+    frac = rank - low
+
+    def nth(k: int) -> float:
+        seen = 0
+        for value, count in pairs:
+            seen += count
+            if k < seen:
+                return value
+        return pairs[-1][0]
+
+    a, b = nth(low), nth(min(low + 1, total - 1))
+    return a + (b - a) * frac if frac < 0.5 else b - (b - a) * (1 - frac)
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -92,7 +124,13 @@ class SimResult:
     swapped_tokens: int = 0  # K/V moved out to CPU memory (and as many back in)
     end_time: float = 0.0
     trace: Trace | None = None
+    scheduled_tokens: list[int] = field(default_factory=list)  # tokens computed in each step
+    # gaps between consecutive tokens of a sequence: (seconds or steps, how many such gaps)
+    token_gaps: list[tuple[float, int]] = field(default_factory=list)
+    max_num_batched_tokens: int | None = None
+    chunked_prefill: bool = False
     prefix_caching: bool = False
+    prefix_cache: str | None = None  # "hash" or "radix", with prefix caching
     prefix_query_tokens: int = 0  # prompt tokens looked up in the prefix cache (recomputes too)
     prefix_hit_tokens: int = 0  # of those, found cached (not computed again)
     evictions: int = 0  # cached blocks handed out again
@@ -173,6 +211,14 @@ class SimResult:
             if seq.output_len > 1
         ]
 
+    def itls(self) -> list[float]:
+        """Every gap between two consecutive tokens of a request (inter-token latency), over
+        all requests: a prompt read in one go stalls every decode of its step."""
+        return [gap for gap, count in self.token_gaps for _ in range(count)]
+
+    def itl(self, p: float = 50) -> float:
+        return weighted_percentile(self.token_gaps, p)
+
     def latency(self, p: float = 50) -> float:
         return percentile(self.latencies(), p)
 
@@ -200,6 +246,14 @@ class SimResult:
         }
         if self.prefix_caching:
             row.update(prefix_hit_rate=self.prefix_hit_rate, evictions=self.evictions)
+        if self.max_num_batched_tokens is not None:
+            gaps = any(count for _, count in self.token_gaps)
+            row.update(
+                max_num_batched_tokens=self.max_num_batched_tokens,
+                chunked_prefill=self.chunked_prefill,
+                itl_p50=self.itl(50) if gaps else None,  # None: one-token answers
+                itl_p99=self.itl(99) if gaps else None,
+            )
         if self.timed:
             tpots = self.tpots()
             row.update(
@@ -218,10 +272,12 @@ def make_cache(
     kv_capacity_tokens: int,
     max_seq_len: int,
     block_size: int = 16,
-    prefix_caching: bool = False,
+    prefix_caching: bool | str = False,
 ):
     """One of the four caches over ``kv_capacity_tokens`` token slots of memory (the paged one
-    with prefix caching if asked)."""
+    with prefix caching if asked: True or ``"hash"`` for the hash chain, ``"radix"`` for the
+    radix tree)."""
+    prefix_cache = _prefix_cache(prefix_caching)
     if cache not in CACHES:
         raise ValueError(f"cache must be one of {tuple(CACHES)}, got {cache!r}")
     positive_int("kv_capacity_tokens", kv_capacity_tokens)
@@ -234,15 +290,54 @@ def make_cache(
                 f"kv_capacity_tokens ({kv_capacity_tokens}) holds no whole block of "
                 f"block_size={block_size}"
             )
+        if prefix_cache is None:
+            return PagedCache(kv_capacity_tokens // block_size, block_size)
         return PagedCache(
-            kv_capacity_tokens // block_size, block_size, enable_prefix_caching=prefix_caching
+            kv_capacity_tokens // block_size,
+            block_size,
+            enable_prefix_caching=True,
+            prefix_cache=prefix_cache,
         )
-    if prefix_caching:
+    if prefix_cache is not None:
         raise ValueError(f"prefix_caching needs the paged cache, not cache={cache!r}")
     num_slots = max(1, kv_capacity_tokens // max_seq_len)
     return ContiguousKVCache(
         num_slots, max_seq_len, policy=policy, capacity_tokens=kv_capacity_tokens
     )
+
+
+def _prefix_cache(prefix_caching) -> str | None:
+    """The prefix cache asked for: None (off), "hash" (also for True) or "radix"."""
+    if prefix_caching is False:
+        return None
+    if prefix_caching is True:
+        return "hash"
+    if not isinstance(prefix_caching, str):
+        raise TypeError(
+            f"prefix_caching must be a bool or one of {PREFIX_CACHES}, got {prefix_caching!r}"
+        )
+    if prefix_caching in PREFIX_CACHES:
+        return prefix_caching
+    raise ValueError(
+        f"prefix_caching must be False, True or one of {PREFIX_CACHES}, got {prefix_caching!r}"
+    )
+
+
+def _check_budget(requests, budget: int | None, chunked: bool, preemption: str) -> None:
+    """Without chunked prefill a prompt is read in one step, so it must fit the token budget
+    (after a preemption by recompute, with what it had generated)."""
+    if budget is None:
+        return
+    positive_int("max_num_batched_tokens", budget)
+    if chunked:
+        return
+    for i, r in enumerate(requests):
+        need = r.total_len - 1 if preemption == "recompute" else r.prompt_len
+        if need > budget:
+            raise ValueError(
+                f"requests[{i}] may need {need} tokens computed in one step, more than "
+                f"max_num_batched_tokens={budget}: raise the budget or use chunked_prefill=True"
+            )
 
 
 def _check_fits(requests, cache: str, capacity: int, max_seq_len: int, block_size: int) -> None:
@@ -285,7 +380,9 @@ def simulate(
     schedule=None,
     preempt=None,
     progress: bool = False,
-    prefix_caching: bool = False,
+    prefix_caching: bool | str = False,
+    max_num_batched_tokens: int | None = None,
+    chunked_prefill: bool = False,
 ) -> SimResult:
     """Serve ``requests`` to completion on one cache; return a :class:`SimResult`.
 
@@ -300,7 +397,10 @@ def simulate(
     ``prefix_caching=True`` (paged only) shares cached prompt prefixes: requests with
     ``prompt_ids`` are compared by token; the others, and every generated token, get ids of
     their own that nobody else has (a preempted request may still find its own blocks).
-    Deterministic.
+    ``prefix_caching="radix"`` keeps them in a radix tree instead of the hash chain (``"hash"``,
+    the same as True). ``max_num_batched_tokens`` caps the tokens computed in a step (vLLM's
+    token budget); with ``chunked_prefill=True`` long prompts are read in chunks over several
+    steps (``result.scheduled_tokens``, ``result.itls()``). Deterministic.
     """
     if not isinstance(requests, list | tuple):
         raise TypeError(f"requests must be a list of kvlab.workload.Request, got {requests!r}")
@@ -314,12 +414,26 @@ def simulate(
         raise ValueError("a custom schedule decides admission itself: use batching='continuous'")
     if not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {seed!r}")
-    if not isinstance(prefix_caching, bool):
-        raise TypeError(f"prefix_caching must be a bool, got {prefix_caching!r}")
+    prefix_cache = _prefix_cache(prefix_caching)
+    if not isinstance(chunked_prefill, bool):
+        raise TypeError(f"chunked_prefill must be a bool, got {chunked_prefill!r}")
+    if chunked_prefill and max_num_batched_tokens is None:
+        raise ValueError("chunked_prefill needs a token budget: give max_num_batched_tokens")
+    if schedule is not None and max_num_batched_tokens is not None:
+        raise ValueError("a custom schedule cannot keep a token budget: drop one of them")
     kv_cache = make_cache(cache, kv_capacity_tokens, max_seq_len, block_size, prefix_caching)
     _check_fits(requests, cache, kv_capacity_tokens, max_seq_len, block_size)
+    _check_budget(requests, max_num_batched_tokens, chunked_prefill, preemption)
     executor = CostedSteps(step_time)
     recorder = Recorder(kv_cache) if record else None
+    sequences = [
+        Sequence(f"r{i}", r.prompt_len, r.output_len, r.arrival) for i, r in enumerate(requests)
+    ]
+    result = SimResult(cache, kv_cache.capacity, sequences, executor.timed)
+    result.prefix_caching, result.prefix_cache = prefix_cache is not None, prefix_cache
+    result.max_num_batched_tokens, result.chunked_prefill = max_num_batched_tokens, chunked_prefill
+    result.trace = recorder and recorder.trace
+    measure = _Measure(result, progress)
     engine = Engine(
         kv_cache,
         executor,
@@ -329,28 +443,29 @@ def simulate(
         recorder=recorder,
         schedule=schedule,
         preempt=preempt,
+        max_num_batched_tokens=max_num_batched_tokens,
+        chunked_prefill=chunked_prefill,
+        observer=measure,
     )
     tie = random.Random(seed).random if seed else (lambda: 0.0)
     order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival, tie()))
-    sequences = [
-        Sequence(f"r{i}", r.prompt_len, r.output_len, r.arrival) for i, r in enumerate(requests)
-    ]
-    if prefix_caching:
+    if prefix_cache is not None:
         for i, (seq, r) in enumerate(zip(sequences, requests, strict=True)):
             seq.token_ids = _token_ids(i, r)
     for i in order:
         engine.add(sequences[i])
-    result = SimResult(cache, kv_cache.capacity, sequences, executor.timed)
-    result.prefix_caching = prefix_caching
-    result.trace = recorder and recorder.trace
-    _run(engine, result, progress)
+    try:
+        engine.run()
+    finally:
+        measure.close()
+    result.token_gaps = engine.token_gaps
     scheduler = engine.scheduler
     result.preemptions = scheduler.num_preemptions
     result.recompute_tokens = scheduler.recompute_tokens
     result.swapped_tokens = scheduler.swapped_out_tokens
     result.end_time = engine.clock
-    if prefix_caching:
-        stats = kv_cache.manager.prefix_cache_stats
+    if prefix_cache is not None:
+        stats = kv_cache.prefix_cache_stats
         result.prefix_query_tokens, result.prefix_hit_tokens = stats.queries, stats.hits
         result.evictions = stats.evictions
     return result
@@ -367,32 +482,35 @@ def _token_ids(index: int, request: Request) -> list[int]:
     return [*prompt, *range(start, start + request.output_len)]
 
 
-def _run(engine: Engine, result: SimResult, progress: bool) -> None:
-    """Step to the end, measuring the memory after each step's scheduling."""
-    cache, scheduler = engine.cache, engine.scheduler
-    capacity = cache.capacity
-    arrivals = sorted(seq.arrival for seq in result.sequences)
-    retired = 0
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
+class _Measure:
+    """The simulator's observer: the memory and the batch after each step's scheduling."""
 
-        bar = tqdm(total=len(arrivals), unit="request", desc=result.cache, mininterval=0.5)
-    while engine.has_unfinished():
-        step = engine.step()
-        retired += len(step.finished)
-        if bar is not None and step.finished:
-            bar.update(len(step.finished))
-        if not step.scheduled:
-            continue
+    def __init__(self, result: SimResult, progress: bool):
+        self.result = result
+        self.arrivals = sorted(seq.arrival for seq in result.sequences)
+        self.bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(
+                total=len(self.arrivals), unit="request", desc=result.cache, mininterval=0.5
+            )
+
+    def after_step(self, engine: Engine, step) -> None:
+        result, cache, scheduler = self.result, engine.cache, engine.scheduler
         now = engine.step_start
-        running = scheduler.running
         allocated = cache.allocated_tokens
-        held = cache.held_tokens
         result.times.append(now)
         result.batch.append(len(step.scheduled))
-        result.utilization.append(held / allocated)
-        result.occupancy.append(allocated / capacity)
-        result.waiting.append(bisect.bisect_right(arrivals, now) - retired - len(running))
-    if bar is not None:
-        bar.close()
+        result.scheduled_tokens.append(step.num_batched_tokens)
+        result.utilization.append(cache.held_tokens / allocated)
+        result.occupancy.append(allocated / cache.capacity)
+        arrived = bisect.bisect_right(self.arrivals, now)
+        result.waiting.append(arrived - scheduler.num_finished - len(scheduler.running))
+        if self.bar is not None and step.finished:
+            self.bar.update(scheduler.num_finished - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.update(self.bar.total - self.bar.n)
+            self.bar.close()
