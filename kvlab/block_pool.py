@@ -5,12 +5,18 @@ Freed blocks join the back of the free queue and new blocks come from the front,
 freed longest ago is handed out first. A block that still holds a cached prefix can then stay
 findable by its hash for as long as possible, and be taken back out of the middle of the queue
 (in O(1)) when a new sequence reuses it. This is the shape of vLLM v1's ``BlockPool``.
+
+A prefix cache that orders its own evictions (the radix tree evicts leaves, least recently used
+first) keeps the cached blocks nobody holds out of the free queue instead: it is the pool's
+:class:`Evictor`, its blocks count as free, and the pool takes them back through it when the free
+queue runs short.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
+from typing import Protocol
 
 from kvlab.validate import positive_int
 
@@ -30,6 +36,8 @@ class Block:
 
     ``epoch`` counts how often the block was handed out: a cached block remembers its parent's
     epoch, so a parent overwritten since (same object, other tokens) never confirms a hit.
+    ``node`` is the radix-tree node holding the block (None: not in a tree); such a block waits
+    in the tree, not in the free queue, while nobody holds it.
     """
 
     __slots__ = (
@@ -40,6 +48,7 @@ class Block:
         "parent",
         "parent_epoch",
         "epoch",
+        "node",
     )
 
     def __init__(self, block_id: int):
@@ -50,6 +59,7 @@ class Block:
         self.parent: Block | None = None
         self.parent_epoch = 0
         self.epoch = 0
+        self.node = None
 
     def __repr__(self) -> str:
         cached = "" if self.block_hash is None else ", cached"
@@ -95,6 +105,25 @@ class FreeBlockQueue:
         return block.block_id in self._blocks
 
 
+class Evictor(Protocol):
+    """A prefix cache that keeps its cached blocks out of the free queue while nobody holds them
+    (they still count as free), and hands them over when the free queue runs short."""
+
+    evictable_blocks: int  # blocks it keeps that nobody holds
+
+    def evict(self, num_blocks: int) -> None:
+        """Forget ``num_blocks`` of them and append them to the pool's free queue."""
+        ...
+
+    def block_held(self, block: Block) -> None:
+        """A block it keeps went from nobody holding it to one block table."""
+        ...
+
+    def block_released(self, block: Block) -> None:
+        """A block it keeps lost its last holder."""
+        ...
+
+
 class BlockPool:
     """``num_blocks`` blocks; hands them out, takes references back, and keeps the cached ones
     findable by hash until their block is handed out again (evicted)."""
@@ -106,15 +135,20 @@ class BlockPool:
         self.cached: dict[Hashable, Block] = {}  # block_hash -> block (filled by prefix caching)
         self.num_shared = 0  # blocks held by more than one block table
         self.num_evictions = 0  # cached blocks handed out again (their tokens forgotten)
+        self.evictor: Evictor | None = None  # keeps unheld cached blocks out of the free queue
 
     @property
     def num_free_blocks(self) -> int:
         """Blocks that can be handed out now: plain free and cached-evictable, each once."""
-        return len(self.free_queue)
+        evictor = self.evictor
+        return len(self.free_queue) + (0 if evictor is None else evictor.evictable_blocks)
 
     def get_new_block(self) -> Block:
         """The block at the front of the free queue, now held once. A cached block handed out
         is evicted: it loses its hash, since its old contents are about to be overwritten."""
+        evictor = self.evictor
+        if evictor is not None and not self.free_queue and evictor.evictable_blocks:
+            evictor.evict(1)
         block = self.free_queue.popleft()
         if block.block_hash is not None:
             self._evict(block)
@@ -124,8 +158,11 @@ class BlockPool:
 
     def get_new_blocks(self, n: int) -> list[Block]:
         """``n`` blocks from the front of the free queue (all or none)."""
-        if n > len(self.free_queue):
-            raise ValueError(f"cannot take {n} blocks: only {len(self.free_queue)} are free")
+        short = n - len(self.free_queue)
+        if short > 0:
+            if self.evictor is None or short > self.evictor.evictable_blocks:
+                raise ValueError(f"cannot take {n} blocks: only {self.num_free_blocks} are free")
+            self.evictor.evict(short)
         blocks = self.free_queue.popleft_n(n)
         for block in blocks:
             if block.block_hash is not None:
@@ -164,19 +201,26 @@ class BlockPool:
         """One more block table holds each block (a fork, or a cache hit on a free block)."""
         for block in blocks:
             if block.ref_count == 0:
-                self.free_queue.remove(block)
+                if block.node is None:
+                    self.free_queue.remove(block)
+                else:
+                    self.evictor.block_held(block)
             block.ref_count += 1
             self.num_shared += block.ref_count == 2
 
     def free_blocks(self, blocks: Iterable[Block]) -> None:
         """Each block loses one holder; blocks nobody holds join the back of the free queue, in
-        the order given (cached ones stay findable there until they are handed out)."""
+        the order given (cached ones stay findable there until they are handed out), or wait
+        with the evictor that keeps them."""
         append = self.free_queue.append
         for block in blocks:
             if block.ref_count < 1:
                 raise ValueError(f"block {block.block_id} is already free")
             block.ref_count -= 1
             if block.ref_count == 0:
-                append(block)
+                if block.node is None:
+                    append(block)
+                else:
+                    self.evictor.block_released(block)
             elif block.ref_count == 1:
                 self.num_shared -= 1

@@ -14,11 +14,12 @@ import numbers
 import operator
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 from kvlab.accounting import CacheState, Usage, usage
-from kvlab.block_pool import ROOT_HASH, Block, BlockPool, hash_block_tokens
-from kvlab.contiguous import torch_dtype
+from kvlab.block_pool import Block, BlockPool, hash_block_tokens
 from kvlab.errors import OutOfMemory
+from kvlab.prefix_cache import PrefixCacheStats, PrefixMatch, check_prefix_cache, make_prefix_cache
 from kvlab.validate import positive_int
 
 
@@ -26,21 +27,6 @@ class OutOfBlocks(OutOfMemory):
     """The free queue cannot supply the blocks needed; nothing was changed."""
 
     unit = "rooms"
-
-
-@dataclass(frozen=True)
-class PrefixCacheStats:
-    """What prefix caching found: prompt tokens looked up and found (hits), cached blocks handed
-    out again (evictions), and blocks findable now (in use or evictable)."""
-
-    queries: int
-    hits: int
-    evictions: int
-    cached_blocks: int
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.queries if self.queries else 0.0
 
 
 def _token_id(value, name: str) -> int:
@@ -69,7 +55,56 @@ def _prompt(prompt) -> tuple[int, list[int] | None]:
     return len(ids), ids
 
 
-_BROKEN = object()  # a chain cut by a hash collision: later blocks of it are never found
+class SequenceBlocks:
+    """One sequence as the block manager keeps it, so that free and fork act on it whole."""
+
+    __slots__ = (
+        "table",
+        "num_tokens",
+        "token_ids",
+        "num_cached",
+        "expected_len",
+        "prefix",
+        "full_blocks_noted",
+    )
+
+    def __init__(self, table: list[Block], num_tokens: int, num_cached: int = 0):
+        self.table = table  # the block table: logical block i -> its Block
+        self.num_tokens = num_tokens
+        self.token_ids: list[int] | None = None  # with prefix caching: ids with K/V written
+        self.num_cached = num_cached  # prompt tokens found cached at allocate
+        self.expected_len: int | None = None  # the length it is expected to leave with
+        self.prefix = None  # the prefix cache's state for it (None: it knows no ids)
+        self.full_blocks_noted = 0  # full blocks of token_ids the prefix cache was told of
+
+    def copy(self, prefix) -> SequenceBlocks:
+        """A fork's: the same blocks and tokens, ``prefix`` its prefix-cache state."""
+        child = SequenceBlocks(list(self.table), self.num_tokens, self.num_cached)
+        if self.token_ids is not None:
+            child.token_ids = list(self.token_ids)
+        child.expected_len, child.prefix = self.expected_len, prefix
+        child.full_blocks_noted = self.full_blocks_noted
+        return child
+
+
+@dataclass(slots=True)
+class AllocationPlan:
+    """What allocating a prompt takes now: its cached prefix and the blocks free to add to it.
+    Computed once for :meth:`BlockManager.can_allocate` (or a cache's refusal) and reused by the
+    :meth:`BlockManager.allocate` that follows, unless something changed in between."""
+
+    num_tokens: int
+    token_ids: list[int] | None
+    match: PrefixMatch | None  # None: no lookup (no ids, or no prefix caching)
+    available: int  # free blocks, less the cached prefix's own free blocks
+
+    @property
+    def cached(self) -> list[Block]:
+        return [] if self.match is None else self.match.blocks
+
+    def blocks_needed(self, block_size: int, extra: int = 0) -> int:
+        """New blocks for the prompt plus ``extra`` tokens, beyond its cached prefix."""
+        return -(-(self.num_tokens + extra) // block_size) - len(self.cached)
 
 
 class BlockManager:
@@ -77,9 +112,12 @@ class BlockManager:
 
     With ``enable_prefix_caching`` a prompt given as token ids starts from the blocks of the
     longest cached prefix (shared, not recomputed), and every full block of a sequence whose
-    tokens are known becomes findable by a hash chained to its parent's. Blocks nobody holds stay
-    cached in the free queue until they are handed out again (least recently freed first).
-    ``hash_fn(parent_hash, token_ids)`` is for tests that force collisions.
+    tokens are known becomes findable. ``prefix_cache`` chooses how: ``"hash"`` (the default,
+    vLLM's chain of block hashes; blocks nobody holds stay cached in the free queue until they
+    are handed out again, least recently freed first) or ``"radix"`` (SGLang's radix tree; blocks
+    nobody holds stay in the tree, and leaves are evicted least recently used first). Either way
+    they count as free. ``prefix_cache`` is checked always and used only with prefix caching.
+    ``hash_fn(parent_hash, token_ids)`` is for tests that force collisions (hash chain only).
 
     A block is findable once the K/V of all its tokens are written. Called by hand,
     ``append_slot(seq_id, token_id)`` means the token's K/V are written now. An engine that
@@ -93,94 +131,125 @@ class BlockManager:
         block_size: int,
         *,
         enable_prefix_caching: bool = False,
+        prefix_cache: str = "hash",
         hash_fn=hash_block_tokens,
     ):
         self.block_size = positive_int("block_size", block_size)
         if not isinstance(enable_prefix_caching, bool):
             raise TypeError(f"enable_prefix_caching must be a bool, got {enable_prefix_caching!r}")
+        check_prefix_cache(prefix_cache)
         if not callable(hash_fn):
             raise TypeError(f"hash_fn must be a function (parent_hash, token_ids), got {hash_fn!r}")
         self.pool = BlockPool(num_blocks)
         self.num_blocks = self.pool.num_blocks
         self.enable_prefix_caching = enable_prefix_caching
         self.hash_fn = hash_fn
-        self._tables: dict[Hashable, list[Block]] = {}
-        self._tokens: dict[Hashable, int] = {}
-        self._token_ids: dict[Hashable, list[int]] = {}  # with prefix caching, when known
-        self._hashes: dict[Hashable, list] = {}  # chained hashes of each known full block
-        # the findable block a sequence's next full block follows (None: the first block); a
-        # block that fills with the same tokens as a findable one follows that one
-        self._parents: dict[Hashable, object] = {}
-        self._num_cached: dict[Hashable, int] = {}  # prompt tokens found cached at allocate
-        self._queries = self._hits = 0
-        self.final: dict[Hashable, int] = {}  # expected final length per sequence, when known
+        self.prefix_cache = None  # with prefix caching: a kvlab.prefix_cache.PrefixCache
+        if enable_prefix_caching:
+            self.prefix_cache = make_prefix_cache(
+                prefix_cache, self.pool, self.block_size, hash_fn=hash_fn
+            )
+        self._seqs: dict[Hashable, SequenceBlocks] = {}
+        self._plan: AllocationPlan | None = None  # the last prompt asked about, until a change
 
     # --- queries -----------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
         """Blocks that can be handed out now: free and cached-evictable, each counted once."""
-        return len(self.pool.free_queue)
+        return self.pool.num_free_blocks
 
     @property
     def seq_ids(self) -> list:
-        return list(self._tables)
+        return list(self._seqs)
 
     def __contains__(self, seq_id) -> bool:
-        return seq_id in self._tables
+        return seq_id in self._seqs
 
     @property
     def held_tokens(self) -> int:
         """Tokens held by every sequence (a shared block's tokens once per sequence)."""
-        return sum(self._tokens.values())
+        return sum(map(_num_tokens, self._seqs.values()))
+
+    @property
+    def expected_lens(self) -> Mapping[Hashable, int]:
+        """The length each sequence is expected to leave with, where known (read-only: see
+        :meth:`set_expected_len`)."""
+        seqs = self._seqs.items()
+        return MappingProxyType({s: q.expected_len for s, q in seqs if q.expected_len is not None})
+
+    def set_expected_len(self, seq_id, expected_len: int | None) -> None:
+        """``seq_id`` will leave holding ``expected_len`` tokens (prompt and output; None: not
+        known): the empty slots of its blocks up to there are reserved for the future, not
+        waste. Forks inherit it."""
+        seq = self._seq(seq_id)
+        if expected_len is not None:
+            expected_len = positive_int("expected_len", expected_len)
+        seq.expected_len = expected_len
 
     @property
     def prefix_cache_stats(self) -> PrefixCacheStats:
-        pool = self.pool
-        return PrefixCacheStats(self._queries, self._hits, pool.num_evictions, len(pool.cached))
+        if self.prefix_cache is None:
+            return PrefixCacheStats(0, 0, 0, 0)
+        return self.prefix_cache.stats
 
     def cached_block_ids(self) -> list[int]:
         """Cached-evictable blocks (nobody holds them; a prompt with their prefix can), in the
         order they would be handed out."""
-        return [b.block_id for b in self.pool.free_queue.blocks() if b.block_hash is not None]
+        return [] if self.prefix_cache is None else self.prefix_cache.cached_block_ids()
 
     def num_cached_tokens(self, seq_id) -> int:
         """Prompt tokens found cached when ``seq_id`` was allocated: a multiple of block_size,
         always less than the prompt (its last token is always computed)."""
-        self._table(seq_id)
-        return self._num_cached[seq_id]
+        return self._seq(seq_id).num_cached
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-positive_int("num_tokens", num_tokens) // self.block_size)
 
+    def plan_allocation(self, prompt) -> AllocationPlan:
+        """What allocating ``prompt`` (a count, or token ids) takes now; nothing changes. The
+        plan is remembered: the :meth:`allocate` of the same prompt that follows, with no other
+        change in between, looks nothing up again."""
+        plan = self._plan
+        if plan is not None and _same_ids(prompt, plan.token_ids):
+            return plan
+        num_tokens, ids = _prompt(prompt)
+        match = None
+        if ids is not None and self.prefix_cache is not None:
+            match = self.prefix_cache.match(ids)
+        # a cached block nobody holds is free until the prompt takes it: it cannot also be new
+        available = self.pool.num_free_blocks
+        if match is not None:
+            available -= sum(block.ref_count == 0 for block in match.blocks)
+        plan = AllocationPlan(num_tokens, ids, match, available)
+        if ids is not None:
+            self._plan = plan
+        return plan
+
     def can_allocate(self, prompt) -> bool:
         """Whether :meth:`allocate` of this prompt (a count, or token ids) would succeed now."""
-        needed, available, _, _ = self._plan(*_prompt(prompt))
-        return needed <= available
+        plan = self.plan_allocation(prompt)
+        return plan.blocks_needed(self.block_size) <= plan.available
 
     def can_append(self, seq_id) -> bool:
         """Whether :meth:`append_slot` would succeed: the token fits in the last block, or a free
         block is there for it (a new block, or the copy of a shared one)."""
-        table = self._table(seq_id)
-        if self._tokens[seq_id] % self.block_size and table[-1].ref_count == 1:
+        try:
+            seq = self._seqs[seq_id]
+        except (KeyError, TypeError):
+            raise _unknown(seq_id) from None
+        if seq.num_tokens % self.block_size and seq.table[-1].ref_count == 1:
             return True  # room in place (the hot path of every decode step)
-        return bool(self.pool.free_queue)
-
-    def _needs_block(self, seq_id) -> int:
-        table = self._table(seq_id)
-        full = self._tokens[seq_id] % self.block_size == 0
-        return int(full or table[-1].ref_count > 1)
+        return bool(self.pool.free_queue) or self.pool.num_free_blocks > 0
 
     def block_table(self, seq_id) -> list[int]:
-        return [block.block_id for block in self._table(seq_id)]
+        return [block.block_id for block in self._seq(seq_id).table]
 
     def num_tokens(self, seq_id) -> int:
-        self._table(seq_id)
-        return self._tokens[seq_id]
+        return self._seq(seq_id).num_tokens
 
     def token_ids(self, seq_id) -> list[int] | None:
         """The sequence's token ids, when prefix caching knows them (None otherwise)."""
-        self._table(seq_id)
-        ids = self._token_ids.get(seq_id)
+        ids = self._seq(seq_id).token_ids
         return None if ids is None else list(ids)
 
     def ref_count(self, block_id: int) -> int:
@@ -191,24 +260,26 @@ class BlockManager:
 
     def slot(self, seq_id, position: int) -> int:
         """Physical slot of a token: ``block_id * block_size + offset`` (vLLM's slot mapping)."""
-        table = self._table(seq_id)
-        if not 0 <= position < self._tokens[seq_id]:
+        seq = self._seq(seq_id)
+        if not 0 <= position < seq.num_tokens:
             raise IndexError(
-                f"position {position} is outside 0..{self._tokens[seq_id] - 1} of {seq_id!r}"
+                f"position {position} is outside 0..{seq.num_tokens - 1} of {seq_id!r}"
             )
         block, offset = divmod(position, self.block_size)
-        return table[block].block_id * self.block_size + offset
+        return seq.table[block].block_id * self.block_size + offset
 
-    def _table(self, seq_id) -> list[Block]:
+    def _seq(self, seq_id) -> SequenceBlocks:
         try:
-            return self._tables[seq_id]
+            return self._seqs[seq_id]
         except (KeyError, TypeError):
-            raise KeyError(f"seq_id {seq_id!r} is not in the block manager") from None
+            raise _unknown(seq_id) from None
 
     def _new(self, seq_id) -> None:
-        if not isinstance(seq_id, Hashable):
-            raise TypeError(f"seq_id must be hashable, got {type(seq_id).__name__}")
-        if seq_id in self._tables:
+        try:
+            exists = seq_id in self._seqs
+        except TypeError:
+            raise TypeError(f"seq_id must be hashable, got {type(seq_id).__name__}") from None
+        if exists:
             raise ValueError(f"seq_id {seq_id!r} already exists")
 
     def _out_of_blocks(self, seq_id, needed: int, available: int | None = None) -> OutOfBlocks:
@@ -219,70 +290,31 @@ class BlockManager:
         )
 
     # --- prefix caching ------------------------------------------------------------------------
-    def _cached_prefix(self, ids: list[int]) -> tuple[list[Block], list]:
-        """The blocks of the longest cached prefix of ``ids`` and their hashes. The last token is
-        never covered: a prompt of k full blocks reuses at most k - 1."""
-        size, lookup, hash_fn = self.block_size, self.pool.lookup, self.hash_fn
-        blocks, hashes = [], []
-        parent_hash, parent = ROOT_HASH, None
-        for start in range(0, len(ids) - 1 - (len(ids) - 1) % size, size):
-            tokens = tuple(ids[start : start + size])
-            block_hash = hash_fn(parent_hash, tokens)
-            block = lookup(block_hash, tokens, parent)
-            if block is None:
-                break
-            blocks.append(block)
-            hashes.append(block_hash)
-            parent_hash, parent = block_hash, block
-        return blocks, hashes
-
-    def _plan(self, num_tokens: int, ids: list[int] | None, extra: int = 0):
-        """(new blocks needed, blocks that can supply them, cached prefix, its hashes) for a
-        prompt plus ``extra`` tokens; nothing changes. A cached block nobody holds is free until
-        the prompt takes it, so it cannot also supply a new block."""
-        cached, hashes = ([], [])
-        if ids is not None and self.enable_prefix_caching:
-            cached, hashes = self._cached_prefix(ids)
-        needed = self.blocks_needed(num_tokens + extra) - len(cached)
-        available = self.num_free_blocks - sum(b.ref_count == 0 for b in cached)
-        return needed, available, cached, hashes
-
-    def _cache_full_blocks(self, seq_id) -> None:
-        """Make the sequence's full blocks whose token ids are known findable, in order. A block
-        whose tokens a findable block already holds (after the same prefix) stays unfindable,
-        and the next block follows the findable one, so the rest of the prefix is found too."""
-        ids, hashes, table = self._token_ids[seq_id], self._hashes[seq_id], self._tables[seq_id]
-        size, pool = self.block_size, self.pool
-        parent = self._parents[seq_id]
-        for i in range(len(hashes), len(ids) // size):
-            tokens = tuple(ids[i * size : (i + 1) * size])
-            block_hash = self.hash_fn(hashes[-1] if hashes else ROOT_HASH, tokens)
-            hashes.append(block_hash)
-            if parent is _BROKEN:
-                continue
-            found = pool.lookup(block_hash, tokens, parent)
-            if found is None and pool.cache(table[i], block_hash, tokens, parent):
-                found = table[i]
-            parent = _BROKEN if found is None else found
-        self._parents[seq_id] = parent
+    def _note_full_blocks(self, seq: SequenceBlocks) -> None:
+        """Tell the prefix cache of the sequence's full blocks with known ids (new ones only)."""
+        full = len(seq.token_ids) // self.block_size
+        if full > seq.full_blocks_noted:
+            seq.prefix = self.prefix_cache.cache_full_blocks(seq.prefix, seq.table, seq.token_ids)
+            seq.full_blocks_noted = full
 
     def cache_computed(self, seq_id, token_ids, num_computed: int) -> None:
         """The K/V of the sequence's first ``num_computed`` tokens, ``token_ids[:num_computed]``,
         are written: the full blocks they complete become findable. For engines that reserve a
-        slot before its token is known (``append_slot(seq_id)`` without an id); ``token_ids`` is
-        the sequence's whole list so far, of which only the new part is read."""
-        ids = self._token_ids.get(seq_id)
+        slot before its token is known (``append_slot(seq_id)`` without an id), or compute a
+        prompt in chunks (``allocate(..., num_computed=...)``); ``token_ids`` is the sequence's
+        whole list so far, of which only the new part is read."""
+        seq = self._seq(seq_id)
+        ids = seq.token_ids
         if ids is None:
-            self._table(seq_id)
-            if self.enable_prefix_caching:
+            if self.prefix_cache is not None:
                 raise ValueError(f"{seq_id!r} was allocated with a token count: no ids to cache")
             return
         known = len(ids)
-        if not known <= num_computed <= self._tokens[seq_id]:
+        if not known <= num_computed <= seq.num_tokens:
             if 0 <= num_computed < known:
                 return  # already known
             raise ValueError(
-                f"num_computed must be in 0..{self._tokens[seq_id]} (the tokens {seq_id!r} "
+                f"num_computed must be in 0..{seq.num_tokens} (the tokens {seq_id!r} "
                 f"holds), got {num_computed}"
             )
         new = token_ids[known:num_computed]
@@ -291,68 +323,92 @@ class BlockManager:
         if any(t.__class__ is not int for t in new):
             new = [_token_id(t, f"token_ids[{known + i}]") for i, t in enumerate(new)]
         ids.extend(new)
-        if len(ids) // self.block_size > len(self._hashes[seq_id]):
-            self._cache_full_blocks(seq_id)
+        if len(ids) // self.block_size > seq.full_blocks_noted:
+            self._plan = None
+            self._note_full_blocks(seq)
 
     # --- changes -----------------------------------------------------------------------------
-    def allocate(self, seq_id, prompt) -> list[int]:
+    def allocate(self, seq_id, prompt, *, num_computed: int | None = None) -> list[int]:
         """Check in a new sequence holding a prompt: ``prompt`` is a token count, or the token
         ids (with prefix caching, the full blocks of its longest cached prefix are shared instead
-        of taken fresh). Returns its block table."""
+        of taken fresh). Returns its block table.
+
+        ``num_computed`` (chunked prefill): only the K/V of the prompt's first ``num_computed``
+        tokens (besides its cached prefix) are written, so only their full blocks become
+        findable now; :meth:`cache_computed` reports the rest. None: all of them are."""
         self._new(seq_id)
-        num_tokens, ids = _prompt(prompt)
-        needed, available, cached, hashes = self._plan(num_tokens, ids)
-        if needed > available:
-            raise self._out_of_blocks(seq_id, needed, available)
+        plan = self.plan_allocation(prompt)
+        if num_computed is not None:
+            positive_int("num_computed", num_computed, minimum=0)
+            if num_computed > plan.num_tokens:
+                raise ValueError(
+                    f"num_computed must be in 0..{plan.num_tokens} (the prompt's tokens), "
+                    f"got {num_computed}"
+                )
+        needed, cached = plan.blocks_needed(self.block_size), plan.cached
+        if needed > plan.available:
+            raise self._out_of_blocks(seq_id, needed, plan.available)
+        self._plan = None
         self.pool.share(cached)
-        table = self._tables[seq_id] = cached + self.pool.get_new_blocks(needed)
-        self._tokens[seq_id] = num_tokens
-        self._num_cached[seq_id] = len(cached) * self.block_size
-        if ids is not None and self.enable_prefix_caching:
-            self._token_ids[seq_id], self._hashes[seq_id] = ids, hashes
-            self._parents[seq_id] = cached[-1] if cached else None
-            self._queries += num_tokens
-            self._hits += len(cached) * self.block_size
-            self._cache_full_blocks(seq_id)
+        ids, prefix = plan.token_ids, None
+        if ids is not None and self.prefix_cache is not None:
+            # before new blocks are taken: a tree evicts nothing the prefix now holds
+            prefix = self.prefix_cache.start(plan.match, plan.num_tokens)
+        table = cached + self.pool.get_new_blocks(needed)
+        seq = self._seqs[seq_id] = SequenceBlocks(
+            table, plan.num_tokens, len(cached) * self.block_size
+        )
+        if prefix is not None:
+            if num_computed is not None and max(seq.num_cached, num_computed) < len(ids):
+                ids = ids[: max(seq.num_cached, num_computed)]
+            seq.token_ids, seq.prefix = ids, prefix
+            self._note_full_blocks(seq)
         return [block.block_id for block in table]
 
     def append_slot(self, seq_id, token_id=None) -> tuple[int, int] | None:
         """Make room for one more token of ``seq_id`` (with prefix caching, pass its id: a block
-        that becomes full is hashed and findable at once).
+        that becomes full is findable at once).
 
         Returns None when the token fits in place (last block has a free slot and is not shared)
         or got a fresh block; returns ``(src_block, dst_block)`` after a copy-on-write, so the
         caller copies the shared block's K and V into the new one.
         """
-        table = self._table(seq_id)
-        tokens = self._tokens[seq_id]
+        try:
+            seq = self._seqs[seq_id]
+        except (KeyError, TypeError):
+            raise _unknown(seq_id) from None
+        tokens = seq.num_tokens
         ids = None  # without an id (an engine's decode slot) the id comes with cache_computed
         if token_id is not None:
-            ids = self._token_ids.get(seq_id)
+            ids = seq.token_ids
             if ids is None or token_id.__class__ is not int or len(ids) != tokens:
                 token_id = self._check_token_id(seq_id, ids, token_id, tokens)
+        table, pool = seq.table, self.pool
         moved = None
         if tokens % self.block_size == 0:  # the last block is full: take a fresh one
-            if not self.pool.free_queue:
+            if not pool.free_queue and not pool.num_free_blocks:
                 raise self._out_of_blocks(seq_id, 1)
-            table.append(self.pool.get_new_block())
+            table.append(pool.get_new_block())
+            self._plan = None
         elif table[-1].ref_count > 1:  # shared and partly filled: copy-on-write
-            if not self.pool.free_queue:
+            if not pool.free_queue and not pool.num_free_blocks:
                 raise self._out_of_blocks(seq_id, 1)
             last = table[-1]
-            table[-1] = self.pool.get_new_block()
-            self.pool.free_blocks([last])
+            table[-1] = pool.get_new_block()
+            pool.free_blocks([last])
             moved = last.block_id, table[-1].block_id
-        self._tokens[seq_id] = tokens + 1
+            self._plan = None
+        seq.num_tokens = tokens + 1
         if ids is not None and token_id is not None:
             ids.append(token_id)
             if (tokens + 1) % self.block_size == 0:
-                self._cache_full_blocks(seq_id)
+                self._plan = None
+                self._note_full_blocks(seq)
         return moved
 
     def _check_token_id(self, seq_id, ids, token_id, tokens: int) -> int:
         token_id = _token_id(token_id, "token_id")
-        if ids is None and self.enable_prefix_caching:
+        if ids is None and self.prefix_cache is not None:
             raise ValueError(
                 f"{seq_id!r} was allocated with a token count, so its token ids are unknown: "
                 "call append_slot without token_id (or allocate it with token ids)"
@@ -366,59 +422,56 @@ class BlockManager:
 
     def fork(self, parent_id, child_id) -> None:
         """The child shares every block of the parent (each block's ref_count goes up by one)."""
-        table = self._table(parent_id)
+        parent = self._seq(parent_id)
         self._new(child_id)
-        self.pool.share(table)
-        self._tables[child_id] = list(table)
-        self._tokens[child_id] = self._tokens[parent_id]
-        self._num_cached[child_id] = self._num_cached[parent_id]
-        if parent_id in self._token_ids:
-            self._token_ids[child_id] = list(self._token_ids[parent_id])
-            self._hashes[child_id] = list(self._hashes[parent_id])
-            self._parents[child_id] = self._parents[parent_id]
-        if parent_id in self.final:
-            self.final[child_id] = self.final[parent_id]
+        self.pool.share(parent.table)
+        prefix = parent.prefix
+        if prefix is not None:
+            prefix = self.prefix_cache.fork(prefix)
+        self._seqs[child_id] = parent.copy(prefix)
+        self._plan = None
 
     def free(self, seq_id) -> None:
         """Check out: drop one reference to each block; blocks nobody holds join the free queue
         (the last block first, so a sequence's first blocks stay unused longest, and a cached
-        prefix loses its tail before its head)."""
-        table = self._table(seq_id)
-        self.pool.free_blocks(reversed(table))
-        del self._tables[seq_id], self._tokens[seq_id], self._num_cached[seq_id]
-        self._token_ids.pop(seq_id, None)
-        self._hashes.pop(seq_id, None)
-        self._parents.pop(seq_id, None)
-        self.final.pop(seq_id, None)
+        prefix loses its tail before its head), or stay in the radix tree."""
+        seq = self._seq(seq_id)
+        if seq.prefix is not None:
+            self.prefix_cache.release(seq.prefix)
+        self.pool.free_blocks(reversed(seq.table))
+        del self._seqs[seq_id]
+        self._plan = None
 
     # --- checks --------------------------------------------------------------------------------
     def check_invariants(self) -> None:
         """Raise AssertionError unless every block is exactly one of in use (held by as many block
-        tables as its ref_count), cached-evictable (nobody holds it, findable by its hash) or free,
-        and every table fits its tokens. For tests and graders: O(blocks + table entries)."""
+        tables as its ref_count), cached-evictable (nobody holds it, findable) or free, every
+        table fits its tokens, and the prefix cache agrees. For tests and graders: O(blocks +
+        table entries)."""
         holders: dict[int, int] = {}
-        for seq_id, table in self._tables.items():
-            tokens = self._tokens[seq_id]
-            assert len(table) == -(-tokens // self.block_size), f"{seq_id!r}: wrong table length"
-            ids = self._token_ids.get(seq_id)
+        for seq_id, seq in self._seqs.items():
+            tokens = seq.num_tokens
+            assert len(seq.table) == -(-tokens // self.block_size), f"{seq_id!r}: table length"
+            ids = seq.token_ids
             assert ids is None or len(ids) <= tokens, f"{seq_id!r}: more ids than tokens"
-            for block in table:
+            assert (ids is None) == (seq.prefix is None), f"{seq_id!r}: ids without a prefix"
+            for block in seq.table:
                 holders[block.block_id] = holders.get(block.block_id, 0) + 1
         queue = self.pool.free_queue
-        in_use = evictable = free = 0
+        in_use = 0
         for block in self.pool.blocks:
             held = holders.get(block.block_id, 0)
             assert block.ref_count == held, f"block {block.block_id}: ref_count {block.ref_count}"
-            assert (block in queue) == (held == 0), f"block {block.block_id}: queue membership"
-            if block.block_hash is not None:
-                assert self.pool.cached.get(block.block_hash) is block, "cached map out of step"
-                assert len(block.token_ids) == self.block_size, "a cached block is not full"
+            queued = held == 0 and block.node is None  # else held, or kept by the radix tree
+            assert (block in queue) == queued, f"block {block.block_id}: queue membership"
             in_use += held > 0
-            evictable += held == 0 and block.block_hash is not None
-            free += held == 0 and block.block_hash is None
-        assert in_use + evictable + free == self.num_blocks
-        assert len(self.pool.cached) == sum(b.block_hash is not None for b in self.pool.blocks)
+        assert in_use + self.num_free_blocks == self.num_blocks, "free blocks miscounted"
         assert self.pool.num_shared == sum(n > 1 for n in holders.values()), "num_shared"
+        if self.prefix_cache is None:
+            assert not self.pool.cached and self.pool.evictor is None, "cached without caching"
+        else:
+            known = [(q.prefix, q.table) for q in self._seqs.values() if q.prefix is not None]
+            self.prefix_cache.check_invariants(known)
 
     # --- accounting ----------------------------------------------------------------------------
     def memory_report(self) -> Usage:
@@ -427,24 +480,48 @@ class BlockManager:
         are free: they can be handed out now)."""
         size = self.block_size
         tables = self._block_ids() if self.pool.num_shared else None
-        return usage(self.num_blocks * size, size, self._booked(), self._tokens, self.final, tables)
+        capacity = self.num_blocks * size
+        return usage(capacity, size, self._booked(), self._tokens(), self.expected_lens, tables)
 
     def _block_ids(self) -> dict[Hashable, tuple[int, ...]]:
-        return {s: tuple(b.block_id for b in t) for s, t in self._tables.items()}
+        return {s: tuple(b.block_id for b in q.table) for s, q in self._seqs.items()}
 
     def _booked(self) -> dict[Hashable, int]:
-        return {s: len(t) * self.block_size for s, t in self._tables.items()}
+        return {s: len(q.table) * self.block_size for s, q in self._seqs.items()}
+
+    def _tokens(self) -> dict[Hashable, int]:
+        return {s: q.num_tokens for s, q in self._seqs.items()}
 
     def state(self) -> CacheState:
-        """Block tables, tokens, bookings, final lengths and cached-evictable blocks now (what a
-        recorder keeps)."""
-        tables, tokens, final = self._block_ids(), dict(self._tokens), dict(self.final)
+        """Block tables, tokens, bookings, expected final lengths and cached-evictable blocks
+        now (what a recorder keeps)."""
+        tables, tokens, final = self._block_ids(), self._tokens(), dict(self.expected_lens)
         state = CacheState(
             "paged", self.num_blocks, self.block_size, tables, tokens, self._booked(), final
         )
-        if self.pool.cached:
-            state = replace(state, cached=tuple(self.cached_block_ids()))
+        cached = self.cached_block_ids()
+        if cached:
+            state = replace(state, cached=tuple(cached))
         return state
+
+
+_num_tokens = operator.attrgetter("num_tokens")
+
+
+def _unknown(seq_id) -> KeyError:
+    return KeyError(f"seq_id {seq_id!r} is not in the block manager")
+
+
+def _same_ids(prompt, ids: list[int] | None) -> bool:
+    """Whether ``prompt`` is a list of exactly the int token ids ``ids`` (checked without a
+    Python loop: it is what lets a remembered plan skip the lookup)."""
+    return (
+        ids is not None
+        and prompt.__class__ is list
+        and len(prompt) == len(ids)
+        and prompt == ids
+        and set(map(type, prompt)) == {int}
+    )
 
 
 def _given_prompt(prompt_len: int, token_ids):
@@ -463,12 +540,24 @@ class PagedCache:
     """A :class:`BlockManager` as a cache the scheduler drives (the same calls as
     :class:`~kvlab.contiguous.ContiguousKVCache`): admit books the prompt's blocks, append takes a
     block only when the last one is full, release checks out. Accounts only: the tensors live in
-    :class:`PagedKVCache`. With ``enable_prefix_caching`` the scheduler passes token ids, and a
-    prompt's cached prefix is shared and not computed again (:meth:`num_cached_tokens`)."""
+    :class:`kvlab.kv_tensors.PagedKVCache`. With ``enable_prefix_caching`` the scheduler passes
+    token ids, and a prompt's cached prefix is shared and not computed again
+    (:meth:`num_cached_tokens`); ``prefix_cache`` ("hash" or "radix") is as for
+    :class:`BlockManager`. A :class:`kvlab.interfaces.PrefixCachingKVCache`."""
 
-    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_prefix_caching: bool = False,
+        prefix_cache: str = "hash",
+    ):
         self.manager = BlockManager(
-            num_blocks, block_size, enable_prefix_caching=enable_prefix_caching
+            num_blocks,
+            block_size,
+            enable_prefix_caching=enable_prefix_caching,
+            prefix_cache=prefix_cache,
         )
 
     @property
@@ -501,16 +590,31 @@ class PagedCache:
         first new token in the same step, so a sequence with tokens to generate needs room for
         its prompt and one more token (less its cached prefix, with prefix caching)."""
         more = 0 if output_len == 0 else 1
-        num_tokens, ids = _prompt(_given_prompt(prompt_len, token_ids))
-        needed, available, _, _ = self.manager._plan(num_tokens, ids, extra=more)
+        manager = self.manager
+        plan = manager.plan_allocation(_given_prompt(prompt_len, token_ids))
+        needed, available = plan.blocks_needed(manager.block_size, more), plan.available
         if needed > available:
             return OutOfBlocks(f"{needed} free block(s) needed, {available} free", needed=needed)
         return None
 
-    def admit(self, seq_id, prompt_len: int, output_len: int | None = None, token_ids=None) -> None:
-        self.manager.allocate(seq_id, _given_prompt(prompt_len, token_ids))
+    def admit(
+        self,
+        seq_id,
+        prompt_len: int,
+        output_len: int | None = None,
+        token_ids=None,
+        *,
+        num_computed: int | None = None,
+    ) -> None:
+        """Book the prompt's blocks (the plan :meth:`refusal` made is reused). ``num_computed``
+        (chunked prefill, with ``token_ids``): the prompt tokens whose K/V are written by now;
+        the rest come through :meth:`cache_computed`."""
         if output_len is not None:
-            self.manager.final[seq_id] = prompt_len + output_len
+            positive_int("output_len", output_len, minimum=0)
+        prompt = _given_prompt(prompt_len, token_ids)
+        self.manager.allocate(seq_id, prompt, num_computed=num_computed)
+        if output_len is not None:
+            self.manager.set_expected_len(seq_id, prompt_len + output_len)
 
     def num_cached_tokens(self, seq_id) -> int:
         return self.manager.num_cached_tokens(seq_id)
@@ -538,124 +642,18 @@ class PagedCache:
         return self.manager.state()
 
 
-class PagedKVCache:
-    """Real K and V tensors in vLLM's NHD layout, ``[num_blocks, block_size, kv_heads, head_dim]``
-    per layer, addressed through a :class:`BlockManager`."""
-
-    def __init__(self, spec, num_blocks: int, block_size: int, dtype=None, device="cpu"):
-        import torch
-
-        self.spec = spec
-        self.manager = BlockManager(num_blocks, block_size)
-        if dtype is None:
-            dtype = torch_dtype(spec)
-        shape = (num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(spec.num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(spec.num_layers)]
-
-    def slot_mapping(self, seq_id, positions):
-        """Physical slots (``block_id * block_size + offset``) of token positions, as a tensor."""
-        import torch
-
-        slots = [self.manager.slot(seq_id, int(p)) for p in positions]
-        return torch.tensor(slots, dtype=torch.int64, device=self.k[0].device)
-
-    def write(self, seq_id, k, v, layer: int | None = None) -> None:
-        """Store K and V of the sequence's newest ``n`` tokens.
-
-        ``k, v``: ``[n, kv_heads, head_dim]`` for one ``layer``, or ``[layers, n, kv_heads,
-        head_dim]`` for every layer. The manager must already hold rooms for those tokens.
-        """
-        layers = range(self.spec.num_layers) if layer is None else [layer]
-        if layer is None and k.dim() != 4:
-            raise ValueError(
-                f"k must be [layers, n, kv_heads, head_dim] without layer=, got {tuple(k.shape)}"
-            )
-        if layer is not None and k.dim() != 3:
-            raise ValueError(f"k must be [n, kv_heads, head_dim] with layer=, got {tuple(k.shape)}")
-        if k.shape != v.shape:
-            raise ValueError(
-                f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}"
-            )
-        n = k.shape[-3]
-        total = self.manager.num_tokens(seq_id)
-        if n > total:
-            raise ValueError(f"{n} tokens given but {seq_id!r} holds only {total}")
-        slots = self.slot_mapping(seq_id, range(total - n, total))
-        for i, index in enumerate(layers):
-            kk = k if layer is not None else k[i]
-            vv = v if layer is not None else v[i]
-            target = {"dtype": self.k[index].dtype, "device": self.k[index].device}
-            self.k[index].view(-1, *self.k[index].shape[2:])[slots] = kk.to(**target)
-            self.v[index].view(-1, *self.v[index].shape[2:])[slots] = vv.to(**target)
-
-    def _check_kv(self, k, v, layer) -> None:
-        heads = (self.spec.num_kv_heads, self.spec.head_dim)
-        if layer is None:
-            want = f"[{self.spec.num_layers}, n, {heads[0]}, {heads[1]}] (all layers)"
-            ok = k.dim() == 4 and k.shape[0] == self.spec.num_layers and tuple(k.shape[2:]) == heads
-        else:
-            positive_int("layer", layer, minimum=0)
-            if layer >= self.spec.num_layers:
-                raise ValueError(f"layer must be < {self.spec.num_layers}, got {layer}")
-            want = f"[n, {heads[0]}, {heads[1]}] (one layer)"
-            ok = k.dim() == 3 and tuple(k.shape[1:]) == heads
-        if not ok or k.shape != v.shape:
-            raise ValueError(f"k and v must be {want}, got {tuple(k.shape)} and {tuple(v.shape)}")
-
-    def copy_blocks(self, pairs) -> None:
-        """Copy whole rooms ``src -> dst`` in every layer (after a copy-on-write)."""
-        for src, dst in pairs:
-            for cache in (*self.k, *self.v):
-                cache[dst].copy_(cache[src])
-
-    def append_token(self, seq_id, k, v) -> None:
-        """Room for one more token (copying a shared room first if needed), then store its K, V
-        (``[layers, 1, kv_heads, head_dim]``)."""
-        self._check_kv(k, v, None)
-        if k.shape[1] != 1:
-            raise ValueError(
-                f"append_token takes one token: k must be [layers, 1, ...], got {tuple(k.shape)}"
-            )
-        moved = self.manager.append_slot(seq_id)
-        if moved is not None:
-            self.copy_blocks([moved])
-        self.write(seq_id, k, v)
-
-    def gather(self, seq_id, layer: int):
-        """The sequence's K and V as contiguous ``[tokens, kv_heads, head_dim]`` tensors."""
-        slots = self.slot_mapping(seq_id, range(self.manager.num_tokens(seq_id)))
-        flat_k = self.k[layer].view(-1, *self.k[layer].shape[2:])
-        flat_v = self.v[layer].view(-1, *self.v[layer].shape[2:])
-        return flat_k[slots], flat_v[slots]
+# The K/V tensors live in kvlab.kv_tensors; these names stay importable from here (Labs 03-04
+# use them). Looked up on first use: kv_tensors imports torch and this module's BlockManager.
+_TENSOR_NAMES = ("PagedKVCache", "block_tables_tensor", "flashinfer_page_table")
 
 
-def block_tables_tensor(manager: BlockManager, seq_ids: list, pad: int = -1):
-    """Key cards as the padded int32 ``[num_seqs, max_blocks]`` tensor kernels take, plus int32
-    ``seq_lens``. Entries past a sequence's last room hold ``pad`` and must never be read."""
-    import torch
+def __getattr__(name: str):
+    if name in _TENSOR_NAMES:
+        from kvlab import kv_tensors
 
-    tables = [manager.block_table(s) for s in seq_ids]
-    width = max((len(t) for t in tables), default=0)
-    padded = [t + [pad] * (width - len(t)) for t in tables]
-    lens = [manager.num_tokens(s) for s in seq_ids]
-    return torch.tensor(padded, dtype=torch.int32).reshape(len(seq_ids), width), torch.tensor(
-        lens, dtype=torch.int32
-    )
+        return getattr(kv_tensors, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def flashinfer_page_table(block_tables, seq_lens, block_size: int):
-    """The same key cards in FlashInfer's CSR form: ``kv_indptr`` (where each sequence's pages
-    start in ``kv_indices``), ``kv_indices`` (the pages), ``kv_last_page_len`` (tokens in each
-    sequence's last page)."""
-    import torch
-
-    positive_int("block_size", block_size)
-    pages = [(-(-int(n) // block_size)) for n in seq_lens]
-    indices = [int(b) for row, n in zip(block_tables, pages, strict=True) for b in row[:n]]
-    indptr = [0]
-    for n in pages:
-        indptr.append(indptr[-1] + n)
-    last = [int(n) - (p - 1) * block_size for n, p in zip(seq_lens, pages, strict=True)]
-    as_int32 = lambda xs: torch.tensor(xs, dtype=torch.int32)  # noqa: E731
-    return as_int32(indptr), as_int32(indices), as_int32(last)
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_TENSOR_NAMES])

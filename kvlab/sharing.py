@@ -82,7 +82,7 @@ class _Driver:
     def allocate(self, seq_id, num_tokens: int, final: int | None = None) -> None:
         self.manager.allocate(seq_id, num_tokens)
         if final is not None:  # the length it leaves with: the widget tells future from waste
-            self.manager.final[seq_id] = final
+            self.manager.set_expected_len(seq_id, final)
 
     def fork(self, parent_id, child_id) -> None:
         self.manager.fork(parent_id, child_id)

@@ -71,3 +71,44 @@ def test_free_queue_behaves_like_a_list(ops):
     outside = queue.popleft() if model else blocks[0]
     with pytest.raises(ValueError, match="not in the free queue"):
         queue.remove(outside)
+
+
+class KeepAll:
+    """An evictor that keeps every block given to it (``block.node`` set) until evicted."""
+
+    def __init__(self, pool: BlockPool):
+        self.pool, self.evictable_blocks, self.calls = pool, 0, []
+        pool.evictor = self
+
+    def block_held(self, block):
+        self.calls.append(("held", block.block_id))
+        self.evictable_blocks -= 1
+
+    def block_released(self, block):
+        self.calls.append(("released", block.block_id))
+        self.evictable_blocks += 1
+
+    def evict(self, num_blocks):
+        self.calls.append(("evict", num_blocks))
+        kept = [b for b in self.pool.blocks if b.node is not None and b.ref_count == 0]
+        for block in kept[:num_blocks]:
+            block.node = None
+            self.pool.free_queue.append(block)
+        self.evictable_blocks -= num_blocks
+
+
+def test_blocks_an_evictor_keeps_count_as_free_and_come_back_through_it():
+    pool = BlockPool(4)
+    evictor = KeepAll(pool)
+    a, b = pool.get_new_blocks(2)
+    a.node = b.node = "kept"
+    pool.free_blocks([a, b])  # they wait with the evictor, not in the free queue
+    assert evictor.calls == [("released", 0), ("released", 1)]
+    assert pool.free_queue.block_ids() == [2, 3] and pool.num_free_blocks == 4
+    pool.share([a])  # a cache hit on a kept block: nothing leaves the free queue
+    assert evictor.calls[-1] == ("held", 0) and pool.num_free_blocks == 3
+    with pytest.raises(ValueError, match="cannot take 4 blocks: only 3 are free"):
+        pool.get_new_blocks(4)
+    taken = pool.get_new_blocks(3)  # two from the queue, one given back by the evictor
+    assert evictor.calls[-1] == ("evict", 1) and [t.block_id for t in taken] == [2, 3, 1]
+    assert pool.num_free_blocks == 0 and b.node is None

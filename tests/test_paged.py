@@ -199,7 +199,7 @@ def test_constructor_validation():
 def test_memory_report_counts_shared_rooms_once():
     m = BlockManager(10, 4)
     m.allocate("p", 6)
-    m.final["p"] = 7
+    m.set_expected_len("p", 7)
     m.fork("p", "c")
     r = m.memory_report()
     assert (r.used, r.future, r.internal, r.free) == (6, 1, 1, 32)

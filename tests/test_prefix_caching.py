@@ -1,11 +1,14 @@
-"""Prefix caching in kvlab's block manager (Lab 07): the contract, the invariant after every call,
-and the real bugs other small engines shipped, replayed as scenarios.
+"""Prefix caching in kvlab's block manager (Labs 07 and 10): the contract, the invariant after every
+call, and the real bugs other small engines shipped, replayed as scenarios, for both prefix
+caches (the hash chain and the radix tree) unless a test is about the hash itself.
 
 The stateful test keeps a shadow of what every slot holds: the whole prefix of ids up to and
 including the token written there (K/V depend on every earlier token). A sequence must read, at
 each of its positions, exactly its own prefix: a wrong share, a stale hash or a missing
 copy-on-write shows up as another prefix in some slot.
 """
+
+import operator
 
 import pytest
 from hypothesis import given, settings
@@ -14,9 +17,13 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from kvlab.block_pool import ROOT_HASH, BlockPool, hash_block_tokens
 from kvlab.paged import BlockManager, OutOfBlocks, PagedCache
+from kvlab.prefix_cache import RadixTreeCache
 from kvlab.scheduler import Scheduler, Sequence
 from kvlab.serve import simulate
 from kvlab.workload import Request, shared_prefix_like
+
+KINDS = ("hash", "radix")
+both = pytest.mark.parametrize("kind", KINDS)  # a test of the contract, for either prefix cache
 
 
 def colliding_hash(parent_hash, token_ids):
@@ -29,6 +36,18 @@ def parent_blind_hash(parent_hash, token_ids):
     return hash(tuple(token_ids))
 
 
+def cached_structure(m: BlockManager):
+    """What makes blocks findable: the hash map, or every node of the tree (its path of blocks
+    and its recency)."""
+    cache = m.prefix_cache
+    if isinstance(cache, RadixTreeCache):
+        nodes = sorted(
+            (tuple(b.block_id for b in n.path_blocks()), n.last_access) for n in cache.nodes()
+        )
+        return nodes, cache.evictable_blocks, cache.protected_blocks
+    return {h: b.block_id for h, b in m.pool.cached.items()}
+
+
 def snapshot(m: BlockManager):
     """Everything a refused call must leave as it was."""
     return (
@@ -37,8 +56,9 @@ def snapshot(m: BlockManager):
         {s: m.token_ids(s) for s in m.seq_ids},
         [m.ref_count(b) for b in range(m.num_blocks)],
         m.pool.free_queue.block_ids(),
-        {h: b.block_id for h, b in m.pool.cached.items()},
+        cached_structure(m),
         m.prefix_cache_stats,
+        dict(m.expected_lens),
     )
 
 
@@ -89,17 +109,23 @@ prompts = st.builds(
 
 
 class CachingMachine(RuleBasedStateMachine):
-    """allocate (token ids or a count) / append / fork / free / preempt-and-readmit, and an
-    engine's way of appending (a slot reserved first, its K/V computed later), with prefix
-    caching on or off and with honest, colliding or parent-blind hashes."""
+    """allocate (token ids or a count, whole or in chunks) / append / fork / free /
+    preempt-and-readmit, and an engine's way of appending (a slot reserved first, its K/V
+    computed later), with prefix caching on or off, with either prefix cache, and with honest,
+    colliding or parent-blind hashes."""
 
     caching = True
+    prefix_cache = "hash"
     hash_fn = staticmethod(hash_block_tokens)
 
     @initialize(num_blocks=st.integers(1, 20), block_size=st.sampled_from([1, 2, 3, 4]))
     def create(self, num_blocks, block_size):
         self.m = BlockManager(
-            num_blocks, block_size, enable_prefix_caching=self.caching, hash_fn=self.hash_fn
+            num_blocks,
+            block_size,
+            enable_prefix_caching=self.caching,
+            prefix_cache=self.prefix_cache,
+            hash_fn=self.hash_fn,
         )
         self.memory = SharedMemory(self.m)
         self.ids: dict[int, list[int]] = {}  # what each sequence holds, as the test knows it
@@ -107,16 +133,17 @@ class CachingMachine(RuleBasedStateMachine):
         self.by_count: set[int] = set()  # allocated with a count: the manager knows no ids
         self.next_id = 0
         self.next_token = 100  # ids of tokens no prompt has
+        self.tree = TreeWatch(self.m)
 
     def _new_id(self) -> int:
         self.next_id += 1
         return self.next_id
 
-    def _allocate(self, seq, ids, by_count: bool) -> None:
+    def _allocate(self, seq, ids, by_count: bool, num_computed=None) -> None:
         before = snapshot(self.m)
         asked = self.m.can_allocate(len(ids) if by_count else ids)
         try:
-            self.m.allocate(seq, len(ids) if by_count else ids)
+            self.m.allocate(seq, len(ids) if by_count else ids, num_computed=num_computed)
         except OutOfBlocks:
             assert not asked
             assert snapshot(self.m) == before
@@ -129,8 +156,9 @@ class CachingMachine(RuleBasedStateMachine):
             assert cached == 0
         for pos in range(cached):  # a hit must hold exactly this prompt's prefix, computed
             assert self.memory.slots.get(self.m.slot(seq, pos)) == tuple(ids[: pos + 1])
-        self.memory.write(seq, ids, range(cached, len(ids)))
-        self.ids[seq], self.computed[seq] = list(ids), len(ids)
+        done = len(ids) if num_computed is None or by_count else max(cached, num_computed)
+        self.memory.write(seq, ids, range(cached, done))
+        self.ids[seq], self.computed[seq] = list(ids), done
         if by_count:
             self.by_count.add(seq)
         stats = self.m.prefix_cache_stats
@@ -151,6 +179,12 @@ class CachingMachine(RuleBasedStateMachine):
             prompt = list(range(self.next_token, self.next_token + len(prompt)))
             self.next_token += len(prompt)
         self._allocate(self._new_id(), prompt, by_count)
+
+    @rule(prompt=prompts, data=st.data())
+    def allocate_chunked(self, prompt, data):
+        """Chunked prefill: only the first num_computed prompt tokens have their K/V written;
+        the engine reports the rest later (the compute rule)."""
+        self._allocate(self._new_id(), prompt, False, data.draw(st.integers(0, len(prompt))))
 
     def _append(self, seq, token, with_id: bool) -> None:
         before = snapshot(self.m)
@@ -230,6 +264,7 @@ class CachingMachine(RuleBasedStateMachine):
         ids = self.ids.pop(seq)
         del self.computed[seq]
         self.m.free(seq)
+        self.tree.look()  # what it held may now be evicted
         self._allocate(seq, ids, by_count=False)
 
     @invariant()
@@ -247,12 +282,20 @@ class CachingMachine(RuleBasedStateMachine):
         assert len(set(cached)) == len(cached) <= m.num_free_blocks
         if not self.caching:
             assert not cached and m.prefix_cache_stats.queries == 0
+        else:
+            cache, stats = m.prefix_cache, m.prefix_cache_stats
+            assert cache.evictable_blocks == len(cached)
+            assert cache.evictable_blocks + cache.protected_blocks == stats.cached_blocks
         for seq, ids in self.ids.items():
             assert m.num_tokens(seq) == len(ids)
             known = m.token_ids(seq)
             if self.caching and seq not in self.by_count:
                 assert known == ids[: self.computed[seq]]
             self.memory.assert_reads_own(seq, ids[: self.computed[seq]])
+
+    @invariant()
+    def radix_tree(self):
+        self.tree.check()
 
     def teardown(self):
         if not hasattr(self, "m"):
@@ -263,8 +306,71 @@ class CachingMachine(RuleBasedStateMachine):
         self.m.check_invariants()
 
 
+class TreeWatch:
+    """What the radix tree promises between two calls: a locked node is never evicted, the
+    evicted blocks are the first of the eviction order it announced (leaf first, least recently
+    used first), and that order is leaf-first LRU."""
+
+    def __init__(self, m: BlockManager):
+        self.m = m
+        self.tree = m.prefix_cache if isinstance(m.prefix_cache, RadixTreeCache) else None
+        self.look()
+
+    def look(self) -> None:
+        """Note the tree now: its blocks (with the epoch they were handed out in), the locked
+        ones, the announced eviction order, the eviction count."""
+        if self.tree is None:
+            return
+        blocks = [b for node in self.tree.nodes() for b in node.blocks]
+        self.epochs = {b.block_id: b.epoch for b in blocks}
+        self.locked = {b.block_id for b in blocks if b.ref_count > 0}
+        self.order = self.tree.cached_block_ids()
+        self.evictions = self.tree.stats.evictions
+        assert_leaf_first_lru(self.tree)
+
+    def check(self) -> None:
+        if self.tree is None:
+            return
+        pool = self.m.pool
+        # a block handed out again since (a new epoch) was evicted, even if it is cached again
+        evicted = {b for b, epoch in self.epochs.items() if pool.blocks[b].epoch != epoch}
+        assert not evicted & self.locked, "a locked node was evicted"
+        assert len(evicted) == self.tree.stats.evictions - self.evictions
+        still = [b for b in self.order if pool.blocks[b].ref_count == 0 or b in evicted]
+        assert evicted == set(still[: len(evicted)]), "not the announced eviction order"
+        self.look()
+
+
+def last_use(node) -> int:
+    """When the node or any node below it was last used (a use below is a use of it)."""
+    return max([node.last_access, *(last_use(child) for child in node.children.values())])
+
+
+def assert_leaf_first_lru(tree: RadixTreeCache) -> None:
+    """The announced eviction order takes whole unlocked leaves (their last block first), a node
+    only after its children, least recently used first."""
+    order, gone, last = tree.cached_block_ids(), set(), -1
+    node_of = {b.block_id: node for node in tree.nodes() for b in node.blocks}
+    i = 0
+    while i < len(order):
+        node = node_of[order[i]]
+        ids = [b.block_id for b in reversed(node.blocks)]
+        assert order[i : i + len(ids)] == ids, "a node's blocks go together, its last first"
+        assert node.lock_ref == 0, "a locked node is in the eviction order"
+        assert all(child in gone for child in node.children.values()), "a parent before a leaf"
+        assert last_use(node) >= last, "not the least recently used first"
+        gone.add(node)
+        last = last_use(node)
+        i += len(ids)
+    assert len(order) == tree.evictable_blocks
+
+
 class PlainMachine(CachingMachine):
     caching = False
+
+
+class RadixMachine(CachingMachine):
+    prefix_cache = "radix"
 
 
 class CollidingMachine(CachingMachine):
@@ -278,6 +384,8 @@ class ParentBlindMachine(CachingMachine):
 SETTINGS = settings(max_examples=60, stateful_step_count=30, deadline=None)
 TestPrefixCaching = CachingMachine.TestCase
 TestPrefixCaching.settings = SETTINGS
+TestRadixTree = RadixMachine.TestCase
+TestRadixTree.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
 TestWithoutPrefixCaching = PlainMachine.TestCase
 TestWithoutPrefixCaching.settings = settings(max_examples=25, stateful_step_count=30, deadline=None)
 TestCollidingHashes = CollidingMachine.TestCase
@@ -293,8 +401,13 @@ def manager(num_blocks=8, block_size=4, **kw) -> BlockManager:
     return BlockManager(num_blocks, block_size, enable_prefix_caching=True, **kw)
 
 
-def test_a_second_prompt_shares_the_cached_full_blocks():
-    m = manager()
+def paged(num_blocks, block_size, kind) -> PagedCache:
+    return PagedCache(num_blocks, block_size, enable_prefix_caching=True, prefix_cache=kind)
+
+
+@both
+def test_a_second_prompt_shares_the_cached_full_blocks(kind):
+    m = manager(prefix_cache=kind)
     first = m.allocate("a", list(range(10)))  # blocks of 4, 4 and 2 tokens
     second = m.allocate("b", list(range(10)))
     assert second[:2] == first[:2] and second[2] != first[2]
@@ -304,26 +417,29 @@ def test_a_second_prompt_shares_the_cached_full_blocks():
     assert m.prefix_cache_stats.hit_rate == 0.4
 
 
-def test_full_blocks_are_findable_as_soon_as_a_prompt_is_allocated():
-    m = manager()
+@both
+def test_full_blocks_are_findable_as_soon_as_a_prompt_is_allocated(kind):
+    m = manager(prefix_cache=kind)
     m.allocate("a", list(range(9)))
     assert m.prefix_cache_stats.cached_blocks == 2  # the partial third block is not hashed
     m.allocate("b", list(range(9)))
     assert m.num_cached_tokens("b") == 8
 
 
-def test_a_block_that_fills_while_decoding_becomes_findable():
-    m = manager()
+@both
+def test_a_block_that_fills_while_decoding_becomes_findable(kind):
+    m = manager(prefix_cache=kind)
     m.allocate("a", [1, 2, 3])
     m.append_slot("a", 4)  # the first block is now full
     m.allocate("b", [1, 2, 3, 4, 5])
     assert m.num_cached_tokens("b") == 4 and m.block_table("b")[0] == m.block_table("a")[0]
 
 
-def test_prompt_of_exactly_k_blocks_keeps_its_last_token_to_compute():
+@both
+def test_prompt_of_exactly_k_blocks_keeps_its_last_token_to_compute(kind):
     """nano-vllm #144: a fully cached prompt left nothing to compute, so no logits came out."""
     for k in (1, 2, 3):
-        m = manager(num_blocks=12)
+        m = manager(num_blocks=12, prefix_cache=kind)
         prompt = list(range(4 * k))
         m.allocate("a", prompt)
         m.allocate("b", prompt)
@@ -331,19 +447,25 @@ def test_prompt_of_exactly_k_blocks_keeps_its_last_token_to_compute():
         assert m.block_table("b")[: k - 1] == m.block_table("a")[: k - 1]
         assert m.block_table("b")[-1] != m.block_table("a")[-1]
     for n in (1, 3, 5):  # k*block_size +- 1 and shorter than one block
-        m = manager(num_blocks=12)
+        m = manager(num_blocks=12, prefix_cache=kind)
         m.allocate("a", list(range(n)))
         m.allocate("b", list(range(n)))
         assert m.num_cached_tokens("b") == 4 * ((n - 1) // 4)
 
 
-@pytest.mark.parametrize("hash_fn", [hash_block_tokens, parent_blind_hash])
-def test_the_same_block_after_a_different_prefix_never_matches(hash_fn):
-    m = manager(hash_fn=hash_fn)
+@pytest.mark.parametrize(
+    "kind, hash_fn",
+    [("hash", hash_block_tokens), ("hash", parent_blind_hash), ("radix", hash_block_tokens)],
+)
+def test_the_same_block_after_a_different_prefix_never_matches(kind, hash_fn):
+    m = manager(num_blocks=12, prefix_cache=kind, hash_fn=hash_fn)
     m.allocate("a", [1, 1, 1, 1, 7, 7, 7, 7, 0])
     m.allocate("b", [2, 2, 2, 2, 7, 7, 7, 7, 0])
     assert m.num_cached_tokens("b") == 0
     assert not set(m.block_table("a")) & set(m.block_table("b"))
+    m.allocate("c", [3, 3, 3, 3, 1, 1, 1, 1, 0])  # a's first block, second: no match either
+    assert m.num_cached_tokens("c") == 0
+    m.check_invariants()
 
 
 @pytest.mark.parametrize("hash_fn", [colliding_hash, parent_blind_hash, lambda parent, tokens: 0])
@@ -373,9 +495,10 @@ def test_a_parent_handed_out_again_invalidates_its_children():
     assert pool.lookup(11, (1, 1), None) is parent
 
 
-def test_freed_cached_blocks_stay_evictable_and_count_once():
+@both
+def test_freed_cached_blocks_stay_evictable_and_count_once(kind):
     """sglang #35270: blocks shared by two requests were counted twice as evictable."""
-    m = manager()
+    m = manager(prefix_cache=kind)
     prompt = list(range(9))
     m.allocate("a", prompt)
     m.allocate("b", prompt)
@@ -390,9 +513,10 @@ def test_freed_cached_blocks_stay_evictable_and_count_once():
     m.check_invariants()
 
 
-def test_eviction_takes_the_least_recently_freed_and_forgets_the_hash():
+@both
+def test_eviction_takes_the_least_recently_freed_and_forgets_the_hash(kind):
     """mini-sglang #142: a block table kept pointing at pages that were freed and reused."""
-    m = manager(num_blocks=4, block_size=2)
+    m = manager(num_blocks=4, block_size=2, prefix_cache=kind)
     m.allocate("old", [1, 1, 2, 2, 3])  # 3 blocks, 2 cached
     m.free("old")  # queue: 3 (never used), then old's blocks last first
     m.allocate("new", [8, 8, 8])  # takes block 3 and the old partial block
@@ -406,8 +530,9 @@ def test_eviction_takes_the_least_recently_freed_and_forgets_the_hash():
     m.check_invariants()
 
 
-def test_a_freed_prefix_loses_its_tail_before_its_head():
-    m = manager(num_blocks=6, block_size=2)
+@both
+def test_a_freed_prefix_loses_its_tail_before_its_head(kind):
+    m = manager(num_blocks=6, block_size=2, prefix_cache=kind)
     m.allocate("a", [1, 1, 2, 2, 3, 3, 4])  # blocks for (1,1) (2,2) (3,3) (4)
     m.free("a")  # queue: the two never used, then (4), (3,3), (2,2), (1,1)
     m.allocate("x", [9] * 7)  # 4 blocks: the two never used, (4) and (3,3)
@@ -417,8 +542,9 @@ def test_a_freed_prefix_loses_its_tail_before_its_head():
     assert m.num_cached_tokens("b") == 4  # (1,1) and (2,2) survived
 
 
-def test_blocks_in_use_are_never_evicted():
-    m = manager(num_blocks=6, block_size=2)
+@both
+def test_blocks_in_use_are_never_evicted(kind):
+    m = manager(num_blocks=6, block_size=2, prefix_cache=kind)
     m.allocate("prefix", [1, 1, 2, 2, 3])
     table = m.block_table("prefix")
     m.allocate("other", [5, 5, 5, 5, 5, 5])  # the three free blocks
@@ -432,8 +558,9 @@ def test_blocks_in_use_are_never_evicted():
     assert snapshot(m) == before
 
 
-def test_out_of_blocks_with_a_partial_hit_changes_nothing():
-    m = manager(num_blocks=4, block_size=2)
+@both
+def test_out_of_blocks_with_a_partial_hit_changes_nothing(kind):
+    m = manager(num_blocks=4, block_size=2, prefix_cache=kind)
     m.allocate("a", [1, 1, 2, 2, 3])
     m.free("a")  # 2 cached blocks, all 4 free
     m.allocate("hog", [9, 9])  # the never-used block
@@ -447,10 +574,11 @@ def test_out_of_blocks_with_a_partial_hit_changes_nothing():
     assert m.num_cached_tokens("b") == 4
 
 
-def test_preempted_sequence_finds_its_own_blocks():
+@both
+def test_preempted_sequence_finds_its_own_blocks(kind):
     """nano-vllm #233: after a preemption by recompute, the readmitted sequence hits its own
     cached blocks, including those it filled while decoding, and computes only the rest."""
-    m = manager(num_blocks=6, block_size=2)
+    m = manager(num_blocks=6, block_size=2, prefix_cache=kind)
     m.allocate("a", [1, 2, 3])
     for token in (4, 5, 6):
         m.append_slot("a", token)
@@ -463,8 +591,9 @@ def test_preempted_sequence_finds_its_own_blocks():
     m.check_invariants()
 
 
-def test_fork_and_copy_on_write_with_prefix_caching():
-    m = manager()
+@both
+def test_fork_and_copy_on_write_with_prefix_caching(kind):
+    m = manager(prefix_cache=kind)
     m.allocate("parent", [1, 2, 3, 4, 5, 6])
     m.fork("parent", "child")
     assert m.token_ids("child") == [1, 2, 3, 4, 5, 6]
@@ -478,6 +607,7 @@ def test_fork_and_copy_on_write_with_prefix_caching():
     m.check_invariants()
 
 
+@both
 @pytest.mark.parametrize(
     "call, error, match",
     [
@@ -495,20 +625,30 @@ def test_fork_and_copy_on_write_with_prefix_caching():
         (lambda m: m.cache_computed("ids", [1, 2, 3, 4, 5], -1), ValueError, "got -1"),
         (lambda m: m.cache_computed("count", [1, 2, 3], 2), ValueError, "token count"),
         (lambda m: m.allocate("ids", [1]), ValueError, "already exists"),
+        (lambda m: m.allocate("z", [1, 2], num_computed=-1), ValueError, "num_computed must be >="),
+        (lambda m: m.allocate("z", [1, 2], num_computed=3), ValueError, r"num_computed .* 0\.\.2"),
+        (lambda m: m.allocate("z", [1, 2], num_computed=True), TypeError, "num_computed must be"),
+        (lambda m: m.allocate("z", 2, num_computed=2.0), TypeError, "num_computed must be an int"),
+        (lambda m: m.set_expected_len("nobody", 4), KeyError, "'nobody'"),
+        (lambda m: m.set_expected_len("ids", 0), ValueError, "expected_len must be >= 1"),
+        (lambda m: m.set_expected_len("ids", "9"), TypeError, "expected_len must be an int"),
+        (lambda m: operator.setitem(m.expected_lens, "ids", 9), TypeError, "not support"),
     ],
 )
-def test_misuse_raises_and_changes_nothing(call, error, match):
-    m = manager()
+def test_misuse_raises_and_changes_nothing(call, error, match, kind):
+    m = manager(prefix_cache=kind)
     m.allocate("ids", [1, 2, 3, 4, 5])
     m.allocate("count", 3)
+    m.set_expected_len("ids", 7)
     before = snapshot(m)
     with pytest.raises(error, match=match):
         call(m)
     assert snapshot(m) == before
 
 
-def test_without_prefix_caching_token_ids_only_count():
-    m = BlockManager(8, 4)
+@both
+def test_without_prefix_caching_token_ids_only_count(kind):
+    m = BlockManager(8, 4, prefix_cache=kind)
     m.allocate("a", [1, 2, 3, 4, 5])
     m.allocate("b", [1, 2, 3, 4, 5])
     assert m.num_cached_tokens("b") == 0 and m.token_ids("b") is None
@@ -524,21 +664,27 @@ def test_hashes_chain_and_are_stable():
     assert first == hash_block_tokens(ROOT_HASH, [1, 2, 3, 4])
 
 
-def test_state_lists_cached_rooms_in_eviction_order():
-    m = manager(num_blocks=4, block_size=2)
+@both
+def test_state_lists_cached_rooms_in_eviction_order(kind):
+    m = manager(num_blocks=4, block_size=2, prefix_cache=kind)
     m.allocate("a", [1, 1, 2, 2, 3])
     m.free("a")
-    assert m.cached_block_ids() == [b for b in m.pool.free_queue.block_ids() if b in (0, 1)]
+    assert m.cached_block_ids() == [1, 0]  # the prefix's tail goes first
+    if kind == "hash":
+        assert m.cached_block_ids() == [b for b in m.pool.free_queue.block_ids() if b in (0, 1)]
+    else:  # they wait in the tree, not in the free queue
+        assert m.pool.free_queue.block_ids() == [3, 2]
     state = m.state()
     assert state.cached == tuple(m.cached_block_ids())
-    assert BlockManager(4, 2).state().cached == ()
+    assert BlockManager(4, 2, prefix_cache=kind).state().cached == ()
 
 
 # --- the cache the scheduler drives, and the simulator ------------------------------------------
 
 
-def test_scheduler_counts_a_cached_prefix_as_computed():
-    cache = PagedCache(16, 4, enable_prefix_caching=True)
+@both
+def test_scheduler_counts_a_cached_prefix_as_computed(kind):
+    cache = paged(16, 4, kind)
     scheduler = Scheduler(cache)
     prompt = list(range(10))
     for name in ("a", "b"):
@@ -549,8 +695,9 @@ def test_scheduler_counts_a_cached_prefix_as_computed():
     assert cache.num_cached_tokens("b") == 8
 
 
-def test_refusal_counts_the_cached_prefix():
-    cache = PagedCache(4, 4, enable_prefix_caching=True)
+@both
+def test_refusal_counts_the_cached_prefix(kind):
+    cache = paged(4, 4, kind)
     cache.admit("a", 9, 1, token_ids=list(range(9)))  # 3 blocks
     assert cache.refusal(9, 1) is not None  # 3 new blocks, 1 free
     assert cache.refusal(9, 1, token_ids=list(range(9))) is None  # 2 hits + 1 new block
@@ -558,17 +705,19 @@ def test_refusal_counts_the_cached_prefix():
         cache.admit("b", 3, 1, token_ids=[1, 2])
 
 
-def test_simulate_with_prefix_caching_serves_the_same_tokens_with_bigger_batches():
+@both
+def test_simulate_with_prefix_caching_serves_the_same_tokens_with_bigger_batches(kind):
     day = shared_prefix_like(60, 64, seed=1)
     kw = dict(cache="paged", kv_capacity_tokens=1024, max_seq_len=512)
     plain = simulate(day, **kw)
-    cached = simulate(day, **kw, prefix_caching=True)
+    asked = True if kind == "hash" else kind
+    cached = simulate(day, **kw, prefix_caching=asked)
     assert cached.completed == plain.completed == len(day)
     assert cached.tokens_generated == plain.tokens_generated
     assert cached.prefix_hit_rate > 0.3 and plain.prefix_hit_rate == 0
     assert cached.mean_batch > plain.mean_batch
     assert cached.summary()["prefix_hit_rate"] == cached.prefix_hit_rate
-    again = simulate(day, **kw, prefix_caching=True)
+    again = simulate(day, **kw, prefix_caching=asked)
     assert again.times == cached.times and again.prefix_hit_tokens == cached.prefix_hit_tokens
 
 
@@ -582,7 +731,8 @@ def test_simulate_prefix_caching_needs_the_paged_cache():
         simulate(day, cache="paged", kv_capacity_tokens=64, max_seq_len=16, prefix_caching=1)
 
 
-def test_requests_without_ids_never_share():
+@both
+def test_requests_without_ids_never_share(kind):
     day = [Request(20, 3), Request(20, 3)]
     result = simulate(
         day, cache="paged", kv_capacity_tokens=256, max_seq_len=64, prefix_caching=True
@@ -602,10 +752,11 @@ def test_request_prompt_ids_are_checked():
     assert Request(2, 1, prompt_ids=np.array([3, 4])).prompt_ids == (3, 4)
 
 
-def test_a_block_filled_twice_does_not_hide_the_rest_of_the_prefix():
+@both
+def test_a_block_filled_twice_does_not_hide_the_rest_of_the_prefix(kind):
     """Two sequences fill a block with the same tokens: the second copy is not findable, and the
     block after it follows the findable copy, so a later prompt finds the whole prefix."""
-    m = manager(num_blocks=16)
+    m = manager(num_blocks=16, prefix_cache=kind)
     first = [1, 2, 3, 4]
     m.allocate("A", [*first, 5])
     m.allocate("B", [*first, 5, 6, 7, 8])  # shares A's first block, owns (5, 6, 7, 8)
@@ -626,6 +777,8 @@ class ShadowExecutor:
     """Computes nothing, but keeps what each slot holds and checks what each step reads: the
     engine computes positions [num_computed, num_tokens - 1) and attends to every earlier one."""
 
+    timed = can_swap = False
+
     def __init__(self, cache):
         self.manager, self.slots, self.reads = cache.manager, {}, 0
 
@@ -641,6 +794,7 @@ class ShadowExecutor:
         return None
 
 
+@both
 @settings(max_examples=40, deadline=None)
 @given(
     turns=st.lists(st.tuples(st.integers(1, 6), st.integers(1, 5)), min_size=2, max_size=8),
@@ -648,7 +802,9 @@ class ShadowExecutor:
     block_size=st.sampled_from([1, 2, 3, 4]),
     mode=st.sampled_from(["recompute", "swap"]),
 )
-def test_the_engine_never_reads_k_v_that_was_not_computed(turns, num_blocks, block_size, mode):
+def test_the_engine_never_reads_k_v_that_was_not_computed(
+    turns, num_blocks, block_size, mode, kind
+):
     """A chat: each request's prompt is the previous prompt, its answer and a new question, so
     answers (whose last token is never computed) come back in later prompts. Every hit must hold
     computed K/V, under memory pressure and both kinds of preemption."""
@@ -664,7 +820,7 @@ def test_the_engine_never_reads_k_v_that_was_not_computed(turns, num_blocks, blo
         history += reply
     total = max(len(p) + len(r) for p, r, _ in requests)
     num_blocks = max(num_blocks, -(-total // block_size) + 1)
-    cache = PagedCache(num_blocks, block_size, enable_prefix_caching=True)
+    cache = paged(num_blocks, block_size, kind)
     executor = ShadowExecutor(cache)
     engine = Engine(cache, executor, preemption=mode)
     sequences = []
@@ -681,12 +837,13 @@ def test_the_engine_never_reads_k_v_that_was_not_computed(turns, num_blocks, blo
     assert scheduler.recompute_tokens >= 0 and scheduler.swapped_in_tokens >= 0
 
 
-def test_an_answer_last_token_is_never_cached():
+@both
+def test_an_answer_last_token_is_never_cached(kind):
     """The engine never computes the K/V of a finished answer's last token, so a later prompt
     holding it must not find that block cached."""
     from kvlab.serve.engine import Engine
 
-    cache = PagedCache(8, 4, enable_prefix_caching=True)
+    cache = paged(8, 4, kind)
     engine = Engine(cache)
     engine.add(Sequence("a", 3, 1, token_ids=[1, 2, 3, 4]))
     engine.add(Sequence("b", 5, 1, arrival=5, token_ids=[1, 2, 3, 4, 5, 6]))
@@ -694,10 +851,11 @@ def test_an_answer_last_token_is_never_cached():
     assert cache.prefix_cache_stats.hits == 0
 
 
-def test_a_prompt_only_sequence_caches_as_its_tokens_come():
+@both
+def test_a_prompt_only_sequence_caches_as_its_tokens_come(kind):
     """A real model knows its prompt only; the tokens it generates join seq.token_ids after each
     step, and their blocks become findable once computed."""
-    cache = PagedCache(16, 2, enable_prefix_caching=True)
+    cache = paged(16, 2, kind)
     scheduler = Scheduler(cache)
     seq = Sequence("a", 3, 4, token_ids=[1, 2, 3])
     scheduler.add(seq)
@@ -709,10 +867,13 @@ def test_a_prompt_only_sequence_caches_as_its_tokens_come():
     assert cache.num_cached_tokens("b") == 6
 
 
-def test_swapping_back_in_skips_the_cached_prefix():
+@both
+def test_swapping_back_in_skips_the_cached_prefix(kind):
     from kvlab.serve.engine import Engine
 
     class Swapper:
+        timed, can_swap = False, True
+
         def __init__(self):
             self.swapped_in = []
 
@@ -726,7 +887,7 @@ def test_swapping_back_in_skips_the_cached_prefix():
             self.swapped_in.append((seq.num_cached_tokens, seq.num_computed))
 
     prompt = list(range(8))
-    cache = PagedCache(6, 4, enable_prefix_caching=True)
+    cache = paged(6, 4, kind)
     swapper = Swapper()
     engine = Engine(cache, swapper, preemption="swap")
     for name in ("a", "b"):
@@ -738,8 +899,9 @@ def test_swapping_back_in_skips_the_cached_prefix():
     assert any(cached > 0 for cached, _ in swapper.swapped_in)
 
 
-def test_cache_computed_checks_the_new_ids_and_changes_nothing_on_error():
-    m = manager()
+@both
+def test_cache_computed_checks_the_new_ids_and_changes_nothing_on_error(kind):
+    m = manager(prefix_cache=kind)
     m.allocate("a", [1, 2, 3])
     m.append_slot("a")  # an engine's slot: its id comes later
     m.append_slot("a")
@@ -752,3 +914,271 @@ def test_cache_computed_checks_the_new_ids_and_changes_nothing_on_error():
     m.cache_computed("a", [1, 2, 3, 4, 5], 4)  # the first block is complete and computed
     m.cache_computed("a", [1, 2, 3, 4, 5], 2)  # already known: nothing to do
     assert m.token_ids("a") == [1, 2, 3, 4] and m.prefix_cache_stats.cached_blocks == 1
+
+
+# --- chunked prefill: a prompt's blocks become findable as their K/V are written ----------------
+
+
+@both
+def test_a_chunked_prompt_is_found_only_as_its_blocks_are_computed(kind):
+    m = manager(num_blocks=16, prefix_cache=kind)
+    prompt = list(range(13))  # blocks of 4: three full, one token left
+    found = lambda: len(m.plan_allocation(prompt).cached)  # noqa: E731 (blocks a second prompt finds)
+    m.allocate("a", prompt, num_computed=0)
+    assert m.token_ids("a") == [] and m.prefix_cache_stats.cached_blocks == 0
+    assert found() == 0  # a's K/V are not written yet: nothing to share
+    m.cache_computed("a", prompt, 3)
+    assert found() == 0 and m.token_ids("a") == prompt[:3]
+    m.cache_computed("a", prompt, 6)  # the first block is written
+    assert found() == 1
+    m.cache_computed("a", prompt, 13)  # the rest
+    assert found() == 3
+    m.allocate("b", prompt)
+    assert m.num_cached_tokens("b") == 12 and m.block_table("b")[:3] == m.block_table("a")[:3]
+    m.check_invariants()
+
+
+@both
+def test_num_computed_counts_the_cached_prefix_as_written(kind):
+    m = manager(num_blocks=16, prefix_cache=kind)
+    prompt = list(range(13))
+    m.allocate("a", prompt)  # num_computed=None: every prompt token counts as written
+    assert m.token_ids("a") == prompt and m.prefix_cache_stats.cached_blocks == 3
+    m.allocate("b", prompt, num_computed=0)  # finds 12 cached: those count as written
+    assert m.num_cached_tokens("b") == 12 and m.token_ids("b") == prompt[:12]
+    m.allocate("c", prompt, num_computed=13)  # all of it: as without num_computed
+    assert m.token_ids("c") == prompt
+    m.allocate("n", 5, num_computed=2)  # a count: no ids to find, num_computed only checked
+    assert m.token_ids("n") is None
+    m.check_invariants()
+
+
+@both
+def test_admit_with_num_computed_and_the_scheduler_with_chunked_prefill(kind):
+    cache = paged(16, 4, kind)
+    prompt = list(range(10))
+    cache.admit("a", 10, 2, token_ids=prompt, num_computed=0)
+    assert cache.refusal(10, 2, token_ids=prompt) is None
+    cache.admit("b", 10, 2, token_ids=prompt)
+    assert cache.num_cached_tokens("b") == 0
+    cache.cache_computed("a", prompt, 10)
+    cache.admit("c", 10, 2, token_ids=prompt, num_computed=4)
+    assert cache.num_cached_tokens("c") == 8
+    assert dict(cache.manager.expected_lens) == {"a": 12, "b": 12, "c": 12}
+    cache.manager.check_invariants()
+
+    from kvlab.serve.engine import Engine
+
+    cache = paged(32, 4, kind)  # a token budget smaller than the prompt: it comes in chunks
+    engine = Engine(cache, max_num_batched_tokens=4, chunked_prefill=True)
+    first = Sequence("first", 12, 2, token_ids=list(range(12)) + [99, 98])
+    second = Sequence("second", 12, 2, arrival=2.5, token_ids=list(range(12)) + [97, 96])
+    engine.add(first)
+    engine.add(second)
+    engine.run()
+    assert second.num_cached_tokens == 8  # first's written blocks, less the last-token block
+    assert cache.prefix_cache_stats.hits == 8
+    cache.manager.check_invariants()
+
+
+# --- the admission plan: one lookup for the refusal and the admission that follows ---------------
+
+
+def count_matches(m: BlockManager) -> list:
+    """Calls of the prefix cache's match, recorded from now on."""
+    calls, match = [], m.prefix_cache.match
+    m.prefix_cache.match = lambda ids: calls.append(len(ids)) or match(ids)
+    return calls
+
+
+@both
+def test_refusal_then_admit_looks_the_prompt_up_once(kind):
+    cache = paged(16, 4, kind)
+    cache.admit("warm", 9, 1, token_ids=list(range(9)))
+    calls = count_matches(cache.manager)
+    prompt = list(range(9))
+    assert cache.refusal(9, 1, token_ids=list(prompt)) is None  # a slice, as the scheduler passes
+    cache.admit("a", 9, 1, token_ids=list(prompt))
+    assert calls == [9] and cache.num_cached_tokens("a") == 8
+    m = cache.manager
+    assert m.can_allocate(prompt) and m.can_allocate(prompt)
+    m.allocate("b", prompt)
+    assert calls == [9, 9] and m.num_cached_tokens("b") == 8
+
+
+@both
+def test_a_plan_is_made_again_after_any_change(kind):
+    m = manager(num_blocks=4, block_size=2, prefix_cache=kind)
+    m.allocate("a", [1, 1, 2, 2, 3])
+    m.free("a")  # two cached blocks, all four free
+    prompt = [1, 1, 2, 2, 5, 5, 5]
+    assert m.can_allocate(prompt)  # two hits and two new blocks
+    m.allocate("hog", [9, 9, 9])  # takes both plain free blocks
+    assert not m.can_allocate(prompt)
+    with pytest.raises(OutOfBlocks):
+        m.allocate("b", prompt)
+    m.free("hog")
+    assert m.can_allocate(prompt)
+    prompt[0] = 7  # changed in place after its plan: looked up again
+    m.allocate("c", prompt)
+    assert m.num_cached_tokens("c") == 0
+    m.check_invariants()
+
+
+# --- both caches: the same hits where nothing is evicted ------------------------------------------
+
+day_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("allocate"), prompts, st.one_of(st.none(), st.integers(0, 20))),
+        st.tuples(st.just("append"), st.integers(0, 9), st.integers(0, 3)),
+        st.tuples(st.just("reserve"), st.integers(0, 9), st.integers(0, 3)),
+        st.tuples(st.just("compute"), st.integers(0, 9), st.integers(0, 20)),
+        st.tuples(st.just("free"), st.integers(0, 9), st.just(0)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=day_ops, block_size=st.sampled_from([1, 2, 3, 4]))
+def test_both_caches_find_the_same_hits_on_days_without_evictions(ops, block_size):
+    """Enough blocks that nothing is evicted: the hash chain and the radix tree find the same
+    cached prefix for every prompt (chunked or not, decoded by hand or by an engine)."""
+    caches = {
+        kind: manager(num_blocks=400, block_size=block_size, prefix_cache=kind) for kind in KINDS
+    }
+    ids: dict[int, list[int]] = {}
+    computed: dict[int, int] = {}
+    for n, (op, arg, value) in enumerate(ops):
+        live = sorted(ids)
+        if op == "allocate":
+            done = None if value is None else min(value, len(arg))
+            found = set()
+            for m in caches.values():
+                m.allocate(n, arg, num_computed=done)
+                found.add(m.num_cached_tokens(n))
+            assert len(found) == 1, f"allocate {arg}: cached {found}"
+            ids[n] = list(arg)
+            computed[n] = len(arg) if done is None else max(found.pop(), done)
+        elif not live:
+            continue
+        elif op == "append" and computed[live[arg % len(live)]] == len(ids[live[arg % len(live)]]):
+            seq = live[arg % len(live)]
+            for m in caches.values():
+                m.append_slot(seq, value)
+            ids[seq].append(value)
+            computed[seq] += 1
+        elif op == "reserve":
+            seq = live[arg % len(live)]
+            for m in caches.values():
+                m.append_slot(seq)
+            ids[seq].append(value)
+        elif op == "compute":
+            seq = live[arg % len(live)]
+            upto = max(computed[seq], min(value, len(ids[seq])))
+            for m in caches.values():
+                m.cache_computed(seq, ids[seq], upto)
+            computed[seq] = upto
+        elif op == "free":
+            seq = live[arg % len(live)]
+            for m in caches.values():
+                m.free(seq)
+            del ids[seq], computed[seq]
+    stats = {kind: m.prefix_cache_stats for kind, m in caches.items()}
+    assert stats["hash"].evictions == stats["radix"].evictions == 0
+    assert stats["hash"].hits == stats["radix"].hits
+    assert stats["hash"].queries == stats["radix"].queries
+    assert stats["hash"].cached_blocks == stats["radix"].cached_blocks
+    for m in caches.values():
+        m.check_invariants()
+
+
+# --- choosing a prefix cache, and the interfaces ----------------------------------------------------
+
+
+def test_the_prefix_cache_is_chosen_by_name():
+    from kvlab.prefix_cache import HashChainCache, PrefixCache
+
+    assert isinstance(manager().prefix_cache, HashChainCache)  # the default
+    radix = manager(prefix_cache="radix")
+    assert (
+        isinstance(radix.prefix_cache, RadixTreeCache) and radix.pool.evictor is radix.prefix_cache
+    )
+    assert manager().pool.evictor is None  # the hash chain's cached blocks wait in the free queue
+    for m in (manager(), radix):
+        assert isinstance(m.prefix_cache, PrefixCache)
+    off = BlockManager(8, 4, prefix_cache="radix")  # checked, and unused without prefix caching
+    assert off.prefix_cache is None and off.prefix_cache_stats.queries == 0
+    cache = PagedCache(8, 4, enable_prefix_caching=True, prefix_cache="radix")
+    assert isinstance(cache.manager.prefix_cache, RadixTreeCache) and cache.prefix_caching
+
+
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (
+            lambda: manager(prefix_cache="trie"),
+            ValueError,
+            r"prefix_cache must be one of \('hash', 'radix'\), got 'trie'",
+        ),
+        (lambda: manager(prefix_cache=None), ValueError, "prefix_cache must be one of"),
+        (
+            lambda: BlockManager(8, 4, prefix_cache="Radix"),
+            ValueError,
+            "prefix_cache must be one of",
+        ),
+        (lambda: manager(prefix_cache=["radix"]), ValueError, "prefix_cache must be one of"),
+        (
+            lambda: manager(prefix_cache="radix", hash_fn=colliding_hash),
+            ValueError,
+            "hash_fn is for prefix_cache='hash'",
+        ),
+        (
+            lambda: PagedCache(8, 4, enable_prefix_caching=True, prefix_cache="lru"),
+            ValueError,
+            "prefix_cache must be one of",
+        ),
+        (lambda: PagedCache(8, 4, prefix_cache=3), ValueError, "prefix_cache must be one of"),
+    ],
+)
+def test_a_bad_prefix_cache_is_refused(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
+@both
+def test_admit_checks_its_arguments_before_booking(kind):
+    cache = paged(8, 4, kind)
+    for call, error, match in [
+        (
+            lambda: cache.admit("a", 3, -1, token_ids=[1, 2, 3]),
+            ValueError,
+            "output_len must be >= 0",
+        ),
+        (
+            lambda: cache.admit("a", 3, "2", token_ids=[1, 2, 3]),
+            TypeError,
+            "output_len must be an int",
+        ),
+        (
+            lambda: cache.admit("a", 3, 1, token_ids=[1, 2, 3], num_computed=4),
+            ValueError,
+            "num_computed",
+        ),
+        (lambda: cache.admit("a", 3, 1, token_ids=[1, 2]), ValueError, "token_ids holds 2 ids"),
+    ]:
+        with pytest.raises(error, match=match):
+            call()
+        assert "a" not in cache and cache.manager.num_free_blocks == 8
+
+
+def test_the_paged_cache_is_the_scheduler_s_kv_cache():
+    from kvlab import paged as paged_module
+    from kvlab.interfaces import KVCache, PrefixCachingKVCache
+    from kvlab.prefix_cache import PrefixCacheStats
+
+    for cache in (PagedCache(8, 4), paged(8, 4, "hash"), paged(8, 4, "radix")):
+        assert isinstance(cache, KVCache) and isinstance(cache, PrefixCachingKVCache)
+    assert PagedCache(8, 4).prefix_caching is False and paged(8, 4, "radix").prefix_caching is True
+    assert paged_module.PrefixCacheStats is PrefixCacheStats  # the old import path stays
+    assert isinstance(paged(8, 4, "radix").prefix_cache_stats, PrefixCacheStats)
