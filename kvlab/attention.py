@@ -44,13 +44,13 @@ def decode_attention(
     scale: float | None = None,
     seq_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Decode attention on a contiguous cache: each guest's new query against its cached keys and
-    values, accumulated in fp32, returned in q's dtype; ``scale`` defaults to 1/sqrt(head_dim).
+    """Decode attention on a contiguous cache: each sequence's new query against its cached keys
+    and values, accumulated in fp32, returned in q's dtype; ``scale`` defaults to 1/sqrt(head_dim).
 
-    One guest: q ``[q_heads, head_dim]``, caches ``[tokens, kv_heads, head_dim]``. A batch: q
+    One sequence: q ``[q_heads, head_dim]``, caches ``[tokens, kv_heads, head_dim]``. A batch: q
     ``[num_seqs, q_heads, head_dim]``, caches ``[num_seqs, max_tokens, kv_heads, head_dim]`` (the
     max-length layout of Lab 01), where ``seq_lens`` (``[num_seqs]``, each 1..max_tokens) says how
-    many beds of each guest's row hold tokens; without it every bed counts.
+    many slots of each sequence's row hold tokens; without it every slot counts.
     """
     single = q.dim() == 2
     if single:
@@ -75,13 +75,15 @@ def decode_attention(
     k, v = _expand_kv(k_cache, q.shape[1]), _expand_kv(v_cache, q.shape[1])
     scores = torch.einsum("bhd,bshd->bhs", q.float(), k.float()) * scale
     if seq_lens is not None:
-        scores = scores.masked_fill(~_filled_beds(seq_lens, k.shape[:2])[:, None, :], float("-inf"))
+        scores = scores.masked_fill(
+            ~_filled_slots(seq_lens, k.shape[:2])[:, None, :], float("-inf")
+        )
     out = torch.einsum("bhs,bshd->bhd", scores.softmax(dim=-1), v.float()).to(q.dtype)
     return out[0] if single else out
 
 
-def _filled_beds(seq_lens, shape) -> torch.Tensor:
-    """``[num_seqs, max_tokens]`` True where a bed holds one of the guest's tokens."""
+def _filled_slots(seq_lens, shape) -> torch.Tensor:
+    """``[num_seqs, max_tokens]`` True where a slot holds one of the sequence's tokens."""
     if not isinstance(seq_lens, torch.Tensor):
         raise TypeError(f"seq_lens must be a torch.Tensor, got {type(seq_lens).__name__}")
     if seq_lens.shape != shape[:1]:
@@ -138,19 +140,19 @@ def check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens) -> None:
 
 
 def gather_kv(k_cache, v_cache, block_table, seq_len: int):
-    """One sequence's K and V copied out of the rooms its key card lists: ``[seq_len, kv_heads,
+    """One sequence's K and V copied out of the blocks its block table lists: ``[seq_len, kv_heads,
     head_dim]``. Only the first ceil(seq_len / block_size) entries of the table are read."""
     block_size = k_cache.shape[1]
-    rooms = block_table[: -(-seq_len // block_size)].long()
-    k = k_cache[rooms].reshape(-1, *k_cache.shape[2:])[:seq_len]
-    v = v_cache[rooms].reshape(-1, *v_cache.shape[2:])[:seq_len]
+    blocks = block_table[: -(-seq_len // block_size)].long()
+    k = k_cache[blocks].reshape(-1, *k_cache.shape[2:])[:seq_len]
+    v = v_cache[blocks].reshape(-1, *v_cache.shape[2:])[:seq_len]
     return k, v
 
 
 def paged_decode_attention_ref(
     q, k_cache, v_cache, block_tables, seq_lens, *, scale: float | None = None
 ) -> torch.Tensor:
-    """Decode attention for a batch of sequences whose K/V live in rooms listed by block tables.
+    """Decode attention for a batch of sequences whose K/V live in blocks listed by block tables.
 
     The reference gathers each sequence's K and V into a contiguous tensor, then attends. Returns
     ``[num_seqs, num_q_heads, head_dim]`` in q's dtype.
@@ -163,11 +165,67 @@ def paged_decode_attention_ref(
     return out
 
 
-def write_kv(k_cache, v_cache, slot_mapping, k, v) -> None:
+def chunk_attention_reference(
+    q, k_cache, v_cache, block_table, num_computed: int, *, scale: float | None = None
+) -> torch.Tensor:
+    """Attention for a chunk of one sequence's queries over its paged K/V (chunked prefill).
+
+    ``q: [n, q_heads, head_dim]`` are the queries of positions ``num_computed .. num_computed +
+    n - 1``; the cache (``[num_blocks, block_size, kv_heads, head_dim]``) already holds the K/V of
+    positions ``0 .. num_computed + n - 1`` (the chunk's own included) in the blocks that
+    ``block_table`` (1-D, integers) lists. Query ``i`` attends to positions ``0 .. num_computed +
+    i``: everything cached before the chunk, and the chunk causally. Only the first
+    ceil((num_computed + n) / block_size) entries of the table are read, and of their slots only
+    those of positions before ``num_computed + n``. fp32 accumulation; returns q's dtype.
+    """
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
+    if q.dim() != 3:
+        raise ValueError(f"q must be [n, q_heads, head_dim], got shape {tuple(q.shape)}")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(
+            "k_cache and v_cache must both be [num_blocks, block_size, kv_heads, head_dim], "
+            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    if k_cache.shape[3] != q.shape[2]:
+        raise ValueError(f"head_dim mismatch: q has {q.shape[2]}, k_cache has {k_cache.shape[3]}")
+    if (
+        not isinstance(block_table, torch.Tensor)
+        or block_table.dim() != 1
+        or block_table.dtype.is_floating_point
+        or block_table.dtype == torch.bool
+    ):
+        raise TypeError(f"block_table must be a 1-D integer tensor, got {block_table!r}")
+    num_computed = positive_int("num_computed", num_computed, minimum=0)
+    n, total = q.shape[0], num_computed + q.shape[0]
+    if n == 0:
+        return q.clone()
+    block_size = k_cache.shape[1]
+    needed = -(-total // block_size)
+    if needed > len(block_table):
+        raise ValueError(
+            f"block_table lists {len(block_table)} blocks; {total} tokens of {block_size} per "
+            f"block need {needed}"
+        )
+    used = block_table[:needed]
+    if int(used.min()) < 0 or int(used.max()) >= k_cache.shape[0]:
+        raise ValueError(f"block_table entries must be in 0..{k_cache.shape[0] - 1}")
+    k, v = gather_kv(k_cache, v_cache, used, total)
+    k, v = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
+    scores = torch.einsum("thd,shd->hts", q.float(), k.float())
+    scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
+    keys = torch.arange(total, device=q.device)
+    future = keys[None, :] > num_computed + torch.arange(n, device=q.device)[:, None]
+    probs = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+    return torch.einsum("hts,shd->thd", probs, v.float()).to(q.dtype)
+
+
+def write_kv_reference(k_cache, v_cache, slot_mapping, k, v) -> None:
     """Store new tokens' K and V (``[n, kv_heads, head_dim]``) at flat slots
-    ``room * block_size + offset`` (vLLM's reshape-and-cache), in place. The caches may have any
-    strides (vLLM's flash layout hands over ``kv_cache[:, 0]``), so slots are split into
-    (room, bed) rather than flattened through a view."""
+    ``block_id * block_size + offset`` (vLLM's reshape-and-cache), in place: the reference for
+    :func:`kvlab.kernels.write_kv`. The caches may have any strides (vLLM's flash layout hands
+    over ``kv_cache[:, 0]``), so slots are split into (block, offset) rather than flattened
+    through a view."""
     if k.shape != v.shape or k.dim() != 3 or k.shape[1:] != k_cache.shape[2:]:
         raise ValueError(
             f"k and v must be [n, {k_cache.shape[2]}, {k_cache.shape[3]}], got {tuple(k.shape)}, {tuple(v.shape)}"
@@ -179,9 +237,14 @@ def write_kv(k_cache, v_cache, slot_mapping, k, v) -> None:
     slots = slot_mapping.long()
     if len(slots) and (int(slots.min()) < 0 or int(slots.max()) >= capacity):
         raise ValueError(f"slot_mapping must be in 0..{capacity - 1}")
-    rooms, beds = slots // block_size, slots % block_size
-    k_cache[rooms, beds] = k.to(k_cache.dtype)
-    v_cache[rooms, beds] = v.to(v_cache.dtype)
+    blocks, offsets = slots // block_size, slots % block_size
+    k_cache[blocks, offsets] = k.to(k_cache.dtype)
+    v_cache[blocks, offsets] = v.to(v_cache.dtype)
+
+
+# The old name, until kvlab.testing and tests/test_kernels.py import write_kv_reference: the
+# Triton kernel is kvlab.kernels.write_kv.
+write_kv = write_kv_reference
 
 
 class TinyAttention:

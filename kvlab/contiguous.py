@@ -155,14 +155,6 @@ class ArenaAllocator:
         free.insert(i, (start, length))
 
 
-def torch_dtype(spec):
-    """The tensor dtype for a spec's element size: :func:`kvlab.kv_tensors.torch_dtype`, under its
-    old import path (looked up when called, so that importing this module imports no torch)."""
-    from kvlab.kv_tensors import torch_dtype
-
-    return torch_dtype(spec)
-
-
 def next_power_of_two(n: int) -> int:
     return 1 << (positive_int("n", n) - 1).bit_length()
 
@@ -194,9 +186,10 @@ class ContiguousKVCache:
 
     Capacity is ``num_slots x max_seq_len`` beds. With the ``"max"`` policy every booking is a whole
     slot of ``max_seq_len`` beds (Orca-Max), so exactly ``num_slots`` requests fit. ``"pow2"`` and
-    ``"oracle"`` (Orca-Oracle; ``"exact"`` is accepted as its old name) book less, placing the bookings in an :class:`ArenaAllocator` over the same memory.
-    ``capacity_tokens`` (accounts only) sizes the memory in beds instead, for comparisons on equal
-    memory that is not a whole number of slots. With a ``spec``, real K and V tensors
+    ``"oracle"`` (Orca-Oracle; ``"exact"`` is accepted as its old name) book less, placing the
+    bookings in an :class:`ArenaAllocator` over the same memory. ``capacity_tokens`` (accounts
+    only) sizes the memory in beds instead, for comparisons on equal memory that is not a whole
+    number of slots. With a ``spec``, real K and V tensors
     ``[num_slots, max_seq_len, kv_heads, head_dim]`` per layer back the beds; without one the
     cache only keeps the accounts (the tensors themselves are built by :mod:`kvlab.kv_tensors`).
     """

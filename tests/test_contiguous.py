@@ -5,6 +5,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvlab.contiguous import (
+    PAPER_NAMES,
+    POLICIES,
     ArenaAllocator,
     ContiguousKVCache,
     best_fit,
@@ -164,7 +166,7 @@ def test_booking_sizes_of_the_three_policies():
     assert booking_size("pow2", 100, 25, 2048) == 256  # 100 + 32 = 132 -> 256
     assert booking_size("pow2", 161, 338, 2048) == 1024  # 161 + 512 = 673 -> 1,024 (not 512)
     assert booking_size("pow2", 7, 0, 2048) == 8  # no answer yet: the prompt alone
-    assert booking_size("exact", 300, 1, 2048) == 301
+    assert booking_size("oracle", 300, 1, 2048) == 301
     assert [next_power_of_two(n) for n in (1, 2, 3, 4, 5, 1024, 1025)] == [
         1,
         2,
@@ -175,12 +177,12 @@ def test_booking_sizes_of_the_three_policies():
         2048,
     ]
     with pytest.raises(ValueError, match="needs output_len"):
-        booking_size("exact", 3, None, 16)
+        booking_size("oracle", 3, None, 16)
 
 
 @settings(max_examples=50)
 @given(
-    policy=st.sampled_from(["max", "pow2", "exact"]),
+    policy=st.sampled_from(["max", "pow2", "oracle"]),
     ops=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 40), st.integers(0, 40)), max_size=60),
 )
 def test_accounts_always_sum_to_the_hotel(policy, ops):
@@ -207,7 +209,7 @@ def test_accounts_always_sum_to_the_hotel(policy, ops):
         assert r.used + r.future + r.internal + r.free == cache.capacity
         assert r.booked == sum(n for _, n in cache.arena.bookings.values())
         assert r.used == sum(cache.num_tokens(g) for g in cache.request_ids)
-        if policy == "exact":
+        if policy == "oracle":
             assert r.internal == 0
         if policy == "max":
             assert all(o % 40 == 0 for o, _ in cache.arena.bookings.values())
@@ -224,7 +226,7 @@ def test_max_length_accounting_by_hand():
     assert (r.used, r.future, r.internal, r.free) == (6, 0, 10, 16)
     cache.admit("b", prompt_len=16, output_len=0)  # exactly max_seq_len
     assert cache.memory_report().free == 0
-    with pytest.raises(ReservationFull, match="'b' already fills its 16 booked beds"):
+    with pytest.raises(ReservationFull, match="'b' already fills its 16 booked slots"):
         cache.append("b")
     with pytest.raises(OutOfMemory):
         cache.admit("c", 1, 1)
@@ -237,8 +239,8 @@ def test_unknown_output_counts_as_future():
     cache.admit("a", 3)
     r = cache.memory_report()
     assert (r.used, r.future, r.internal) == (3, 5, 0)
-    with pytest.raises(ValueError, match="'exact' needs output_len"):
-        ContiguousKVCache(1, 8, policy="exact").admit("a", 3)
+    with pytest.raises(ValueError, match="'oracle' needs output_len"):
+        ContiguousKVCache(1, 8, policy="oracle").admit("a", 3)
 
 
 @pytest.mark.parametrize(
@@ -266,6 +268,15 @@ def test_cache_bad_input_changes_nothing(call, error, match):
     assert (cache.memory_report(), cache.arena.bookings) == before
 
 
+def test_exact_is_the_old_name_of_the_oracle_policy():
+    """One name per cache kind: Orca-Oracle's booking policy is "oracle"; "exact", its first
+    name, is still accepted and becomes "oracle"."""
+    assert POLICIES == ("max", "pow2", "oracle") and PAPER_NAMES["oracle"] == "Orca (Oracle)"
+    assert ContiguousKVCache(1, 8, policy="exact").policy == "oracle"
+    assert booking_size("exact", 300, 1, 2048) == booking_size("oracle", 300, 1, 2048) == 301
+    assert set(PAPER_NAMES) == set(POLICIES)
+
+
 def test_cache_constructor_validation():
     with pytest.raises(ValueError, match="policy must be one of"):
         ContiguousKVCache(1, 8, policy="guess")
@@ -291,7 +302,7 @@ def test_real_tensors_back_the_beds():
 
 
 def test_recording_the_trace():
-    cache = recorded(ContiguousKVCache(2, 8, policy="exact"))
+    cache = recorded(ContiguousKVCache(2, 8, policy="oracle"))
     cache.admit("a", 2, 2)
     cache.admit("b", 3, 3)
     cache.append("a")

@@ -8,7 +8,7 @@ from kvlab.attention import (
     decode_attention,
     gather_kv,
     paged_decode_attention_ref,
-    write_kv,
+    write_kv_reference,
 )
 from kvlab.paged import BlockManager, block_tables_tensor, flashinfer_page_table
 from kvlab.testing import make_case
@@ -53,13 +53,15 @@ def test_write_kv_through_the_slot_mapping():
     k_cache = torch.zeros(4, 2, 1, 3)
     v_cache = torch.zeros(4, 2, 1, 3)
     k = torch.arange(9.0).reshape(3, 1, 3)
-    write_kv(k_cache, v_cache, torch.tensor([5, 0, 2]), k, -k)
+    write_kv_reference(k_cache, v_cache, torch.tensor([5, 0, 2]), k, -k)
     assert torch.equal(k_cache[2, 1, 0], k[0, 0]) and torch.equal(k_cache[0, 0, 0], k[1, 0])
     assert torch.equal(v_cache[1, 0, 0], -k[2, 0])
     with pytest.raises(ValueError, match="slot_mapping must be in 0..7"):
-        write_kv(k_cache, v_cache, torch.tensor([8, 0, 1]), k, k)
+        write_kv_reference(k_cache, v_cache, torch.tensor([8, 0, 1]), k, k)
     with pytest.raises(ValueError, match="k and v must be"):
-        write_kv(k_cache, v_cache, torch.tensor([0]), torch.zeros(1, 2, 3), torch.zeros(1, 2, 3))
+        write_kv_reference(
+            k_cache, v_cache, torch.tensor([0]), torch.zeros(1, 2, 3), torch.zeros(1, 2, 3)
+        )
 
 
 def test_write_kv_into_any_strided_cache():
@@ -68,12 +70,12 @@ def test_write_kv_into_any_strided_cache():
     kv = torch.zeros(4, 2, 2, 1, 3)
     k_cache, v_cache = kv[:, 0], kv[:, 1]
     k = torch.arange(9.0).reshape(3, 1, 3)
-    write_kv(k_cache, v_cache, torch.tensor([5, 0, 2]), k, -k)
+    write_kv_reference(k_cache, v_cache, torch.tensor([5, 0, 2]), k, -k)
     assert torch.equal(kv[2, 0, 1, 0], k[0, 0]) and torch.equal(kv[0, 0, 0, 0], k[1, 0])
     assert torch.equal(kv[1, 1, 0, 0], -k[2, 0])
     assert int((kv != 0).sum()) == 16  # nothing else written: 18 values, two of them 0
     with pytest.raises(ValueError, match="slot_mapping must be in 0..7"):
-        write_kv(k_cache, v_cache, torch.tensor([8, 0, 1]), k, k)
+        write_kv_reference(k_cache, v_cache, torch.tensor([8, 0, 1]), k, k)
 
 
 def _inputs():

@@ -51,7 +51,7 @@ def test_impossible_allocations_are_told_apart():
 
 
 def test_a_recorder_stamps_the_drivers_clock_and_reads_the_state_now():
-    cache = ContiguousKVCache(2, 8, policy="exact")
+    cache = ContiguousKVCache(2, 8, policy="oracle")
     cache.admit("a", 3, 2)
     recorder = Recorder(cache, clock=1.5)
     recorder.clock = 2.0
@@ -81,6 +81,8 @@ class ScriptedCache:
     """A paged cache of 8 rooms of 4 beds that plays a script: each call that changes it moves to
     the next ``(key cards, cached rooms, evictions so far, cached tokens per guest)``. Counts its
     ``state()`` calls, to check that the recorder stays cheap."""
+
+    prefix_caching = True  # declared, as kvlab.interfaces.KVCache asks
 
     def __init__(self, script, stats: bool = True):
         self.script, self.at, self.states = script, 0, 0
@@ -205,3 +207,74 @@ def test_the_block_manager_prefix_cache_recorded():
     )
     data = encode(m.trace)
     assert data["has_cached"] and cached_rooms(data, 2) == {1: 0, 0: 0}  # left by alice
+
+
+# --- the declared calls ------------------------------------------------------------------------
+
+
+class LearnersManager:
+    """A learner's block manager (Lab 03): its own argument names, no prefix caching declared,
+    and a num_cached_tokens the recorder must not call (it is not declared to cache prefixes)."""
+
+    def __init__(self):
+        self.tables: dict = {}
+
+    def state(self) -> CacheState:
+        tokens = {g: 2 * len(t) for g, t in self.tables.items()}
+        return CacheState("paged", 4, 2, dict(self.tables), tokens, tokens, {})
+
+    def allocate(self, guest, tokens):
+        self.tables[guest] = tuple(range(len(self.tables), len(self.tables) + -(-tokens // 2)))
+
+    def free(self, guest):
+        del self.tables[guest]
+
+    def num_cached_tokens(self, guest):
+        raise AssertionError("not a prefix cache: never asked")
+
+
+def test_calls_pass_on_as_given_with_the_sequence_found_by_position_or_name():
+    m = recorded(LearnersManager())
+    m.allocate("a", tokens=3)
+    m.free("a")
+    assert [(f.event, f.seq_id) for f in m.trace.frames] == [
+        ("start", None),
+        ("check-in", "a"),
+        ("check-out", "a"),
+    ]
+    cache = recorded(ContiguousKVCache(2, 8))
+    cache.admit(request_id="r", prompt_len=2, output_len=1)
+    cache.release(request_id="r")
+    manager = recorded(BlockManager(4, 2))
+    manager.allocate(seq_id="p", prompt=3)
+    manager.fork(parent_id="p", child_id="c")
+    assert [(f.event, f.seq_id) for f in cache.trace.frames[1:]] == [
+        ("check-in", "r"),
+        ("check-out", "r"),
+    ]
+    assert manager.trace.frames[-1].note == "c shares p's 2 rooms"
+    with pytest.raises(TypeError, match="takes the sequence first"):
+        manager.allocate(prompt=3)
+    with pytest.raises(TypeError, match="takes parent_id and child_id"):
+        manager.fork("p")
+
+
+def test_the_recording_answers_like_the_cache():
+    m = recorded(PagedCache(4, 2))
+    m.admit("a", 3)
+    assert "a" in m and "b" not in m
+    assert m.prefix_caching is False and m.capacity == 8
+    with pytest.raises(AttributeError):
+        m.no_such_call  # noqa: B018
+    arena = recorded(ArenaAllocator(8))
+    with pytest.raises(AttributeError, match="admit"):
+        arena.admit("a", 3)  # an arena has no admit: nothing recorded
+    assert len(arena.trace) == 1
+
+
+def test_prefix_caching_is_read_as_declared():
+    assert recorded(BlockManager(4, 2, enable_prefix_caching=True)).prefix_caching is True
+    assert recorded(PagedCache(4, 2, enable_prefix_caching=True)).prefix_caching is True
+    for cache in (BlockManager(4, 2), ContiguousKVCache(1, 4), ArenaAllocator(4)):
+        assert recorded(cache).prefix_caching is False
+    assert recorded(LearnersManager()).prefix_caching is False

@@ -17,6 +17,7 @@ import kvlab  # noqa: F401  (chooses Triton's interpreter before anything import
 from kvlab.attention import causal_attention
 from kvlab.contiguous import ContiguousKVCache
 from kvlab.models import ModelSpec
+from kvlab.paged import PagedCache
 from kvlab.scheduler import Sequence
 from kvlab.tiny import (
     TINY_SPEC,
@@ -31,10 +32,19 @@ from kvlab.tiny import (
 )
 from kvlab.tiny.model import ASSETS_DIR, WEIGHTS_FILE, RMSNorm, rope
 
-BLOCK_SIZE = 8  # small rooms: fewer tokens to write through the interpreted kernel
+BLOCK_SIZE = 8  # small blocks: fewer tokens to write through the interpreted kernel
 # awkward prompt lengths in tokens (bytes): 1, one block, one block + 1, and a longer one
 PROMPTS = ["T", "Paged KV", "The cache", "A block table "]
 NEW_TOKENS = [4, 4, 3, 4]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matrices: on busy cores a second torch thread only waits (generate() does the same)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @functools.cache
@@ -139,19 +149,137 @@ def test_cached_forward_equals_full_recompute():
     assert cache[0][0].shape == (n + 1, 2, 32)
 
 
+def _scheduled(seq: Sequence, first: int, n: int, samples: bool) -> Sequence:
+    """``seq`` as the scheduler leaves it for a step computing positions first..first + n - 1."""
+    seq.num_computed, seq.num_scheduled, seq.samples = first, n, samples
+    return seq
+
+
 def test_prefill_that_continues_cached_tokens():
-    """The executor computes positions [num_computed, num_tokens - 1): a prefill in two chunks
-    (the second attending to the first through the cache) predicts what one forward does."""
+    """A recompute after preemption: positions [num_computed, num_computed + num_scheduled), the
+    second part attending to the first through the cache, predicts what one forward does."""
     model = tiny_model("cpu")
     ids = encode("Rooms are handed out least recently freed first")
     cache = ContiguousKVCache(1, 64, spec=model.spec)
     executor = TinyExecutor(model, cache)
-    seq = Sequence("s", 20, 1, token_ids=ids[:20], num_generated=1)
     cache.admit("s", len(ids) + 1)
-    executor.execute(SimpleNamespace(scheduled=[seq]))  # positions 0..19
-    seq = Sequence("s", len(ids), 1, token_ids=list(ids), num_generated=1, num_computed=20)
-    executor.execute(SimpleNamespace(scheduled=[seq]))  # positions 20.., over the cached 0..19
+    seq = Sequence("s", 20, 1, token_ids=ids[:20], num_generated=1)
+    executor.execute(SimpleNamespace(scheduled=[_scheduled(seq, 0, 20, True)]))  # positions 0..19
+    seq = Sequence("s", len(ids), 1, token_ids=list(ids), num_generated=1)
+    executor.execute(SimpleNamespace(scheduled=[_scheduled(seq, 20, len(ids) - 20, True)]))
     assert seq.token_ids[-1] == int(model(torch.tensor([ids]))[0, -1].argmax())
+
+
+@pytest.mark.parametrize("cache", ["contiguous", "paged"])
+def test_a_prompt_read_in_chunks_predicts_what_one_forward_does(cache):
+    """Chunked prefill on both stores: chunks of 1, chunks that cross a block boundary and end on
+    one; only the step that reads the last chunk samples, the earlier ones append nothing."""
+    model = tiny_model("cpu")
+    ids = encode("A block table maps logical blocks")
+    assert len(ids) == 33
+    if cache == "paged":
+        kv_cache = PagedCache(8, BLOCK_SIZE)
+    else:
+        kv_cache = ContiguousKVCache(1, 64, spec=model.spec)
+    executor = TinyExecutor(model, kv_cache)
+    kv_cache.admit("s", len(ids) + 1)
+    seq = Sequence("s", len(ids), 1, token_ids=list(ids), num_generated=1)
+    first = 0
+    # chunks of 1, chunks ending on a block boundary (8, 16) and one past it (17, 25), chunks
+    # that cross one (23..24, 25..32)
+    for n in (1, 1, 5, 1, 8, 1, 6, 2, 8):
+        samples = first + n == len(ids)
+        executor.execute(SimpleNamespace(scheduled=[_scheduled(seq, first, n, samples)]))
+        first += n
+        assert len(seq.token_ids) == len(ids) + samples
+    full = model(torch.tensor([ids]))[0]
+    assert seq.token_ids[-1] == int(full[-1].argmax())
+    # the chunks wrote every position's K/V where one prefill would have
+    whole = ContiguousKVCache(1, 64, spec=model.spec)
+    whole.admit("s", len(ids) + 1)
+    executor_whole = TinyExecutor(model, whole)
+    seq = Sequence("s", len(ids), 1, token_ids=list(ids), num_generated=1)
+    executor_whole.execute(SimpleNamespace(scheduled=[_scheduled(seq, 0, len(ids), True)]))
+    for layer in range(model.config.num_layers):
+        k, v = executor.store.gather("s", layer, len(ids))
+        k_whole, v_whole = executor_whole.store.gather("s", layer, len(ids))
+        torch.testing.assert_close(k, k_whole, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(v, v_whole, rtol=1e-5, atol=1e-5)
+
+
+def test_a_prompt_swapped_out_between_chunks_continues_in_other_blocks():
+    """Swapped out after its first chunk, back in other blocks: the K/V of the chunk read so far
+    return, and the rest of the prompt attends to them."""
+    model = tiny_model("cpu")
+    ids = encode("Swap the first chunk out")
+    cache = PagedCache(8, BLOCK_SIZE)
+    executor = TinyExecutor(model, cache)
+    cache.admit("s", len(ids) + 1)
+    seq = Sequence("s", len(ids), 1, token_ids=list(ids), num_generated=1)
+    executor.execute(SimpleNamespace(scheduled=[_scheduled(seq, 0, 10, False)]))
+    seq.num_computed = 10
+    executor.swap_out(seq)
+    before = cache.manager.block_table("s")
+    cache.release("s")
+    cache.admit("filler", 2 * BLOCK_SIZE)  # takes the blocks the sequence had first
+    cache.admit("s", len(ids) + 1)
+    assert not set(cache.manager.block_table("s")[:2]) & set(before[:2])
+    executor.swap_in(seq)
+    executor.execute(SimpleNamespace(scheduled=[_scheduled(seq, 10, len(ids) - 10, True)]))
+    assert seq.token_ids[-1] == int(model(torch.tensor([ids]))[0, -1].argmax())
+
+
+def test_a_step_mixes_decodes_and_chunks():
+    """One forward for a decode of one sequence, a middle chunk (no token) and a last chunk of
+    others: each row goes to its own sequence."""
+    model = tiny_model("cpu")
+    texts = ["Paged KV", "The cache holds", "Slots"]
+    prompts = [encode(t) for t in texts]
+    cache = ContiguousKVCache(3, 64, spec=model.spec, policy="max")
+    executor = TinyExecutor(model, cache)
+    seqs = []
+    for i, ids in enumerate(prompts):
+        cache.admit(i, len(ids) + 2)
+        seqs.append(Sequence(i, len(ids), 2, token_ids=list(ids), num_generated=1))
+    a, b, c = seqs
+    executor.execute(SimpleNamespace(scheduled=[_scheduled(a, 0, len(prompts[0]), True)]))
+    a.num_generated = 2
+    executor.execute(
+        SimpleNamespace(
+            scheduled=[
+                _scheduled(a, len(prompts[0]), 1, True),  # a decode
+                _scheduled(b, 0, 6, False),  # a first chunk
+                _scheduled(c, 0, len(prompts[2]), True),  # a whole prompt
+            ]
+        )
+    )
+    assert len(b.token_ids) == len(prompts[1])
+    executor.execute(SimpleNamespace(scheduled=[_scheduled(b, 6, len(prompts[1]) - 6, True)]))
+    for seq, ids in zip(seqs, prompts, strict=True):
+        new = seq.token_ids[len(ids) :]
+        want = []
+        for _ in new:
+            want.append(int(model(torch.tensor([ids + want]))[0, -1].argmax()))
+        assert new == want
+
+
+@pytest.mark.parametrize(
+    ("first", "n", "samples", "match"),
+    [
+        (0, 0, False, "num_scheduled must be >= 1"),
+        (0, 21, False, "computes positions 0..20 but knows 20 token ids"),
+        (0, 19, True, "samples, so it computes up to its last known token \\(19\\)"),
+    ],
+)
+def test_a_step_the_executor_cannot_compute_names_the_sequence(first, n, samples, match):
+    model = tiny_model("cpu")
+    cache = ContiguousKVCache(1, 64, spec=model.spec)
+    cache.admit("s", 21)
+    seq = Sequence("s", 20, 1, token_ids=list(range(20)), num_generated=1)
+    with pytest.raises(ValueError, match=f"sequence 's'.*{match}"):
+        TinyExecutor(model, cache).execute(
+            SimpleNamespace(scheduled=[_scheduled(seq, first, n, samples)])
+        )
 
 
 # --- the shipped weights ---------------------------------------------------------------------------
@@ -196,11 +324,27 @@ def test_paged_matches_contiguous():
 
 
 def test_paged_preemption_by_recompute_matches():
-    # the prompts take 1 + 1 + 2 + 2 rooms and the second's 9th token a 7th; the last sequence's
+    # the prompts take 1 + 1 + 2 + 2 blocks and the second's 9th token a 7th; the last sequence's
     # 17th token finds none free: it leaves, and its 15 computed tokens are recomputed later
     result = paged(num_blocks=7)
     assert result.preemptions > 0 and result.stats["recompute_tokens"] > 0
     assert result.token_ids == reference()
+
+
+@pytest.mark.parametrize("cache", ["contiguous", "paged"])
+def test_chunked_prefill_generates_the_same_tokens(cache):
+    """A token budget of 5 reads the longer prompts in chunks (crossing blocks of 8) beside the
+    other sequences' decodes: the same greedy tokens as one prefill per prompt."""
+    result = generate(
+        PROMPTS,
+        NEW_TOKENS,
+        cache,
+        block_size=BLOCK_SIZE,
+        max_num_batched_tokens=5,
+        chunked_prefill=True,
+    )
+    assert result.token_ids == reference()
+    assert result.steps > max(NEW_TOKENS)  # prompts took several steps
 
 
 def test_paged_preemption_by_swap_matches():
@@ -219,6 +363,7 @@ def test_paged_preemption_by_swap_matches():
         ({"cache": "hotel"}, "cache"),
         ({"preemption": "evict"}, "preemption"),
         ({"max_new_tokens": 300}, "context"),
+        ({"max_num_batched_tokens": 0}, "max_num_batched_tokens"),
     ],
 )
 def test_bad_input_names_the_argument(kwargs, name):

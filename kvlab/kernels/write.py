@@ -1,4 +1,4 @@
-"""Storing new tokens' K and V into their rooms through a slot mapping (vLLM's reshape-and-cache)."""
+"""Storing new tokens' K and V into their blocks through a slot mapping (vLLM's reshape-and-cache)."""
 
 from __future__ import annotations
 
@@ -43,9 +43,9 @@ def write_kv_kernel(
 
 
 def write_kv(k_cache, v_cache, slot_mapping, k, v) -> None:
-    """Triton version of :func:`kvlab.attention.write_kv` (slots of -1 are skipped). The caches may
-    have any strides. New K/V of another dtype are converted by torch first (to nearest even, as
-    a GPU converts; Triton's interpreter would truncate to bf16)."""
+    """Triton version of :func:`kvlab.attention.write_kv_reference` (slots of -1 are skipped).
+    The caches may have any strides. New K/V of another dtype are converted by torch first (to
+    nearest even, as a GPU converts; Triton's interpreter would truncate to bf16)."""
     if k.shape != v.shape or k.dim() != 3 or k.shape[1:] != k_cache.shape[2:]:
         raise ValueError(
             f"k and v must be [n, {k_cache.shape[2]}, {k_cache.shape[3]}], got {tuple(k.shape)}, {tuple(v.shape)}"

@@ -4,20 +4,19 @@ caches, so Lab 06 can show a paged cache decoding the same tokens as a contiguou
 One concept per module: :mod:`~kvlab.tiny.model` (the decoder; ``TINY_SPEC`` is its shape as a
 ``kvlab.models.ModelSpec``), :mod:`~kvlab.tiny.tokenizer` (bytes), :mod:`~kvlab.tiny.train`
 (``python -m kvlab.tiny.train`` retrains the shipped weights in ``assets/tiny_model``),
-:mod:`~kvlab.tiny.executor` (one engine step on a paged or contiguous cache) and
+:mod:`~kvlab.tiny.executor` (one engine step on a paged or contiguous cache, its K/V in a store
+of :mod:`kvlab.kv_tensors`) and
 :mod:`~kvlab.tiny.generate` (greedy generation through :class:`kvlab.serve.engine.Engine`).
 """
 
-from kvlab.tiny.executor import ContiguousStore, PagedStore, TinyExecutor
+from kvlab.tiny.executor import TinyExecutor, make_store
 from kvlab.tiny.generate import Generation, generate, make_kv_cache, tiny_model
 from kvlab.tiny.model import TINY_SPEC, TinyConfig, TinyLlama, load_model, model_spec
 from kvlab.tiny.tokenizer import decode, encode
 
 __all__ = [
     "TINY_SPEC",
-    "ContiguousStore",
     "Generation",
-    "PagedStore",
     "TinyConfig",
     "TinyExecutor",
     "TinyLlama",
@@ -26,6 +25,7 @@ __all__ = [
     "generate",
     "load_model",
     "make_kv_cache",
+    "make_store",
     "model_spec",
     "tiny_model",
 ]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvlab.cache_kinds import CACHES, TINY_CACHES
 from kvlab.contiguous import ContiguousKVCache
 from kvlab.paged import PagedCache
 from kvlab.scheduler import PREEMPTION_MODES
@@ -23,8 +24,6 @@ from kvlab.tiny import tokenizer
 from kvlab.tiny.executor import TinyExecutor
 from kvlab.tiny.model import TinyLlama, load_model
 from kvlab.validate import positive_int
-
-CACHES = ("contiguous", "paged")
 
 
 def default_device() -> str:
@@ -86,8 +85,8 @@ def _check(prompts, max_new_tokens, cache, preemption, max_context) -> tuple[lis
         new = [positive_int(f"max_new_tokens[{i}]", n) for i, n in enumerate(max_new_tokens)]
     else:
         new = [positive_int("max_new_tokens", max_new_tokens)] * len(prompts)
-    if cache not in CACHES:
-        raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
+    if cache not in TINY_CACHES:
+        raise ValueError(f"cache must be one of {TINY_CACHES}, got {cache!r}")
     if preemption not in PREEMPTION_MODES:
         raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
     for i, (p, n) in enumerate(zip(ids, new, strict=True)):
@@ -132,7 +131,7 @@ def make_kv_cache(
         return PagedCache(positive_int("num_blocks", num_blocks), block_size)
     max_seq_len = model.config.max_context if max_seq_len is None else max_seq_len
     num_slots = len(lengths) if num_slots is None else num_slots
-    return ContiguousKVCache(num_slots, max_seq_len, spec=model.spec, policy="max")
+    return ContiguousKVCache(num_slots, max_seq_len, spec=model.spec, policy=CACHES["contiguous"])
 
 
 def generate(
@@ -146,20 +145,26 @@ def generate(
     max_seq_len: int | None = None,
     max_batch: int | None = None,
     preemption: str = "recompute",
+    max_num_batched_tokens: int | None = None,
+    chunked_prefill: bool = False,
     model: TinyLlama | None = None,
     device: str | None = None,
     threads: int | None = 1,
 ) -> Generation:
     """Greedy continuations of ``prompts`` (``max_new_tokens`` each, or one count per prompt).
 
-    ``cache="paged"``: ``num_blocks`` rooms of ``block_size`` token slots (default: enough for
+    ``cache="paged"``: ``num_blocks`` blocks of ``block_size`` token slots (default: enough for
     every sequence at once; fewer forces preemption). ``cache="contiguous"``: ``num_slots``
     max-length bookings of ``max_seq_len`` (default: one per prompt, the model's context).
     ``max_batch`` caps the running sequences; ``preemption`` is ``"recompute"`` or ``"swap"``.
+    ``max_num_batched_tokens`` caps the tokens a step computes (the scheduler's token budget;
+    None: no cap), and ``chunked_prefill=True`` lets a prompt longer than what is left of it be
+    read in chunks over several steps; greedy tokens are the same either way.
     ``model`` defaults to the shipped one on ``device`` (default: the CPU under Triton's
-    interpreter, else the GPU); a given model runs where it is. ``threads`` sets torch's CPU threads for the run (restored after; None leaves them): a
-    decode step's matrices are too small to share out, and on busy cores threads that wait for
-    each other made CPU runs 30-60x slower than one thread.
+    interpreter, else the GPU); a given model runs where it is. ``threads`` sets torch's CPU
+    threads for the run (restored after; None leaves them): a decode step's matrices are too
+    small to share out, and on busy cores threads that wait for each other made CPU runs 30-60x
+    slower than one thread.
     """
     from kvlab.scheduler import Sequence
     from kvlab.serve.engine import Engine
@@ -177,7 +182,14 @@ def generate(
     )
     _check_fits(kv_cache, [len(p) + n for p, n in zip(ids, new, strict=True)])
     executor = TinyExecutor(model, kv_cache)
-    engine = Engine(kv_cache, executor, max_batch=max_batch, preemption=preemption)
+    engine = Engine(
+        kv_cache,
+        executor,
+        max_batch=max_batch,
+        preemption=preemption,
+        max_num_batched_tokens=max_num_batched_tokens,
+        chunked_prefill=chunked_prefill,
+    )
     seqs = [
         Sequence(i, len(p), n, token_ids=list(p))
         for i, (p, n) in enumerate(zip(ids, new, strict=True))
