@@ -6,7 +6,10 @@ too. The engine hands each step to an :class:`Executor` (the simulator's costs i
 computes it); one that keeps K/V of preempted sequences declares ``can_swap = True`` and is the
 scheduler's :class:`Swapper`. An :class:`EngineObserver` is told about every step (the replay of
 Labs 01-03 measures with one). Capabilities are attributes every implementation declares, never
-probed with ``hasattr``.
+probed with ``hasattr``. Two optional ones let the engine run a stretch of pure decode steps at
+once (:mod:`kvlab.serve.fast_forward`): an executor that is a :class:`DecodeRunExecutor` costs
+them without seeing them, an observer that is a :class:`DecodeRunObserver` measures them all at
+once; an engine whose executor or observer is not one steps one at a time.
 """
 
 from __future__ import annotations
@@ -107,7 +110,29 @@ class Executor(Protocol):
 
 
 @runtime_checkable
+class DecodeRunExecutor(Executor, Protocol):
+    """An executor that computes nothing and costs a decode step by its batch and K/V alone, so
+    the engine may run many such steps without handing it each one. ``decode_run_seconds(batch,
+    kv_tokens, steps)`` is what ``execute`` would return for each of ``steps`` steps in which the
+    same ``batch`` sequences each compute one token: the first reads and writes ``kv_tokens``
+    tokens of K/V in all (the sequences' ``num_computed + 1``, summed), each later one ``batch``
+    more. A list of ``steps`` seconds, or None when untimed. (The tiny model's executor computes
+    real tokens, so it is not one.)"""
+
+    def decode_run_seconds(self, batch: int, kv_tokens: int, steps: int) -> list[float] | None: ...
+
+
+@runtime_checkable
 class EngineObserver(Protocol):
     """Told after every step that ran a batch (``engine.step_start`` is when it began)."""
 
     def after_step(self, engine, step: ScheduledStep) -> None: ...
+
+
+@runtime_checkable
+class DecodeRunObserver(EngineObserver, Protocol):
+    """An observer that can be told about a run of decode steps at once:
+    ``after_decode_run(engine, run)`` with a :class:`kvlab.serve.fast_forward.DecodeRun` (each
+    step's start, the memory after each, the batch), instead of ``after_step`` for each."""
+
+    def after_decode_run(self, engine, run) -> None: ...

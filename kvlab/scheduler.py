@@ -304,7 +304,7 @@ class Scheduler:
         need = seq.num_uncomputed
         if need > self.max_num_batched_tokens:
             raise ValueError(
-                f"{seq.seq_id} must compute {need} tokens in one step, more than "
+                f"sequence {seq.seq_id!r} must compute {need} tokens in one step, more than "
                 f"max_num_batched_tokens={self.max_num_batched_tokens}: raise the budget or use "
                 "chunked_prefill=True"
             )

@@ -126,6 +126,23 @@ class CheckedEngine(Engine):
         self.last_clock = self.clock
         return step
 
+    def decode_run(self, limit):
+        """A stretch of decode steps run at once: every running sequence got one token in each."""
+        s = self.scheduler
+        before = list(s.running)
+        run = super().decode_run(limit)
+        if run is None:
+            return None
+        assert 1 <= run.steps <= limit and s.running == before == run.sequences
+        assert self.cache.allocated_tokens <= self.cache.capacity
+        assert self.cache.held_tokens == sum(q.num_tokens for q in s.running)
+        for q in s.running:
+            assert q.status is RUNNING and 1 <= q.num_generated <= q.output_len
+            self.tokens_per_seq[id(q)] = self.tokens_per_seq.get(id(q), 0) + run.steps
+        assert self.clock > self.last_clock
+        self.last_clock = self.clock
+        return run
+
 
 @contextlib.contextmanager
 def checked():

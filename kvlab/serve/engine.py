@@ -9,7 +9,9 @@ simulator's executor only costs the step; the tiny model's computes it. Either w
 sequence computes positions ``[seq.num_computed, seq.num_computed + seq.num_scheduled)`` and,
 when ``seq.samples``, produces the token at ``seq.num_tokens - 1`` (the cache already holds its
 slot). Without a token budget that is a prefill of the whole prompt (plus the tokens generated
-before a preemption by recompute) or a decode of the last known token.
+before a preemption by recompute) or a decode of the last known token. :meth:`Engine.run` moves
+the clock over stretches of pure decode steps in one go when nobody can tell the difference
+(:mod:`kvlab.serve.fast_forward`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import math
 
 from kvlab.interfaces import EngineObserver, Executor
 from kvlab.scheduler import ScheduledStep, Scheduler, Sequence
+from kvlab.serve.fast_forward import DecodeRun, decode_run, eligible
 
 
 def new_positions(seq: Sequence) -> tuple[int, int]:
@@ -34,8 +37,9 @@ class Engine:
     declaring ``can_swap = True`` keeps the K/V of sequences preempted by swapping. ``schedule``
     replaces :meth:`Scheduler.step`, the learner's own step in Lab 06: a function
     ``(scheduler, now) -> ScheduledStep``. ``observer.after_step(engine, step)`` is called after
-    every step that ran a batch. The remaining options go to the
-    :class:`~kvlab.scheduler.Scheduler`.
+    every step that ran a batch. ``fast_forward=False`` makes :meth:`run` step one at a time even
+    where it could run a stretch of decode steps at once (:meth:`decode_run`; the results are the
+    same). The remaining options go to the :class:`~kvlab.scheduler.Scheduler`.
     """
 
     def __init__(
@@ -53,6 +57,7 @@ class Engine:
         chunked_prefill: bool = False,
         observer=None,
         step_seconds: float = 1.0,
+        fast_forward: bool = True,
     ):
         if executor is not None and not isinstance(executor, Executor):
             raise TypeError(
@@ -74,6 +79,8 @@ class Engine:
             isinstance(step_seconds, int | float) and step_seconds > 0
         ):
             raise ValueError(f"step_seconds must be a number > 0, got {step_seconds!r}")
+        if not isinstance(fast_forward, bool):
+            raise TypeError(f"fast_forward must be a bool, got {fast_forward!r}")
         self.scheduler = Scheduler(
             cache,
             recorder,
@@ -100,6 +107,9 @@ class Engine:
         # step for those that produced a token in the step before, one entry for each other
         self.token_gaps: list[tuple[float, int]] = []
         self._stuck = 0  # steps in a row that left arrived sequences outside an empty cache
+        self.fast_forward = fast_forward
+        self.fast_forward_steps = 0  # of num_steps, those run in one go by decode_run
+        self.fast_forward_runs = 0  # how many such runs
 
     @property
     def cache(self):
@@ -198,11 +208,24 @@ class Engine:
             ticks -= 1  # the division rounded up
         return ticks * self.step_seconds, ticks
 
+    def decode_run(self, limit: int) -> DecodeRun | None:
+        """Run the coming steps (at most ``limit``) at once if they only decode, as
+        :func:`kvlab.serve.fast_forward.decode_run` does; return that
+        :class:`~kvlab.serve.fast_forward.DecodeRun`, or None when the next step must be stepped.
+        :meth:`run` calls it after each step when :func:`~kvlab.serve.fast_forward.eligible`."""
+        return decode_run(self, limit)
+
     def run(self, max_steps: int = 10**8) -> None:
-        """Step until every sequence has finished and left the cache."""
+        """Step until every sequence has finished and left the cache (between two steps, a
+        stretch of pure decode steps may run at once: :meth:`decode_run`)."""
         calls = 0
+        fast = eligible(self)
         while self.has_unfinished():
             if calls >= max_steps:
                 raise RuntimeError(f"the engine did not finish within max_steps={max_steps}")
             self.step()
             calls += 1
+            if fast and calls < max_steps:
+                run = self.decode_run(max_steps - calls)
+                if run is not None:
+                    calls += run.steps

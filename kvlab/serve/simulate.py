@@ -43,7 +43,9 @@ PREFIX_CACHES = ("hash", "radix")
 
 class CostedSteps:
     """The simulator's executor: computes nothing, costs each step with ``step_time`` (a mixed
-    step of prompt chunks and decodes costs its FLOPs and its bytes together)."""
+    step of prompt chunks and decodes costs its FLOPs and its bytes together). A
+    :class:`kvlab.interfaces.DecodeRunExecutor`: a decode step's cost depends only on its batch
+    and the K/V it reads, so a run of them is costed without seeing them."""
 
     can_swap = False
 
@@ -68,6 +70,16 @@ class CostedSteps:
             attended += (stop * (stop + 1) - start * (start + 1)) / 2
             kv += stop
         return self.step_time.seconds(new, attended, kv, step.swapped_tokens)
+
+    def decode_run_seconds(self, batch: int, kv_tokens: int, steps: int) -> list[float] | None:
+        """What :meth:`execute` returns for each of ``steps`` decode steps of ``batch``
+        sequences, the first reading ``kv_tokens`` tokens of K/V (one token each attends to its
+        sequence's K/V: attended == kv_tokens, summed exactly as execute sums it)."""
+        if self.step_time is None:
+            return None
+        seconds = self.step_time.seconds
+        stop = kv_tokens + steps * batch
+        return [seconds(batch, float(kv), kv, 0) for kv in range(kv_tokens, stop, batch)]
 
 
 def weighted_percentile(pairs: list[tuple[float, int]], p: float) -> float:
@@ -134,6 +146,8 @@ class SimResult:
     prefix_query_tokens: int = 0  # prompt tokens looked up in the prefix cache (recomputes too)
     prefix_hit_tokens: int = 0  # of those, found cached (not computed again)
     evictions: int = 0  # cached blocks handed out again
+    fast_forward_steps: int = 0  # of the steps, those run at once (kvlab.serve.fast_forward)
+    fast_forward_runs: int = 0  # in how many runs
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -383,6 +397,7 @@ def simulate(
     prefix_caching: bool | str = False,
     max_num_batched_tokens: int | None = None,
     chunked_prefill: bool = False,
+    fast_forward: bool = True,
 ) -> SimResult:
     """Serve ``requests`` to completion on one cache; return a :class:`SimResult`.
 
@@ -400,7 +415,10 @@ def simulate(
     ``prefix_caching="radix"`` keeps them in a radix tree instead of the hash chain (``"hash"``,
     the same as True). ``max_num_batched_tokens`` caps the tokens computed in a step (vLLM's
     token budget); with ``chunked_prefill=True`` long prompts are read in chunks over several
-    steps (``result.scheduled_tokens``, ``result.itls()``). Deterministic.
+    steps (``result.scheduled_tokens``, ``result.itls()``). Stretches of steps that only decode
+    run at once (:mod:`kvlab.serve.fast_forward`; never with ``record``, ``schedule``,
+    ``preempt`` or prefix caching), with results identical to stepping: ``fast_forward=False``
+    steps one at a time. Deterministic.
     """
     if not isinstance(requests, list | tuple):
         raise TypeError(f"requests must be a list of kvlab.workload.Request, got {requests!r}")
@@ -446,6 +464,7 @@ def simulate(
         max_num_batched_tokens=max_num_batched_tokens,
         chunked_prefill=chunked_prefill,
         observer=measure,
+        fast_forward=fast_forward,
     )
     tie = random.Random(seed).random if seed else (lambda: 0.0)
     order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival, tie()))
@@ -464,6 +483,8 @@ def simulate(
     result.recompute_tokens = scheduler.recompute_tokens
     result.swapped_tokens = scheduler.swapped_out_tokens
     result.end_time = engine.clock
+    result.fast_forward_steps = engine.fast_forward_steps
+    result.fast_forward_runs = engine.fast_forward_runs
     if prefix_cache is not None:
         stats = kv_cache.prefix_cache_stats
         result.prefix_query_tokens, result.prefix_hit_tokens = stats.queries, stats.hits
@@ -483,7 +504,8 @@ def _token_ids(index: int, request: Request) -> list[int]:
 
 
 class _Measure:
-    """The simulator's observer: the memory and the batch after each step's scheduling."""
+    """The simulator's observer: the memory and the batch after each step's scheduling (a
+    :class:`kvlab.interfaces.DecodeRunObserver`: a run of decode steps is measured at once)."""
 
     def __init__(self, result: SimResult, progress: bool):
         self.result = result
@@ -509,6 +531,25 @@ class _Measure:
         result.waiting.append(arrived - scheduler.num_finished - len(scheduler.running))
         if self.bar is not None and step.finished:
             self.bar.update(scheduler.num_finished - self.bar.n)
+
+    def after_decode_run(self, engine: Engine, run) -> None:
+        """What :meth:`after_step` would record after each step of a
+        :class:`~kvlab.serve.fast_forward.DecodeRun`."""
+        result, scheduler = self.result, engine.scheduler
+        steps, batch, capacity = run.steps, len(run.sequences), engine.cache.capacity
+        result.times += run.starts
+        result.batch += [batch] * steps
+        result.scheduled_tokens += [batch] * steps  # one token each
+        held = run.held
+        result.utilization += [(held + j * batch) / a for j, a in enumerate(run.allocated)]
+        result.occupancy += [a / capacity for a in run.allocated]
+        present = scheduler.num_finished + len(scheduler.running)
+        arrivals, starts = self.arrivals, run.starts
+        first = bisect.bisect_right(arrivals, starts[0])
+        if first == bisect.bisect_right(arrivals, starts[-1]):  # nobody arrived during the run
+            result.waiting += [first - present] * steps
+        else:
+            result.waiting += [bisect.bisect_right(arrivals, t) - present for t in starts]
 
     def close(self) -> None:
         if self.bar is not None:
