@@ -39,7 +39,7 @@ class Usage:
 
     def in_bytes(self, part: str) -> int:
         if self.bytes_per_token is None:
-            raise ValueError("this cache has no ModelSpec, so beds have no byte size")
+            raise ValueError("this cache has no ModelSpec, so its token slots have no byte size")
         return getattr(self, part) * self.bytes_per_token
 
 

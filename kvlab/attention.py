@@ -242,11 +242,6 @@ def write_kv_reference(k_cache, v_cache, slot_mapping, k, v) -> None:
     v_cache[blocks, offsets] = v.to(v_cache.dtype)
 
 
-# The old name, until kvlab.testing and tests/test_kernels.py import write_kv_reference: the
-# Triton kernel is kvlab.kernels.write_kv.
-write_kv = write_kv_reference
-
-
 class TinyAttention:
     """One seeded attention layer (no MLP, no norm): enough to show what the cache stores.
 

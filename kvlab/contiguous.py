@@ -312,6 +312,22 @@ class ContiguousKVCache:
         self._tokens[request_id] = tokens + 1
         return offset + tokens
 
+    def decode_room(self, request_ids: list, max_rounds: int) -> int:
+        """Rounds of one more token for every request that fit in their bookings now."""
+        if not request_ids:
+            return 0
+        room = min(self.arena.booking(r)[1] - self.num_tokens(r) for r in request_ids)
+        return max(0, min(room, max_rounds))
+
+    def append_rounds(self, request_ids: list, rounds: int) -> list[int]:
+        """What ``rounds`` rounds of :meth:`append` for each request do (no booking changes);
+        returns :attr:`allocated_tokens` after each round."""
+        if rounds > self.decode_room(request_ids, rounds):
+            raise ReservationFull(f"{rounds} more tokens do not fit in every booking")
+        for request_id in request_ids:
+            self._tokens[request_id] += rounds
+        return [self.allocated_tokens] * rounds
+
     def release(self, request_id) -> None:
         self._known(request_id)
         self.arena.free(request_id)

@@ -136,3 +136,13 @@ class DecodeRunObserver(EngineObserver, Protocol):
     step's start, the memory after each, the batch), instead of ``after_step`` for each."""
 
     def after_decode_run(self, engine, run) -> None: ...
+
+
+@runtime_checkable
+class DecodeRunCache(Protocol):
+    """A cache that can take a run of decode steps at once (the simulator's fast path): a round
+    is one more token for every sequence, in turn, exactly as ``append`` one at a time."""
+
+    def decode_room(self, seq_ids: list, max_rounds: int) -> int: ...
+
+    def append_rounds(self, seq_ids: list, rounds: int) -> list[int]: ...

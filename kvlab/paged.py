@@ -420,6 +420,56 @@ class BlockManager:
             )
         return token_id
 
+    def decode_room(self, seq_ids: list, max_rounds: int) -> int:
+        """How many rounds fit now (at most ``max_rounds``), a round being one more slot for
+        every sequence of ``seq_ids`` in turn, as :meth:`append_slot` would take them. Without
+        shared blocks (no copy-on-write to foresee; 0 otherwise). Changes nothing."""
+        pool, size = self.pool, self.block_size
+        if pool.num_shared or not seq_ids:
+            return 0
+        starting = [0] * size  # sequences that take a new block in rounds r, r + size, ...
+        for seq_id in seq_ids:
+            starting[-self._seq(seq_id).num_tokens % size] += 1
+        free = self.num_free_blocks
+        cycles = min(max_rounds // size, free // len(seq_ids))  # whole cycles that surely fit
+        free -= cycles * len(seq_ids)
+        for r in range(cycles * size, max_rounds):
+            free -= starting[r % size]
+            if free < 0:
+                return r
+        return max_rounds
+
+    def append_rounds(self, seq_ids: list, rounds: int) -> list[int]:
+        """``rounds`` rounds of :meth:`append_slot` (without token ids) for every sequence of
+        ``seq_ids`` in turn, in O(sequences + new blocks + rounds): new blocks come off the free
+        queue in exactly the order stepping would take them. Only what :meth:`decode_room` said
+        fits. Returns the blocks held after each round."""
+        positive_int("rounds", rounds, minimum=0)
+        if not rounds or not seq_ids:
+            return [self.num_blocks - self.num_free_blocks] * rounds
+        size, pool = self.block_size, self.pool
+        starting: list[list[SequenceBlocks]] = [[] for _ in range(size)]
+        needed = 0  # blocks the rounds take in all: if they fit, every round before fits too
+        for seq_id in seq_ids:
+            seq = self._seq(seq_id)
+            first = -seq.num_tokens % size  # the first round in which it takes a block
+            starting[first].append(seq)
+            needed += 0 if first >= rounds else (rounds - 1 - first) // size + 1
+        if pool.num_shared or needed > self.num_free_blocks:
+            raise self._out_of_blocks(seq_ids[0], needed)
+        held, out = self.num_blocks - self.num_free_blocks, []
+        get = pool.get_new_block
+        for r in range(rounds):
+            takers = starting[r % size]
+            for seq in takers:
+                seq.table.append(get())
+            held += len(takers)
+            out.append(held)
+        for seq_id in seq_ids:
+            self._seqs[seq_id].num_tokens += rounds
+        self._plan = None
+        return out
+
     def fork(self, parent_id, child_id) -> None:
         """The child shares every block of the parent (each block's ref_count goes up by one)."""
         parent = self._seq(parent_id)
@@ -631,6 +681,18 @@ class PagedCache:
 
     def cache_computed(self, seq_id, token_ids, num_computed: int) -> None:
         self.manager.cache_computed(seq_id, token_ids, num_computed)
+
+    def decode_room(self, seq_ids: list, max_rounds: int) -> int:
+        """Rounds of one more token for every sequence that fit now (``DecodeRunCache``)."""
+        if self.prefix_caching:  # full blocks would become findable: step them
+            return 0
+        return self.manager.decode_room(seq_ids, max_rounds)
+
+    def append_rounds(self, seq_ids: list, rounds: int) -> list[int]:
+        """What ``rounds`` rounds of :meth:`append` for each of ``seq_ids`` do; returns
+        :attr:`allocated_tokens` after each round."""
+        size = self.manager.block_size
+        return [held * size for held in self.manager.append_rounds(seq_ids, rounds)]
 
     def release(self, seq_id) -> None:
         self.manager.free(seq_id)

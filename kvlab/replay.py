@@ -73,7 +73,7 @@ class ReplayResult:
     def _busy_steps(self) -> list[int]:
         steps = [i for i, b in enumerate(self.busy) if b]
         if not steps:
-            raise ValueError("no step had guests waiting: the hotel never filled up")
+            raise ValueError("no step had sequences waiting: the cache never filled up")
         return steps
 
     def utilization(self, part: str = "used") -> float:

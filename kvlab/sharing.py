@@ -284,7 +284,7 @@ def beam_search_trace(
     if needed > num_blocks:
         raise ValueError(
             f"num_blocks = {num_blocks} is too small: {width} beams of {request.total_len} tokens "
-            f"may hold {needed} rooms of {block_size} beds"
+            f"may hold {needed} blocks of {block_size} tokens"
         )
     manager = recorded(BlockManager(num_blocks, block_size))
     driver = _Driver(manager, SharingResult(BEAM, width, block_size))

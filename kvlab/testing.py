@@ -132,7 +132,7 @@ def repaged(case, block_size, seed=0):
     """The same case with its tokens moved into rooms of ``block_size`` beds, scattered anew: q,
     the lengths and every token's K and V stay; only where they live changes, so a kernel's
     answer must not (padding entries are -1)."""
-    from kvlab.attention import gather_kv, write_kv
+    from kvlab.attention import gather_kv, write_kv_reference
 
     q, k_cache, v_cache, tables, lens = case
     seq_lens = [int(n) for n in lens]
@@ -148,5 +148,5 @@ def repaged(case, block_size, seed=0):
         first += rooms_each[s]
         new_tables[s, : len(rooms)] = rooms.to(torch.int32)
         slots = (rooms[:, None] * block_size + torch.arange(block_size)).flatten()[:n]
-        write_kv(new_k, new_v, slots, *gather_kv(k_cache.cpu(), v_cache.cpu(), tables[s].cpu(), n))
+        write_kv_reference(new_k, new_v, slots, *gather_kv(k_cache.cpu(), v_cache.cpu(), tables[s].cpu(), n))
     return q, new_k, new_v, new_tables, lens

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab.attention import paged_decode_attention_ref
-from kvlab.attention import write_kv as write_kv_ref
+from kvlab.attention import write_kv_reference as write_kv_ref
 from kvlab.kernels import (
     LAUNCH_DEFAULTS,
     choose_splits,

@@ -1,6 +1,6 @@
 import pytest
 import torch
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -305,3 +305,47 @@ def test_bench_reports_real_rates(tmp_path):
 
     report = allocator(n=20_000)
     assert all(v > 0 for v in report["results"].values())
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 30), min_size=1, max_size=6),
+    num_blocks=st.integers(8, 40),
+    block_size=st.sampled_from([1, 2, 3, 4, 16]),
+    rounds=st.integers(0, 40),
+)
+def test_append_rounds_is_append_slot_round_after_round(lengths, num_blocks, block_size, rounds):
+    """The simulator's bulk decode: same block tables, same free queue, same refusal point."""
+    bulk, stepped = BlockManager(num_blocks, block_size), BlockManager(num_blocks, block_size)
+    ids = []
+    for i, n in enumerate(lengths):
+        if not bulk.can_allocate(n):
+            break
+        for m in (bulk, stepped):
+            m.allocate(i, n)
+        ids.append(i)
+    if not ids:
+        return
+    room = bulk.decode_room(ids, rounds)
+    fits = 0  # rounds that stepping completes: each takes a block for every full last block
+    while fits < rounds:
+        need = sum(stepped.num_tokens(i) % block_size == 0 for i in ids)
+        if need > stepped.num_free_blocks:
+            break
+        for i in ids:
+            stepped.append_slot(i)
+        fits += 1
+    assert room == fits
+    held = bulk.append_rounds(ids, room)
+    assert len(held) == room
+    for i in ids:
+        assert bulk.block_table(i) == stepped.block_table(i)
+        assert bulk.num_tokens(i) == stepped.num_tokens(i)
+    assert bulk.pool.free_queue.block_ids() == stepped.pool.free_queue.block_ids()
+    if room:
+        assert held[-1] == bulk.num_blocks - bulk.num_free_blocks
+    bulk.check_invariants()
+    if room < rounds:
+        with pytest.raises(OutOfBlocks):
+            bulk.append_rounds(ids, rounds - room + 1)
+        assert bulk.pool.free_queue.block_ids() == stepped.pool.free_queue.block_ids()

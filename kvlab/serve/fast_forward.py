@@ -13,9 +13,10 @@ the same order). A run stops before the first step that could differ:
 
 Only a caller that cannot see the difference gets runs (:func:`eligible`): no recorder (it keeps
 every frame), the scheduler's own ``schedule`` and ``preempt``, no prefix caching (each step
-tells the cache which tokens are computed), an executor that costs decode steps without seeing
-them (:class:`kvlab.interfaces.DecodeRunExecutor`, or none) and an observer that can take a run
-(:class:`kvlab.interfaces.DecodeRunObserver`, or none).
+tells the cache which tokens are computed), a cache that takes rounds of tokens at once
+(:class:`kvlab.interfaces.DecodeRunCache`: ``decode_room``, ``append_rounds``), an executor that
+costs decode steps without seeing them (:class:`kvlab.interfaces.DecodeRunExecutor`, or none)
+and an observer that can take a run (:class:`kvlab.interfaces.DecodeRunObserver`, or none).
 """
 
 from __future__ import annotations
@@ -24,9 +25,7 @@ import bisect
 import math
 from dataclasses import dataclass
 
-from kvlab.contiguous import ContiguousKVCache
-from kvlab.interfaces import DecodeRunExecutor, DecodeRunObserver
-from kvlab.paged import PagedCache
+from kvlab.interfaces import DecodeRunCache, DecodeRunExecutor, DecodeRunObserver
 from kvlab.scheduler import Scheduler, Sequence
 
 
@@ -56,6 +55,7 @@ def eligible(engine) -> bool:
         and engine.schedule is Scheduler.step
         and scheduler.custom_preempt is None
         and not scheduler.cache.prefix_caching
+        and isinstance(scheduler.cache, DecodeRunCache)
         and (engine.executor is None or isinstance(engine.executor, DecodeRunExecutor))
         and (engine.observer is None or isinstance(engine.observer, DecodeRunObserver))
     )
@@ -87,7 +87,7 @@ def decode_run(engine, limit: int) -> DecodeRun | None:
             return None
     cache = scheduler.cache
     seq_ids = [seq.seq_id for seq in running]
-    steps = decode_room(cache, seq_ids, steps)
+    steps = cache.decode_room(seq_ids, steps)
     if not steps:
         return None
     bounds = _clock(engine, running, steps, arrival)
@@ -96,7 +96,7 @@ def decode_run(engine, limit: int) -> DecodeRun | None:
     if not steps:
         return None
     held = cache.held_tokens + batch
-    run = DecodeRun(running, bounds[:steps], append_rounds(cache, seq_ids, steps), held)
+    run = DecodeRun(running, bounds[:steps], cache.append_rounds(seq_ids, steps), held)
     _account(engine, run, bounds[1 : steps + 1])
     if engine.observer is not None:
         engine.observer.after_decode_run(engine, run)
@@ -184,42 +184,3 @@ def _account(engine, run: DecodeRun, ends: list[float]) -> None:
 
 # --- the caches' part: room for, and the slots of, a run of decode steps --------------------------
 # Written with the caches' public calls for now; to become the caches' own bulk calls.
-
-
-def decode_room(cache, seq_ids: list, max_rounds: int) -> int:
-    """How many rounds of decode steps fit now (at most ``max_rounds``): in each, one more token
-    for every sequence of ``seq_ids``, in that order, each finding room at its turn (as
-    ``can_append`` then ``append`` would). Changes nothing; 0 for a cache it does not know."""
-    if isinstance(cache, PagedCache):
-        manager = cache.manager
-        if manager.pool.num_shared:  # a shared last block is copied on write: not counted here
-            return 0
-        size, free = manager.block_size, manager.num_free_blocks
-        starting = [0] * size  # sequences that need a new block in rounds r, r + size, ...
-        for seq_id in seq_ids:
-            starting[-manager.num_tokens(seq_id) % size] += 1
-        # every sequence takes one block per ``size`` rounds: skip the whole cycles that fit
-        cycles = min(max_rounds // size, free // len(seq_ids))
-        free -= cycles * len(seq_ids)
-        for r in range(cycles * size, max_rounds):
-            free -= starting[r % size]
-            if free < 0:
-                return r
-        return max_rounds
-    if isinstance(cache, ContiguousKVCache):  # appends within each booking: never a new one
-        room = min(cache.booking(s)[1] - cache.num_tokens(s) for s in seq_ids)
-        return max(0, min(room, max_rounds))
-    return 0
-
-
-def append_rounds(cache, seq_ids: list, rounds: int) -> list[int]:
-    """``rounds`` rounds of ``cache.append(seq_id)`` for every sequence of ``seq_ids`` in order
-    (new blocks taken from the free queue in exactly that order), which :func:`decode_room`
-    said fit; returns ``cache.allocated_tokens`` after each round."""
-    append = cache.append
-    allocated = []
-    for _ in range(rounds):
-        for seq_id in seq_ids:
-            append(seq_id)
-        allocated.append(cache.allocated_tokens)
-    return allocated

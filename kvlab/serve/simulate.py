@@ -14,8 +14,10 @@ import bisect
 import random
 from dataclasses import dataclass, field
 
+from kvlab.cache_kinds import CACHES
 from kvlab.contiguous import ContiguousKVCache, booking_size
 from kvlab.paged import PagedCache
+from kvlab.prefix_cache import PREFIX_CACHES as PREFIX_CACHE_KINDS
 from kvlab.recorder import Recorder
 from kvlab.scheduler import BATCHING_MODES, PREEMPTION_MODES, Sequence
 from kvlab.serve.engine import Engine
@@ -23,22 +25,7 @@ from kvlab.trace import Trace
 from kvlab.validate import positive_int
 from kvlab.workload import Request
 
-# cache name -> the contiguous booking policy (None: paged)
-CACHES = {
-    "contiguous": "max",
-    "contiguous-pow2": "pow2",
-    "contiguous-oracle": "exact",
-    "paged": None,
-}
-PAPER_NAMES = {
-    "contiguous": "Orca (Max)",
-    "contiguous-pow2": "Orca (Pow2)",
-    "contiguous-oracle": "Orca (Oracle)",
-    "paged": "vLLM (paged)",
-}
-
-
-PREFIX_CACHES = ("hash", "radix")
+PREFIX_CACHES = tuple(PREFIX_CACHE_KINDS)  # "hash", "radix"
 
 
 class CostedSteps:
