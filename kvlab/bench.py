@@ -711,6 +711,6 @@ if __name__ == "__main__":
     parser.add_argument("name", help="allocator, serve, attention or attention-sweep")
     parser.add_argument("--out", help="JSON path (default: benchmarks/NAME.json)")
     parser.add_argument("--budget", type=float, help="attention-sweep: seconds before it stops")
-    parser.add_argument("--requests", type=int, help="serve: requests in the timed run (10,000)")
+    parser.add_argument("--requests", type=int, help="serve: requests in the timed run (100,000)")
     cli = parser.parse_args()
     sys.exit(main(cli.name, cli.out, cli.budget, cli.requests))

@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", help="JSON path (default: benchmarks/NAME.json)")
     bench.add_argument("--budget", type=float, help="attention-sweep: seconds before it stops")
     bench.add_argument(
-        "--requests", type=int, help="serve: requests in the timed run (default 10,000)"
+        "--requests", type=int, help="serve: requests in the timed run (default 100,000)"
     )
 
     from kvlab.gpus import CATALOGUE
