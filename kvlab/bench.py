@@ -1,6 +1,7 @@
 """``kvlab bench``: figures, not asserts. Each benchmark prints a table and writes JSON.
 
-``kvlab bench allocator``, ``kvlab bench serve [--requests N]``, ``kvlab bench attention`` and
+``kvlab bench allocator``, ``kvlab bench serve [--requests N]``, ``kvlab bench chunked-prefill``,
+``kvlab bench attention`` and
 ``kvlab bench grade`` (a synthetic class through the judge, :mod:`kvlab.grading.bench_grade`);
 the launch-option sweep of the attention kernel (GPU only, a few minutes) runs as
 ``python -m kvlab.bench attention-sweep [--out PATH] [--budget SECONDS]``.
@@ -244,6 +245,74 @@ def print_caches(report: dict) -> None:
         print(f"  {row['cache']:18s}" + "".join(f"{f:>12s}" for f in figures))
 
 
+# a mixed day for chunked prefill: Llama-3-8B on an H100 with 200,000 token slots of KV cache
+CHUNKED_DAY = {"n": 400, "rate": 40.0, "document_share": 0.08, "seed": 0}
+CHUNKED_SETUP = {"kv_capacity_tokens": 200_000, "max_seq_len": 8_192, "block_size": 16}
+CHUNKED_RUNS = (
+    ("whole prompts, no budget", {}),
+    ("whole prompts, budget 8,192", {"max_num_batched_tokens": 8_192}),
+    ("chunked, budget 2,048", {"max_num_batched_tokens": 2_048, "chunked_prefill": True}),
+    ("chunked, budget 512", {"max_num_batched_tokens": 512, "chunked_prefill": True}),
+)
+
+
+def chunked_prefill() -> dict:
+    """A day of chats with long documents among them (:func:`kvlab.workload.documents_among_chats`),
+    served on the paged cache with whole prompts and with chunked prefill under a token budget:
+    the gaps between two tokens of a request (p50, p99, the longest), time to first token and
+    throughput, from the roofline of Llama-3-8B on an H100-80GB."""
+    from kvlab.gpus import lookup
+    from kvlab.models import preset
+    from kvlab.roofline import StepTime
+    from kvlab.serve import simulate
+    from kvlab.workload import documents_among_chats
+
+    step_time = StepTime(preset("Llama-3-8B"), lookup("H100-80GB"))
+    day = documents_among_chats(**CHUNKED_DAY)
+    rows = []
+    for label, options in CHUNKED_RUNS:
+        r = simulate(day, cache="paged", step_time=step_time, **CHUNKED_SETUP, **options)
+        rows.append(
+            {
+                "run": label,
+                "itl_p50_ms": round(r.itl(50) * 1e3, 2),
+                "itl_p99_ms": round(r.itl(99) * 1e3, 2),
+                "itl_max_ms": round(max(gap for gap, _ in r.token_gaps) * 1e3, 2),
+                "ttft_p50_ms": round(r.ttft(50) * 1e3, 1),
+                "ttft_p99_ms": round(r.ttft(99) * 1e3, 1),
+                "tokens_per_s": round(r.tokens_per_second),
+                "steps": r.steps,
+                "max_tokens_in_a_step": max(r.scheduled_tokens),
+                "preemptions": r.preemptions,
+            }
+        )
+    return {
+        "benchmark": "chunked-prefill",
+        "day": {**CHUNKED_DAY, "requests": len(day), "documents": "6,000-8,000-token prompts"},
+        "setup": {**CHUNKED_SETUP, "step_time": "roofline: Llama-3-8B on H100-80GB"},
+        "chunks": rows,
+        "python": platform.python_version(),
+    }
+
+
+def print_chunks(report: dict) -> None:
+    print(f"{report['day']['requests']} requests, {report['setup']['step_time']}:")
+    head = ("ITL p50", "ITL p99", "ITL max", "TTFT p50", "TTFT p99", "tokens/s", "max/step")
+    print(f"  {'':30s}" + "".join(f"{h:>10s}" for h in head))
+    for row in report["chunks"]:
+        figures = (
+            row["itl_p50_ms"],
+            row["itl_p99_ms"],
+            row["itl_max_ms"],
+            row["ttft_p50_ms"],
+            row["ttft_p99_ms"],
+            row["tokens_per_s"],
+            row["max_tokens_in_a_step"],
+        )
+        print(f"  {row['run']:30s}" + "".join(f"{f:>10,}" for f in figures))
+    print("  (milliseconds; ITL: the gap between two tokens of a request)")
+
+
 def main(
     name: str, out: str | None, budget_s: float | None = None, requests: int | None = None
 ) -> int:
@@ -255,6 +324,7 @@ def main(
         "attention": attention,
         "attention-sweep": attention_sweep,
         "grade": grade,
+        "chunked-prefill": chunked_prefill,
     }
     if name not in benchmarks:
         print(f"kvlab bench: unknown benchmark {name!r}; choose from {', '.join(benchmarks)}")
@@ -283,6 +353,8 @@ def main(
         print("  ".join(f"{k}={v}" for k, v in row.items()))
     if "caches" in report:
         print_caches(report)
+    if "chunks" in report:
+        print_chunks(report)
     for label, (value, met) in report.get("targets", {}).items():
         print(f"target {label}: {value} ({'met' if met else 'NOT met'})")
     _write_json(path, report)
@@ -708,7 +780,9 @@ if __name__ == "__main__":
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("name", help="allocator, serve, attention or attention-sweep")
+    parser.add_argument(
+        "name", help="allocator, serve, chunked-prefill, attention, attention-sweep or grade"
+    )
     parser.add_argument("--out", help="JSON path (default: benchmarks/NAME.json)")
     parser.add_argument("--budget", type=float, help="attention-sweep: seconds before it stops")
     parser.add_argument("--requests", type=int, help="serve: requests in the timed run (100,000)")

@@ -134,6 +134,38 @@ def alpaca_like(
     return _generate(n, seed, ALPACA_MEANS, (0.7, 0.8), max_total, rate)
 
 
+def documents_among_chats(
+    n: int,
+    seed: int = 0,
+    rate: float = 40.0,
+    document_share: float = 0.08,
+    document_len: tuple[int, int] = (6_000, 8_000),
+) -> list[Request]:
+    """Chats (prompts of 50-400 tokens, answers of 100-300) with long documents among them
+    (prompts of ``document_len`` tokens, short answers of 50-150), arriving as a Poisson stream
+    of ``rate`` requests per second: the day on which reading a whole prompt in one step stalls
+    every decode of that step, and chunked prefill (Sarathi-Serve) pays."""
+    positive_int("n", n)
+    if not 0 <= document_share <= 1:
+        raise ValueError(f"document_share must be in [0, 1], got {document_share!r}")
+    if non_negative_number("rate", rate) == 0:
+        raise ValueError("rate must be > 0 requests per second")
+    low, high = document_len
+    positive_int("document_len[0]", low)
+    if high < low:
+        raise ValueError(f"document_len must be (low, high) with low <= high, got {document_len}")
+    rng = random.Random(seed)
+    t, requests = 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        if rng.random() < document_share:
+            prompt, output = rng.randint(low, high), rng.randint(50, 150)
+        else:
+            prompt, output = rng.randint(50, 400), rng.randint(100, 300)
+        requests.append(Request(prompt, output, round(t, 6)))
+    return requests
+
+
 VOCAB_SIZE = 32_000  # token ids are drawn from a Llama-sized vocabulary
 
 

@@ -96,3 +96,19 @@ def test_trace_round_trip(tmp_path):
     assert load_trace(tmp_path / "t.csv") == requests
     with pytest.raises(FileNotFoundError, match="named traces are"):
         load_trace("nope")
+
+
+def test_documents_among_chats_mixes_long_prompts_into_a_poisson_stream():
+    from kvlab.workload import documents_among_chats
+
+    day = documents_among_chats(500, seed=1)
+    assert day == documents_among_chats(500, seed=1)  # seeded
+    documents = [r for r in day if r.prompt_len >= 6_000]
+    assert 0.04 < len(documents) / len(day) < 0.12
+    assert all(r.prompt_len <= 400 for r in day if r not in documents)
+    arrivals = [r.arrival for r in day]
+    assert arrivals == sorted(arrivals) and 500 / arrivals[-1] == pytest.approx(40, rel=0.15)
+    with pytest.raises(ValueError, match="document_share"):
+        documents_among_chats(5, document_share=1.5)
+    with pytest.raises(ValueError, match="rate must be > 0"):
+        documents_among_chats(5, rate=0)
