@@ -81,11 +81,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from kvlab import gpus as gpu_catalogue
+from kvlab.cache_kinds import CACHES, PAPER_NAMES
 from kvlab.contiguous import booking_size
 from kvlab.gpus import GiB, PricedGPU, with_price
 from kvlab.models import PRESETS, ModelSpec, preset
 from kvlab.roofline import GPU
-from kvlab.serve.simulate import CACHES, PAPER_NAMES
 from kvlab.validate import positive_int
 from kvlab.workload import Request, alpaca_like, sharegpt_like
 
