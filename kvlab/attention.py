@@ -95,17 +95,13 @@ def _filled_slots(seq_lens, shape) -> torch.Tensor:
     return torch.arange(shape[1], device=seq_lens.device)[None, :] < seq_lens[:, None]
 
 
-def check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens) -> None:
-    """Raise a ValueError/TypeError naming the argument when paged-attention inputs do not fit.
-
-    q ``[num_seqs, q_heads, head_dim]``; k/v_cache ``[num_blocks, block_size, kv_heads, head_dim]``
-    (vLLM's NHD layout); block_tables int32 ``[num_seqs, max_blocks]``; seq_lens int32 ``[num_seqs]``.
-    """
+def _check_q_and_cache(q, k_cache, v_cache, rows: str) -> None:
+    """Queries ``[rows, num_q_heads, head_dim]`` and a paged K/V cache that fit each other."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if q.dim() != 3:
-        raise ValueError(f"q must be [num_seqs, num_q_heads, head_dim], got shape {tuple(q.shape)}")
+        raise ValueError(f"q must be [{rows}, num_q_heads, head_dim], got shape {tuple(q.shape)}")
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(
             "k_cache and v_cache must both be [num_blocks, block_size, num_kv_heads, head_dim], "
@@ -117,6 +113,15 @@ def check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens) -> None:
         raise ValueError(
             f"num_q_heads ({q.shape[1]}) must be a multiple of num_kv_heads ({k_cache.shape[2]})"
         )
+
+
+def check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens) -> None:
+    """Raise a ValueError/TypeError naming the argument when paged-attention inputs do not fit.
+
+    q ``[num_seqs, q_heads, head_dim]``; k/v_cache ``[num_blocks, block_size, kv_heads, head_dim]``
+    (vLLM's NHD layout); block_tables int32 ``[num_seqs, max_blocks]``; seq_lens int32 ``[num_seqs]``.
+    """
+    _check_q_and_cache(q, k_cache, v_cache, rows="num_seqs")
     for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens)):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
             got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
@@ -178,17 +183,7 @@ def chunk_attention_reference(
     ceil((num_computed + n) / block_size) entries of the table are read, and of their slots only
     those of positions before ``num_computed + n``. fp32 accumulation; returns q's dtype.
     """
-    if not isinstance(q, torch.Tensor):
-        raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
-    if q.dim() != 3:
-        raise ValueError(f"q must be [n, q_heads, head_dim], got shape {tuple(q.shape)}")
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(
-            "k_cache and v_cache must both be [num_blocks, block_size, kv_heads, head_dim], "
-            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
-        )
-    if k_cache.shape[3] != q.shape[2]:
-        raise ValueError(f"head_dim mismatch: q has {q.shape[2]}, k_cache has {k_cache.shape[3]}")
+    _check_q_and_cache(q, k_cache, v_cache, rows="n")
     if (
         not isinstance(block_table, torch.Tensor)
         or block_table.dim() != 1

@@ -103,7 +103,7 @@ def test_an_empty_chunk_is_empty():
 @pytest.mark.parametrize(
     ("change", "error", "match"),
     [
-        (dict(q=torch.zeros(2, 8)), ValueError, r"q must be \[n, q_heads, head_dim\]"),
+        (dict(q=torch.zeros(2, 8)), ValueError, r"q must be \[n, num_q_heads, head_dim\]"),
         (dict(q="q"), TypeError, "q must be a torch.Tensor"),
         (dict(q=torch.zeros(2, 2, 4)), ValueError, "head_dim mismatch: q has 4"),
         (dict(q=torch.zeros(2, 3, 8)), ValueError, r"q_heads \(3\) must be a multiple"),
