@@ -148,5 +148,7 @@ def repaged(case, block_size, seed=0):
         first += rooms_each[s]
         new_tables[s, : len(rooms)] = rooms.to(torch.int32)
         slots = (rooms[:, None] * block_size + torch.arange(block_size)).flatten()[:n]
-        write_kv_reference(new_k, new_v, slots, *gather_kv(k_cache.cpu(), v_cache.cpu(), tables[s].cpu(), n))
+        write_kv_reference(
+            new_k, new_v, slots, *gather_kv(k_cache.cpu(), v_cache.cpu(), tables[s].cpu(), n)
+        )
     return q, new_k, new_v, new_tables, lens
