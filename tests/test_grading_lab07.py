@@ -195,7 +195,7 @@ FORKED = "        self.tokens[child_id] = self.tokens[parent_id]\n"
         ),
         (
             ["full = tokens % self.block_size == 0 => full = (tokens + 1) % self.block_size == 0"],
-            lab03.APPEND_SLIPS[0][1],  # Lab 03's hint for the same miscount
+            lab03.APPEND_SLIPS[0].hint,  # Lab 03's hint for the same miscount
             "a guest alone",
         ),
         (
@@ -277,6 +277,16 @@ def test_the_copy_given_to_every_sharer_shows_their_key_cards():
     assert first.details[0] == "append_slot changed another guest's key card"
     assert "expected: 'prompt': [0, 1]" in first.details
     assert "got:      'prompt': [0, 2]" in first.details
+
+
+def test_a_key_card_changed_otherwise_is_shown_as_it_changed():
+    """The copy put in the first room's place: neither a copy nor a new room (the report names
+    what happened; it once raised the checks' own KeyError)."""
+    result = grade(COW, "table[-1] = new => table[0] = new")
+    first = failures(result)[0]
+    assert first.name.startswith("after a fork")
+    assert "got:      the key card changed otherwise: [0, 1] → [2, 1]" in first.details
+    assert "calling your code failed:" not in result.report()
 
 
 def test_a_fork_that_returns_a_copy_of_the_key_card_passes():

@@ -547,12 +547,12 @@ def test_the_fit_probes_tell_the_placements_apart():
     from kvlab.grading.lab02 import FIT_PROBES, FIT_SLIPS
 
     (floor, n), (small, m) = FIT_PROBES
-    chosen = [first_fit(floor, n)] + [slip(floor, n) for _, slip in FIT_SLIPS[:2]]
-    chosen.append(dict(FIT_SLIPS)[next(h for h, _ in FIT_SLIPS if "last fit" in h)](floor, n))
+    chosen = [first_fit(floor, n)] + [slip.answer(floor, n) for slip in FIT_SLIPS[:2]]
+    chosen.append(next(s.answer for s in FIT_SLIPS if "last fit" in s.hint)(floor, n))
     assert chosen == [10, best_fit(floor, n), 100, 300] and len(set(chosen)) == 4
-    strict = dict(FIT_SLIPS)[next(h for h, _ in FIT_SLIPS if "length > n" in h)]
+    strict = next(s.answer for s in FIT_SLIPS if "length > n" in s.hint)
     others = [first_fit(small, m)] + [
-        slip(small, m) for h, slip in FIT_SLIPS if "length > n" not in h
+        s.answer(small, m) for s in FIT_SLIPS if "length > n" not in s.hint
     ]
     assert strict(small, m) not in others
 
@@ -645,7 +645,7 @@ def test_the_fragmentation_probe_gives_every_slip_its_own_value():
     from kvlab.grading.lab02 import FRAG_PROBES, FRAG_SLIPS
 
     ((floor,),) = FRAG_PROBES
-    values = [round(slip(floor), 9) for _, slip in FRAG_SLIPS]
+    values = [round(a(floor), 9) for a in (external_fragmentation, *(s.answer for s in FRAG_SLIPS))]
     assert len(set(values)) == len(values), values
 
 

@@ -10,6 +10,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from kvlab.grading.expect import CheckFailed
 from kvlab.runtime import TRITON_TOO_EARLY_MARK
 
 _KVLAB_DIR = str(Path(__file__).resolve().parent.parent)
@@ -64,6 +65,13 @@ def explain_exception(exc: BaseException) -> list[str]:
         where = f"line {frame.lineno} of your code" + (f" ({frame.name})" if frame.name else "")
         lines.append(f"at {where}: {code}" if code else f"at {where}")
     return lines
+
+
+def raised(error: BaseException, hint: str | None = None, **details):
+    """The failure an error of the learner's code becomes: the error and its line, the hint of
+    the slip it shows (that slip is its cause; else the error at that line)."""
+    lines = "\n   ".join(explain_exception(error))
+    return CheckFailed(lines, hint=hint, cause=hint or exception_cause(error), **details)
 
 
 def exception_cause(exc: BaseException) -> str:

@@ -19,9 +19,12 @@ import functools
 import numbers
 import random
 
+from kvlab.grading.blame import explain_exception
 from kvlab.grading.class_driver import ClassDriver
 from kvlab.grading.expect import CheckFailed, plural, short
 from kvlab.grading.report import failure_details
+from kvlab.grading.slips import quietly
+from kvlab.grading.state_diff import Field, changes, moved, read
 from kvlab.paged import BlockManager
 
 NOT_COUNTED = "append_slot does not count the new token: add one to the guest's num_tokens"
@@ -32,6 +35,13 @@ ALIASED = (
     "may change it, and the manager's own key card must not change with it"
 )
 SCRIBBLE = -1  # what a caller puts on a returned key card, to see whether the manager sees it
+
+# a refused call that changed something did it too early: the hint by what alone changed
+COUNTED_EARLY = (
+    "the token count moved although no room was free: raise OutOfBlocks before counting the new "
+    "token (count it last, once its bed is sure)"
+)
+VALIDATE_FIRST = "validate the arguments before changing anything"
 
 # a call with an id nobody checked in with: why it must be refused, and the fix when it is not
 UNKNOWN_ID = {
@@ -50,7 +60,7 @@ def room_number(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _card(table) -> str:
+def card_text(table) -> str:
     """A key card as the list of its room numbers, cut when long."""
     text = str(table)
     return text if len(text) <= 60 else short(table, 60)
@@ -73,12 +83,19 @@ def _scribble(card):
         return None
 
 
-def quietly(probe):
-    """A probe's result, or None when the learner's code raises (a probe never fails a check)."""
-    try:
-        return probe()
-    except Exception:
-        return None
+# what the learner's manager holds (read by a judge), as a refused call must leave it
+MANAGER = (
+    Field(
+        "key cards", lambda judge: judge.tables(), entries=True, entry=lambda s: f"{s!r}'s key card"
+    ),
+    Field("free rooms", lambda judge: judge.obj.num_free_blocks),
+    Field(
+        "num_tokens",
+        lambda judge: judge.counts(),
+        entries=True,
+        entry=lambda s: f"num_tokens({s!r})",
+    ),
+)
 
 
 class KeyCardJudge(ClassDriver):
@@ -87,8 +104,14 @@ class KeyCardJudge(ClassDriver):
     count of rooms (:meth:`rooms_slip`) or of free rooms (:meth:`count_slip`) shows."""
 
     shared = False  # a room may be on several key cards (Lab 07's reference counts)
+    fields = MANAGER  # what a refused call must leave as it was
     shown = 8  # calls shown in a transcript before it is cut
     runs = True
+    # a refusal's hints: the free list ran out (IndexError from pop), rooms taken before
+    # refusing, one field changed alone before refusing
+    pop_empty = taken_early = ""
+    changed_early = {("num_tokens",): COUNTED_EARLY}
+    refused_message = "a refused call must change nothing"
 
     def __init__(self, cls, num_blocks: int, block_size: int, echo: bool = False):
         self.num_blocks, self.block_size = num_blocks, block_size
@@ -105,9 +128,11 @@ class KeyCardJudge(ClassDriver):
         """Every key card but ``seq``'s (a call for ``seq`` leaves them as they are)."""
         return {s: t for s, t in self.tables().items() if s != seq}
 
-    def state(self) -> tuple:
-        counts = {s: self.obj.num_tokens(s) for s in self.reference.seq_ids}
-        return self.tables(), self.obj.num_free_blocks, counts
+    def counts(self) -> dict:
+        return {s: self.obj.num_tokens(s) for s in self.reference.seq_ids}
+
+    def state(self) -> dict:
+        return read(self.fields, self)
 
     # --- the invariants ----------------------------------------------------------------------
     def check(self, method: str | None = None, free_before: int | None = None, rooms: int = 0):
@@ -162,7 +187,38 @@ class KeyCardJudge(ClassDriver):
                 hint=self.count_slip(method, free_before, free, rooms),
             )
 
+    # --- refusals (ClassDriver.refused: raise the error, change nothing) ----------------------
+    def not_refused(self, error, errors, why: str, missing: str | None = None, **context):
+        """``why`` the call must be refused; ``missing`` is the hint when it raises nothing (a
+        check the learner's code does not make), unless a refusal out of rooms shows a slip
+        (:meth:`unrefused_slip`)."""
+        name = "OutOfBlocks (a MemoryError)" if errors is MemoryError else errors.__name__
+        if error is None:
+            if errors is MemoryError:
+                missing = self.unrefused_slip(missing, **context)
+            self.fail(why, expected=name, got="no error", hint=missing)
+        hint = f"raise {name.split()[0]} here"
+        if isinstance(error, IndexError) and errors is MemoryError:
+            hint = self.pop_empty
+        self.fail(why, expected=name, got=explain_exception(error)[0], hint=hint)
+
+    def changed(self, before: dict, after: dict, errors) -> None:
+        hint = self.changed_early.get(tuple(moved(before, after)))
+        if errors is not MemoryError:
+            hint = VALIDATE_FIRST
+        elif after["free rooms"] < before["free rooms"]:
+            hint = self.taken_early
+        self.fail(
+            self.refused_message,
+            got="changed " + (", ".join(changes(self.fields, before, after)) or "the hotel"),
+            hint=hint,
+        )
+
     # --- what each lab says ------------------------------------------------------------------
+    def unrefused_slip(self, missing: str | None, **context) -> str | None:
+        """The hint for a call out of rooms that was not refused."""
+        return self.rooms_slip() or missing
+
     def rooms_slip(self) -> str | None:
         """The hint for a key card with the wrong number of rooms (None: not recognised)."""
         return None
@@ -193,13 +249,14 @@ class KeyCardJudge(ClassDriver):
             quietly(undo)  # a copy: the value goes back to the lab's checks as it came
             return
         self.transcript.add(f"{change}, on the key card that .{method} returned")
+        cards, after_cards = before["key cards"], after["key cards"]
         changed = [
-            f"the key card of {s!r}: {_card(before[0][s])} → {_card(after[0].get(s))}"
-            for s in before[0]
-            if after[0].get(s) != before[0][s]
+            f"the key card of {s!r}: {card_text(cards[s])} → {card_text(after_cards.get(s))}"
+            for s in cards
+            if after_cards.get(s) != cards[s]
         ]
-        if after[1] != before[1]:
-            changed.append(f"free rooms {before[1]} → {after[1]}")
+        if after["free rooms"] != before["free rooms"]:
+            changed.append(f"free rooms {before['free rooms']} → {after['free rooms']}")
         self.fail(
             f"the key card {method} returned is the manager's own list: changing it changed "
             "the manager",
@@ -237,18 +294,19 @@ def print_failure(failure: CheckFailed) -> None:
     print("\n".join(shown))
 
 
-def _evening_replay(run, cls, seed: int, steps: int, calls: int) -> str:
-    name = run.__name__
+def _evening_replay(run: str, cls, seed: int, steps: int, calls: int) -> str:
+    module, name = run.rsplit(".", 1)
     return (
-        f"random.Random({seed}), step {steps}: `from {run.__module__} import {name}; "
+        f"random.Random({seed}), step {steps}: `from {module} import {name}; "
         f"{name}({cls.__name__}, steps={steps})` prints every call"
     )
 
 
-def evening(judge_type, cls, call, *, run, steps: int, seed: int, echo: bool):
+def evening(judge_type, cls, call, *, run: str, steps: int, seed: int, echo: bool):
     """A random evening on ``cls``: ``judge_type(cls, 24, 3)`` (24 rooms of 3 beds), then
     ``call(judge, rng, step)`` for each step, with ``rng = random.Random(seed)``. A failure's
-    replay names ``run``, the lab's function that runs this evening, to see every call. With
+    replay names ``run``, the lab's function that runs this evening (by the path a learner
+    imports it from), to see every call. With
     ``echo`` every call is printed and a failure's report too, instead of raising. Returns the
     judge, or None when ``cls`` cannot be built."""
     rng = random.Random(seed)

@@ -11,6 +11,7 @@ first report.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import random
@@ -18,6 +19,7 @@ import random
 import torch
 
 from kvlab.attention import TinyAttention, causal_attention, decode_attention
+from kvlab.grading import slips
 from kvlab.grading.blame import explain_exception
 from kvlab.grading.expect import (
     CheckFailed,
@@ -29,6 +31,7 @@ from kvlab.grading.expect import (
 )
 from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise
+from kvlab.grading.slips import Slip
 from kvlab.models import LLAMA_3_8B, LLAMA_3_70B, OPT_13B, ModelSpec
 
 RETURNED_NONE = "your function returned None: end it with `return ...`"
@@ -46,32 +49,36 @@ def _describe(spec: ModelSpec) -> str:
     )
 
 
-# (hint, what the slip returns given the right answer and the spec)
+def _kv_bytes(spec: ModelSpec) -> int:
+    return spec.kv_bytes_per_token
+
+
+# the usual slips, each computing the count from the right one and the spec
 KV_SLIPS = (
-    ("that is KiB (bytes / 1024): return bytes", lambda right, s: right / 1024),
-    ("that is kB (bytes / 1000): return bytes", lambda right, s: right / 1000),
-    ("that is MiB (bytes / 2**20): return bytes", lambda right, s: right / 2**20),
-    ("that is bits (bytes × 8): return bytes", lambda right, s: right * 8),
-    (
+    Slip("that is KiB (bytes / 1024): return bytes", lambda s: _kv_bytes(s) / 1024),
+    Slip("that is kB (bytes / 1000): return bytes", lambda s: _kv_bytes(s) / 1000),
+    Slip("that is MiB (bytes / 2**20): return bytes", lambda s: _kv_bytes(s) / 2**20),
+    Slip("that is bits (bytes × 8): return bytes", lambda s: _kv_bytes(s) * 8),
+    Slip(
         "each token stores a key AND a value vector: multiply by 2 (K and V)",
-        lambda right, s: right / 2,
+        lambda s: _kv_bytes(s) / 2,
     ),
-    (
+    Slip(
         "query heads are not cached: use spec.num_kv_heads (grouped-query attention)",
-        lambda right, s: right / s.num_kv_heads * s.num_q_heads,
+        lambda s: _kv_bytes(s) / s.num_kv_heads * s.num_q_heads,
     ),
-    (
+    Slip(
         "each element takes spec.dtype_bytes bytes: multiply by it",
-        lambda right, s: right / s.dtype_bytes,
+        lambda s: _kv_bytes(s) / s.dtype_bytes,
     ),
-    (
+    Slip(
         "the element size is spec.dtype_bytes, not always 2 (fp16's): multiply by "
         "spec.dtype_bytes instead of a fixed 2",
-        lambda right, s: right // s.dtype_bytes * 2,
+        lambda s: _kv_bytes(s) // s.dtype_bytes * 2,
     ),
-    (
+    Slip(
         "every layer keeps its own keys and values: multiply by spec.num_layers",
-        lambda right, s: right / s.num_layers,
+        lambda s: _kv_bytes(s) / s.num_layers,
     ),
 )
 # a shape on which every slip gives a different number, to tell apart slips that coincide: its
@@ -91,27 +98,13 @@ def _same_number(got, value) -> bool:
     return math.isclose(got, value, rel_tol=1e-9) or got in (math.floor(value), round(value))
 
 
-def _slips_matching(got, spec: ModelSpec) -> list[str]:
-    right = spec.kv_bytes_per_token
-    return [
-        hint
-        for hint, slip in KV_SLIPS
-        if slip(right, spec) != right and _same_number(got, slip(right, spec))
-    ]
-
-
 def diagnose_kv_bytes(fn, spec: ModelSpec, got) -> str | None:
     """The one slip that explains ``got`` for ``spec`` (confirmed on :data:`PROBE`), else None."""
-    hints = _slips_matching(got, spec)
-    if not hints:
-        return None
-    try:
-        on_probe = fn(PROBE)
-    except Exception:
-        on_probe = None
-    if _is_number(on_probe):
-        hints = [h for h in hints if h in _slips_matching(on_probe, PROBE)]
-    return hints[0] if len(hints) == 1 else None
+    found = slips.matching(KV_SLIPS, got, (spec,), _kv_bytes(spec), _same_number)
+    found = slips.told_apart(
+        found, fn, [(PROBE,)], _kv_bytes, _same_number, always=True, readable=_is_number
+    )
+    return slips.hint(slips.only(found))
 
 
 def _expect_bytes(fn, spec: ModelSpec):
@@ -255,78 +248,79 @@ def head_dim_hint(layer) -> str:
     )
 
 
-def step_slips(layer) -> list[tuple[str, dict, str]]:
-    """(hint, how the slip computes the heads' output, how it projects) for this layer's shape."""
+def _output(projection: str, options: dict, layer, x_t, k_cache, v_cache):
+    """A slip's output: the heads computed with ``options`` (see ``step_with``), projected as
+    ``projection`` says ("x @ W", nn.Linear's "x @ W.T", or "none")."""
+    heads = step_with(layer, x_t, k_cache, v_cache, **options)
+    if projection == "x @ W":
+        return heads @ layer.wo
+    return heads @ layer.wo.T if projection == "x @ W.T" else heads
+
+
+def _step_slip(hint: str, projection: str = "x @ W", **options) -> Slip:
+    return Slip(hint, functools.partial(_output, projection, options))
+
+
+def step_slips(layer) -> list[Slip]:
+    """The usual slips of a decode step, for this layer's shape."""
     d = layer.head_dim
-    slips = [
-        (
+    rows = [
+        _step_slip(
             "the new token attends to itself too: append its k and v to the caches first, "
             "then attend over all of them",
-            {"append": False},
-            "x @ W",
+            append=False,
         ),
-        (
+        _step_slip(
             "softmax over the wrong axis: normalise each head's scores across the cached "
             "tokens (the token axis), not across the heads",
-            {"softmax_dim": 0},
-            "x @ W",
+            softmax_dim=0,
         ),
-        ("scale the scores by 1/sqrt(head_dim)", {"scale": 1.0}, "x @ W"),
-        (
-            "multiply the scores by 1/sqrt(head_dim), not by sqrt(head_dim)",
-            {"scale": math.sqrt(d)},
-            "x @ W",
+        _step_slip("scale the scores by 1/sqrt(head_dim)", scale=1.0),
+        _step_slip(
+            "multiply the scores by 1/sqrt(head_dim), not by sqrt(head_dim)", scale=math.sqrt(d)
         ),
     ]
     if layer.d_model != d:
-        slips.append(
-            (
+        rows.append(
+            _step_slip(
                 "scale by 1/sqrt(head_dim), the size of one head, not 1/sqrt(d_model)",
-                {"scale": 1 / math.sqrt(layer.d_model)},
-                "x @ W",
+                scale=1 / math.sqrt(layer.d_model),
             )
         )
     guessed = layer.d_model // layer.num_heads  # what d_model // num_heads takes head_dim for
     if guessed not in (0, d, layer.d_model):
-        slips.append((head_dim_hint(layer), {"scale": 1 / math.sqrt(guessed)}, "x @ W"))
+        rows.append(_step_slip(head_dim_hint(layer), scale=1 / math.sqrt(guessed)))
     if layer.num_heads > 1 and d > 1:
-        slips.append(
-            (
+        rows.append(
+            _step_slip(
                 "join the heads in order: reshape the [num_heads, head_dim] output as it is "
                 "(`o.reshape(-1)`: head 0's values, then head 1's, …); a transpose before the "
                 "reshape interleaves the heads",
-                {"dims_first": True},
-                "x @ W",
+                dims_first=True,
             )
         )
     if 1 < layer.num_kv_heads < layer.num_heads:
         group = layer.num_heads // layer.num_kv_heads
-        slips.append(
-            (
+        rows.append(
+            _step_slip(
                 f"query head h reads KV head h // {group} (the group size), not h % "
                 f"{layer.num_kv_heads}: use repeat_interleave, not repeat",
-                {"heads": "h % kv_heads"},
-                "x @ W",
+                heads="h % kv_heads",
             )
         )
     if tuple(layer.wo.shape) == (layer.d_model, layer.d_model):
-        slips.append((LINEAR_HINT, {}, "x @ W.T"))
-        slips.append(("project the heads' output back to d_model with `@ layer.wo`", {}, "none"))
-    return slips
+        rows.append(_step_slip(LINEAR_HINT, "x @ W.T"))
+        rows.append(
+            _step_slip("project the heads' output back to d_model with `@ layer.wo`", "none")
+        )
+    return rows
 
 
 def diagnose_step(layer, x_t, k_cache, v_cache, y) -> str | None:
     """The one slip whose output matches ``y`` (and differs from the right one), else None."""
-    right = step_with(layer, x_t, k_cache, v_cache) @ layer.wo
-    found = []
-    for hint, options, projection in step_slips(layer):
-        heads = step_with(layer, x_t, k_cache, v_cache, **options)
-        wrong = {"x @ W": lambda o: o @ layer.wo, "x @ W.T": lambda o: o @ layer.wo.T}.get(
-            projection, lambda o: o
-        )(heads)
-        if not _close(wrong, right) and _close(y, wrong):
-            found.append(hint)
-    return found[0] if len(found) == 1 else None
+    args = (layer, x_t, k_cache, v_cache)
+    right = step_with(*args) @ layer.wo
+    return slips.hint(slips.only(slips.matching(step_slips(layer), y, args, right, _close)))
 
 
 NO_GQA = (

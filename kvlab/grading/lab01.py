@@ -11,11 +11,13 @@ import random
 
 from kvlab.accounting import split_waste
 from kvlab.contiguous import ArenaAllocator, ContiguousKVCache
+from kvlab.grading import slips
 from kvlab.grading.blame import explain_exception
 from kvlab.grading.class_driver import ClassDriver
 from kvlab.grading.expect import CheckFailed, call_without_mutation, plural, short
 from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise
+from kvlab.grading.slips import Slip
 
 RETURNED_NONE = "your function returned None: end it with `return used, future, internal`"
 
@@ -28,73 +30,61 @@ def _capped_future(booked, tokens, final):
     return max(0, (booked if final is None else min(final, booked)) - tokens)
 
 
-# (hint, what the slip returns) for the usual slips, given (booked, tokens, final)
+# the usual slips: what each returns for (booked, tokens, final)
 SPLIT_SLIPS = (
-    (
+    Slip(
         "future can never exceed the booking: a guest who will outgrow it only fills "
         "min(final, booked) beds",
         lambda b, t, f: (t, (b if f is None else f) - t, b - (b if f is None else f)),
     ),
-    (
+    Slip(
         "with final=None nobody knows the length: count every unused booked bed as future",
         lambda b, t, f: (t, 0, b - t) if f is None else split_waste(b, t, f),
     ),
-    (
+    Slip(
         "future is only the beds this guest's later tokens will fill (final - tokens); "
         "the rest of the booking is internal",
         lambda b, t, f: (t, b - t, 0),
     ),
-    (
+    Slip(
         "return the parts in the order (used, future, internal)",
         lambda b, t, f: (t, b - t - _capped_future(b, t, f), _capped_future(b, t, f)),
     ),
 )
 
 
+def _shifted(delta: int):
+    """The right split with ``delta`` beds moved from internal to future."""
+
+    def answer(booked, tokens, final):
+        used, future, internal = split_waste(booked, tokens, final)
+        return used, future + delta, internal - delta
+
+    return answer
+
+
+# future one bed off, either way (confirmed on the first probe)
+OFF_BY_ONE = tuple(
+    Slip(
+        f"future is one bed {'too many' if delta > 0 else 'short'}: the beds still to fill are "
+        f"exactly min(final, booked) − tokens (booked − tokens when final is None), with no "
+        f"{'+ 1' if delta > 0 else '− 1'}",
+        _shifted(delta),
+        case=lambda: PROBES[0],
+    )
+    for delta in (1, -1)
+)
 # bookings on which the slips above give different answers, to tell apart slips that coincide
 PROBES = ((100, 10, 40), (100, 10, None), (100, 10, 150))
-
-
-def _slips_matching(got, booked, tokens, final) -> list[str]:
-    right = split_waste(booked, tokens, final)
-    return [
-        hint
-        for hint, slip in SPLIT_SLIPS
-        if tuple(slip(booked, tokens, final)) not in (right, None)
-        and _as_tuple(got) == tuple(slip(booked, tokens, final))
-    ]
 
 
 def _as_tuple(value):
     return tuple(value) if isinstance(value, (tuple, list)) else value
 
 
-def _future_off_by(got, right) -> int:
-    """+1 or -1 when ``got`` is the right split with one bed moved between future and internal,
-    else 0."""
-    if not (isinstance(got, (tuple, list)) and len(got) == 3):
-        return 0
-    delta = got[1] - right[1]
-    moved = (got[0], got[2]) == (right[0], right[2] - delta)
-    return delta if delta in (1, -1) and moved else 0
-
-
-def off_by_one(fn, got, booked, tokens, final) -> str | None:
-    """The hint when future is one bed off, here and on a probe booking too."""
-    delta = _future_off_by(got, split_waste(booked, tokens, final))
-    if not delta:
-        return None
-    try:
-        on_probe = fn(*PROBES[0])
-    except Exception:
-        return None
-    if _future_off_by(on_probe, split_waste(*PROBES[0])) != delta:
-        return None
-    return (
-        f"future is one bed {'too many' if delta > 0 else 'short'}: the beds still to fill are "
-        f"exactly min(final, booked) − tokens (booked − tokens when final is None), with no "
-        f"{'+ 1' if delta > 0 else '− 1'}"
-    )
+def _same_split(a, b) -> bool:
+    a, b = _as_tuple(a), _as_tuple(b)
+    return isinstance(a, tuple) and a == b
 
 
 def negative_part(got) -> str | None:
@@ -113,32 +103,16 @@ def negative_part(got) -> str | None:
 
 def diagnose_split(fn, got, booked, tokens, final) -> str | None:
     """The one slip that explains ``got``; when several do, the one that also explains what
-    ``fn`` returns on :data:`PROBES`. Then an off-by-one in future, then a negative part.
-    None when nothing explains it."""
-    found = _diagnose_slips(fn, got, booked, tokens, final)
-    return found or off_by_one(fn, got, booked, tokens, final) or negative_part(got)
-
-
-def _diagnose_slips(fn, got, booked, tokens, final) -> str | None:
-    hints = _slips_matching(got, booked, tokens, final)
-    for probe in PROBES if len(hints) > 1 else ():
-        try:
-            on_probe = fn(*probe)
-        except Exception:
-            continue
-        explained = _slips_matching(on_probe, *probe)
-        right = split_waste(*probe)
-        hints = [
-            h
-            for h in hints
-            if h in explained or (_as_tuple(on_probe) == right and _slip(h, *probe) == right)
-        ]
-    return hints[0] if len(hints) == 1 else None
-
-
-def _slip(hint: str, booked, tokens, final) -> tuple:
-    slip = dict(SPLIT_SLIPS)[hint]
-    return tuple(slip(booked, tokens, final))
+    ``fn`` returns on :data:`PROBES`. Then future one bed off, here and on the first probe too;
+    then a negative part. None when nothing explains it."""
+    args, right = (booked, tokens, final), split_waste(booked, tokens, final)
+    found = slips.matching(SPLIT_SLIPS, got, args, right, _same_split)
+    found = slips.only(slips.told_apart(found, fn, PROBES, split_waste, _same_split))
+    if found is None:
+        for slip in slips.matching(OFF_BY_ONE, got, args, right, _same_split):
+            if slips.confirmed(slip, fn, _same_split):
+                found = slip
+    return slips.hint(found) or negative_part(got)
 
 
 def _shape_of_answer(got, args: str, right: tuple):

@@ -8,16 +8,17 @@ that coincide on a check's input are told apart on probe floors where they diffe
 
 from __future__ import annotations
 
-import copy
 import math
 import numbers
 import random
 
 from kvlab.contiguous import ArenaAllocator, best_fit, external_fragmentation, first_fit
+from kvlab.grading import slips
 from kvlab.grading.blame import explain_exception
 from kvlab.grading.expect import CheckFailed, call_without_mutation, plural, short
 from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise
+from kvlab.grading.slips import Slip
 
 fit = exercise("02.first_fit", "first-fit placement")
 
@@ -27,35 +28,35 @@ def _largest(extents, n):
     return -max(fits)[1] if fits else None
 
 
-# (hint, what the slip returns for (free_extents, n))
+# the usual slips: what each returns for (free_extents, n)
 FIT_SLIPS = (
-    (
+    Slip(
         "that is best fit (the tightest extent): first fit takes the first extent, in offset "
         "order, that is long enough",
         best_fit,
     ),
-    (
+    Slip(
         "that is the largest extent: first fit takes the first extent, in offset order, that is "
         "long enough",
         _largest,
     ),
-    (
+    Slip(
         "an extent of exactly n beds fits: compare with length >= n, not length > n",
         lambda extents, n: next((o for o, length in extents if length > n), None),
     ),
-    (
+    Slip(
         "return the extent's offset (the first number of the pair), not its index in the list",
         lambda extents, n: next((i for i, (_, length) in enumerate(extents) if length >= n), None),
     ),
-    (
+    Slip(
         "return the extent's offset (the first number of the pair), not its length",
         lambda extents, n: next((length for _, length in extents if length >= n), None),
     ),
-    (
+    Slip(
         "when nothing fits, return None (not -1)",
         lambda extents, n: -1 if first_fit(extents, n) is None else first_fit(extents, n),
     ),
-    (
+    Slip(
         "that is last fit (the fitting extent with the highest offset): first fit takes the "
         "first extent, in offset order, that is long enough; search from the start of the list",
         lambda extents, n: first_fit(extents[::-1], n),
@@ -70,42 +71,15 @@ FIT_PROBES = (
 )
 
 
-def _matching(slips, got, args, same) -> list[str]:
-    """The slips whose answer for ``args`` is ``got`` and differs from the right one
-    (``slips[0]``'s)."""
-    right = slips[0][1](*args)
-    found = []
-    for hint, slip in slips[1:]:
-        wrong = slip(*args)
-        if not same(wrong, right) and same(got, wrong):
-            found.append(hint)
-    return found
+def _diagnose(rule, table, got, args, same, fn, probes) -> str | None:
+    """The one slip of ``table`` whose answer is ``got`` and differs from ``rule``'s; when
+    several are, the one that also explains what ``fn`` returns on each of ``probes``."""
+    found = slips.matching(table, got, args, rule(*args), same)
+    return slips.hint(slips.only(slips.told_apart(found, fn, probes, rule, same)))
 
 
-def _diagnose(slips, got, args, same, fn=None, probes=()) -> str | None:
-    """The one slip whose answer is ``got`` and differs from the right one ``slips[0]``. When
-    several are, the one that also explains what ``fn`` returns on each of ``probes`` (or that
-    is right where ``fn`` is right)."""
-    hints = _matching(slips, got, args, same)
-    for probe in probes if fn is not None and len(hints) > 1 else ():
-        try:
-            on_probe = fn(*copy.deepcopy(probe))
-        except Exception:
-            continue
-        explained = _matching(slips, on_probe, probe, same)
-        right = slips[0][1](*probe)
-        slip = dict(slips)
-        hints = [
-            h
-            for h in hints
-            if h in explained or (same(on_probe, right) and same(slip[h](*probe), right))
-        ]
-    return hints[0] if len(hints) == 1 else None
-
-
-def diagnose_fit(got, extents, n, fn=None) -> str | None:
-    slips = (("", first_fit), *FIT_SLIPS)
-    return _diagnose(slips, got, (extents, n), _same_offset_exact, fn, FIT_PROBES)
+def diagnose_fit(got, extents, n, fn) -> str | None:
+    return _diagnose(first_fit, FIT_SLIPS, got, (extents, n), _same_offset_exact, fn, FIT_PROBES)
 
 
 def _same_offset_exact(a, b) -> bool:
@@ -217,34 +191,33 @@ def _total(extents):
     return sum(length for _, length in extents)
 
 
-# (hint, what the slip returns for free_extents); only for extents with something free
+# the usual slips: what each returns for free_extents (only with something free)
 FRAG_SLIPS = (
-    ("", external_fragmentation),
-    (
+    Slip(
         "use the largest free extent, not the smallest: 1 - largest / total",
         lambda e: 1 - min(length for _, length in e) / _total(e),
     ),
-    (
+    Slip(
         "use the largest free extent, not the first one: 1 - largest / total",
         lambda e: 1 - e[0][1] / _total(e),
     ),
-    (
+    Slip(
         "that is largest / total, the share in one piece: fragmentation is 1 - largest / total",
         lambda e: max(length for _, length in e) / _total(e),
     ),
-    (
+    Slip(
         "return a fraction between 0 and 1, not a percentage",
         lambda e: 100 * external_fragmentation(e),
     ),
-    (
+    Slip(
         "`//` rounds down to a whole number: divide with `/`",
         lambda e: 1 - max(length for _, length in e) // _total(e),
     ),
-    (
+    Slip(
         "divide by the total free beds (the sum of the lengths), not by the number of extents",
         lambda e: 1 - max(length for _, length in e) / len(e),
     ),
-    (
+    Slip(
         "that is 1 - 1 / (number of extents): it counts the pieces and not their sizes; "
         "fragmentation is 1 - largest / total",
         lambda e: 1 - 1 / len(e),
@@ -295,7 +268,8 @@ def _expect_frag(fn, extents, replay=None):
         )
     if not _same_fraction(got, expected):
         if extents:
-            hint = _diagnose(FRAG_SLIPS, got, (extents,), _same_fraction, fn, FRAG_PROBES)
+            rule, table = external_fragmentation, FRAG_SLIPS
+            hint = _diagnose(rule, table, got, (extents,), _same_fraction, fn, FRAG_PROBES)
         else:
             hint = EMPTY_FRAG
         raise CheckFailed(

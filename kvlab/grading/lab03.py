@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 
+from kvlab.grading import slips
 from kvlab.grading.blame import explain_exception
 from kvlab.grading.expect import CheckFailed, call_without_mutation, plural, short
 from kvlab.grading.key_cards import (
@@ -19,12 +20,12 @@ from kvlab.grading.key_cards import (
     UNKNOWN_ID,
     KeyCardJudge,
     evening,
-    quietly,
     rooms_for,
     two_guests_grow,
 )
 from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise
+from kvlab.grading.slips import Slip, quietly
 from kvlab.paged import BlockManager
 
 manager = exercise("03.block_manager", "allocate, append_slot and free", expects="class")
@@ -48,45 +49,45 @@ TASK = "handing out the rooms"
 PROBE_SIZE = 4  # block_size of the probe managers
 PROBE_TOKENS = list(range(1, 3 * PROBE_SIZE + 2))  # 1 … 13: multiples of 4 and their neighbours
 
-# (rooms a slip takes for n tokens, hint): wrong ways to count the rooms of a prompt
+# wrong ways to count the rooms of a prompt: the rooms each takes for n tokens
 ALLOCATE_SLIPS = [
-    (
-        lambda n, size: n // size + 1,
+    Slip(
         "allocate takes one room too many when num_tokens is a multiple of block_size: "
         "`num_tokens // block_size + 1` is not ceil. Round up with `-(-num_tokens // block_size)`",
+        lambda n, size: n // size + 1,
     ),
-    (
-        lambda n, size: n // size,
+    Slip(
         "allocate takes one room too few when num_tokens is not a multiple of block_size: "
         "floor division drops the partly filled last room. Round up with "
         "`-(-num_tokens // block_size)`",
+        lambda n, size: n // size,
     ),
-    (
-        lambda n, size: rooms_for(n, size) + 1,
+    Slip(
         "allocate takes a spare room: ceil(num_tokens / block_size) rooms hold the prompt, and "
         "append_slot takes the next room when it is needed",
+        lambda n, size: rooms_for(n, size) + 1,
     ),
-    (
-        lambda n, size: n,
+    Slip(
         "allocate takes one room per token: a room holds block_size tokens, so num_tokens "
         "tokens need ceil(num_tokens / block_size) rooms",
+        lambda n, size: n,
     ),
 ]
-# (rooms a slip holds after growing to t tokens from 1, hint): wrong moments to take a new room
+# wrong moments to take a new room: the rooms each holds after growing to t tokens from 1
 APPEND_SLIPS = [
-    (
-        lambda t, size: t // size + 1,
+    Slip(
         "append_slot takes a new room one token early, when the token fills the last bed: decide "
         "before counting the new token (the last room is full when num_tokens % block_size == 0)",
+        lambda t, size: t // size + 1,
     ),
-    (
-        lambda t, size: 1,
+    Slip(
         "append_slot never takes a new room: when the last room is full "
         "(num_tokens % block_size == 0), pop a fresh one from the free list",
+        lambda t, size: 1,
     ),
-    (
-        lambda t, size: t,
+    Slip(
         "append_slot takes a new room for every token: take one only when the last room is full",
+        lambda t, size: t,
     ),
 ]
 
@@ -112,11 +113,10 @@ def _growth(cls) -> tuple[list[int], list[int]]:
     return rooms, tokens
 
 
-def _matching(counts, slips, xs) -> str | None:
-    for rule, hint in slips:
-        if counts == [rule(x, PROBE_SIZE) for x in xs]:
-            return hint
-    return None
+def _matching(counts, table, xs) -> str | None:
+    """The first slip whose rooms on the probe are the learner's."""
+    found = (s for s in table if counts == [s.answer(x, PROBE_SIZE) for x in xs])
+    return slips.hint(slips.first(found))
 
 
 def allocate_slip(cls) -> str | None:
@@ -252,51 +252,13 @@ class _Judge(KeyCardJudge):
                 "id is unknown again (and may check in later)",
             )
 
-    # refusals (ClassDriver.refused: the call must raise ``error_type`` and change nothing)
-    def not_refused(self, error, error_type: type, why: str, missing: str | None = None) -> None:
-        """``why`` the call must be refused; ``missing`` is the hint when it raises nothing (a
-        check the learner's code does not make)."""
-        name = "OutOfBlocks (a MemoryError)" if error_type is MemoryError else error_type.__name__
-        if error is None:
-            if error_type is MemoryError:
-                missing = self.rooms_slip() or missing
-            self.fail(why, expected=name, got="no error", hint=missing)
-        hint = f"raise {name.split()[0]} here"
-        if isinstance(error, IndexError) and error_type is MemoryError:
-            hint = (
-                "the free list ran out while taking rooms (IndexError from pop): count the "
-                "free rooms first and raise OutOfBlocks before taking any"
-            )
-        self.fail(why, expected=name, got=explain_exception(error)[0], hint=hint)
-
-    def changed(self, before: tuple, after: tuple, error_type: type) -> None:
-        changed = []
-        if after[1] != before[1]:
-            changed.append(f"free rooms {before[1]} → {after[1]}")
-        changed += [f"{s!r}'s key card" for s in before[0] if after[0].get(s) != before[0][s]]
-        changed += [f"num_tokens({s!r})" for s in before[2] if after[2].get(s) != before[2][s]]
-        self.fail(
-            "a refused call must change nothing (no half-checked-in guest, no lost room)",
-            got="changed " + (", ".join(changed) or "the hotel"),
-            hint=self._change_slip(error_type, before, after),
-        )
-
-    @staticmethod
-    def _change_slip(error_type: type, before: tuple, after: tuple) -> str | None:
-        """What a refused call changed says what it did too early. Arguments that are wrong
-        (ValueError, KeyError) should have been checked first; out of rooms (MemoryError), the
-        arguments were fine, so it depends on what moved."""
-        if error_type is not MemoryError:
-            return "validate the arguments before changing anything"
-        tables, free, tokens = before
-        if after[1] < free:
-            return "count the free rooms first, then take them: raise OutOfBlocks before taking any"
-        if after[0] == tables and after[1] == free and after[2] != tokens:
-            return (
-                "the token count moved although no room was free: raise OutOfBlocks before "
-                "counting the new token (count it last, once its bed is sure)"
-            )
-        return None
+    # refusals (KeyCardJudge.not_refused and .changed)
+    pop_empty = (
+        "the free list ran out while taking rooms (IndexError from pop): count the "
+        "free rooms first and raise OutOfBlocks before taking any"
+    )
+    taken_early = "count the free rooms first, then take them: raise OutOfBlocks before taking any"
+    refused_message = "a refused call must change nothing (no half-checked-in guest, no lost room)"
 
 
 # --- checks, method by method ----------------------------------------------------------------
@@ -415,7 +377,13 @@ def random_evening(cls, steps: int = EVENING_STEPS, seed: int = EVENING_SEED, ec
     manager breaks an invariant, the check's report: run it in a cell to see how a failure came
     about. Returns the judge (its ``obj`` is the manager), or None when ``cls`` cannot be built."""
     return evening(
-        _Judge, cls, _evening_call, run=random_evening, steps=steps, seed=seed, echo=echo
+        _Judge,
+        cls,
+        _evening_call,
+        run="kvlab.grading.lab03.random_evening",
+        steps=steps,
+        seed=seed,
+        echo=echo,
     )
 
 
@@ -449,45 +417,44 @@ WHOLE_ROOMS_USED = (
 KVLAB_MANAGER_ONLY = "beds: only the listed methods"
 
 
+def _beds_slips(m: BlockManager) -> list[Slip]:
+    """The reports the usual slips give for ``m``."""
+    right = _reference_beds(m)
+    size = m.block_size
+    held_rooms = sum(len(m.block_table(s)) for s in m.seq_ids)
+
+    def report(**slipped):
+        return lambda: {**right, **slipped}
+
+    full_room_future = sum(size - m.num_tokens(s) % size for s in m.seq_ids)
+    return [
+        Slip(
+            "free counts rooms: multiply by block_size to count beds",
+            report(free=m.num_free_blocks),
+        ),
+        Slip(FULL_ROOM_FUTURE, report(future=full_room_future)),
+        Slip(
+            "future counts every bed of the held rooms: subtract the beds holding tokens",
+            report(future=held_rooms * size),
+        ),
+        Slip(
+            "future mixes rooms and tokens: held rooms × block_size − tokens",
+            report(future=held_rooms - right["used"]),
+        ),
+        Slip("used counts rooms: count the guests' tokens (num_tokens)", report(used=held_rooms)),
+        Slip(WHOLE_ROOMS_USED, report(used=held_rooms * size)),
+        Slip(WHOLE_ROOMS_USED, report(used=held_rooms * size, future=0)),
+    ]
+
+
 def _beds_slip(got, m: BlockManager) -> str | None:
     """The hint for a report that matches a usual slip."""
     if not isinstance(got, dict):
         return "return a dict with the keys used, future and free"
     if set(got) != set(BEDS_KEYS):
         return f"the keys are used, future and free (got {', '.join(map(repr, got))})"
-    right = _reference_beds(m)
-    held_rooms = sum(len(m.block_table(s)) for s in m.seq_ids)
-    size = m.block_size
-    slips = [
-        ("free", m.num_free_blocks, "free counts rooms: multiply by block_size to count beds"),
-        (
-            "future",
-            sum(size - m.num_tokens(s) % size for s in m.seq_ids),
-            FULL_ROOM_FUTURE,
-        ),
-        (
-            "future",
-            held_rooms * m.block_size,
-            "future counts every bed of the held rooms: subtract the beds holding tokens",
-        ),
-        (
-            "future",
-            held_rooms - right["used"],
-            "future mixes rooms and tokens: held rooms × block_size − tokens",
-        ),
-        ("used", held_rooms, "used counts rooms: count the guests' tokens (num_tokens)"),
-    ]
-    for key, value, hint in slips:
-        if got[key] == value != right[key] and all(got[k] == right[k] for k in right if k != key):
-            return hint
-    held_beds = held_rooms * size
-    if (
-        got["used"] == held_beds != right["used"]
-        and got["free"] == right["free"]
-        and got["future"] in (right["future"], held_beds - got["used"])
-    ):
-        return WHOLE_ROOMS_USED
-    return None
+    found = slips.matching(_beds_slips(m), got, (), _reference_beds(m))
+    return slips.hint(slips.first(found))
 
 
 def _expect_beds(fn, m: BlockManager, what: str):

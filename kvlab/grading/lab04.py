@@ -10,6 +10,7 @@ diagnosis, with hints in kernel terms; both build their cases with ``kvlab.testi
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -26,6 +27,7 @@ from kvlab.grading.expect import (
 )
 from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise
+from kvlab.grading.slips import Slip
 from kvlab.testing import FAR, NAN_ROOM, TOLERANCE, close
 
 paged = exercise("04.paged_attention", "decode attention through key cards")
@@ -103,8 +105,8 @@ def _softmax_over_heads(q, k, v, scale=None):
 
 
 def _slips(args, right_on=None, variant_on=None, tolerance=None):
-    """(cause, what that slip computes[, confirm[, always]]) for the usual mistakes, in the order
-    they are tried (see ``diagnose``)."""
+    """The usual mistakes, in the order they are tried (see ``diagnose``): each slip's answer is
+    what it computes on this case; its probe confirms it where the case cannot."""
     q, k_cache, lens = args[0], args[1], args[4]
     head_dim, q_heads, kv_heads = q.shape[2], q.shape[1], k_cache.shape[2]
     size = k_cache.shape[1]
@@ -128,36 +130,30 @@ def _slips(args, right_on=None, variant_on=None, tolerance=None):
         filled = [whole(int(n), size) for n in lens]
         return right_on is not None and right_on(seq_lens=filled)
 
-    yield "whole last room", lambda: attend_beds(args, whole)
-    yield "zeros scored", lambda: attend_beds(args, whole, zero_tail=True)
+    def slip(cause, **options) -> Slip:
+        return Slip(None, lambda: attend_beds(args, **options), cause)
+
+    yield slip("whole last room", beds_of=whole)
+    yield slip("zeros scored", beds_of=whole, zero_tail=True)
     floor = lambda n, size: n // size * size  # noqa: E731
-    yield "last room skipped", lambda: attend_beds(args, floor), full_rooms_right
+    yield Slip(None, lambda: attend_beds(args, floor), "last room skipped", probe=full_rooms_right)
     if q.shape[0] > 1:
-        yield "one key card", lambda: attend_beds(args, row_of=lambda s: 0)
+        yield slip("one key card", row_of=lambda s: 0)
     by_size = lambda b: 1.0 / math.sqrt(b)  # noqa: E731
     if size == 1 and variant_on is not None:  # both slips answer alike: another size tells
-        yield (
-            "no scale",
-            lambda: attend_beds(args, scale=1.0),
-            lambda: scaled_on_other_rooms(lambda b: 1.0),
-            True,
-        )
-        yield (
-            "block size scale",
-            lambda: attend_beds(args, scale=1.0),
-            lambda: scaled_on_other_rooms(by_size),
-            True,
-        )
+        for cause, scale_of in (("no scale", lambda b: 1.0), ("block size scale", by_size)):
+            probe = functools.partial(scaled_on_other_rooms, scale_of)
+            unscaled = lambda: attend_beds(args, scale=1.0)  # noqa: E731
+            yield Slip(None, unscaled, cause, probe=probe, lookalike=True)
     else:
-        yield "no scale", lambda: attend_beds(args, scale=1.0)
+        yield slip("no scale", scale=1.0)
         if size not in (1, head_dim):
-            yield "block size scale", lambda: attend_beds(args, scale=by_size(size))
-    yield "scale divided", lambda: attend_beds(args, scale=math.sqrt(head_dim))
+            yield slip("block size scale", scale=by_size(size))
+    yield slip("scale divided", scale=math.sqrt(head_dim))
     if q_heads > 1:
-        yield "softmax over heads", lambda: attend_beds(args, softmax_over_heads=True)
+        yield slip("softmax over heads", softmax_over_heads=True)
     if kv_heads not in (1, q_heads):
-        modulo = [h % kv_heads for h in range(q_heads)]
-        yield "kv head modulo", lambda: attend_beds(args, kv_of_head=modulo)
+        yield slip("kv head modulo", kv_of_head=[h % kv_heads for h in range(q_heads)])
 
 
 ANY = math.inf  # in a slip's answer: a value the slip leaves to chance (two programs race for it)
@@ -198,13 +194,13 @@ def diagnose(
     variant_on=None,
     fp32_expected=None,
 ):
-    """(cause, hint) of a usual mistake whose answer ``got`` matches, else (None, None).
+    """(cause, hint) of the first usual mistake (a :class:`Slip`, hints by cause) whose answer
+    ``got`` matches, else (None, None).
 
-    A slip is (cause, compute), (cause, compute, confirm) or (cause, compute, confirm, always):
-    ``compute()`` is what the slip answers. When its only trace in this case is answers it
-    leaves undefined (or, with ``always``, whenever it matches: another slip answers alike in
-    this case), the match needs ``confirm()`` (a slip without ``confirm`` is taken on that
-    evidence alone; ``confirm=None`` never). ``extra_slips`` are tried first.
+    ``slip.answer()`` is what the slip computes on this case. When its only trace in this case
+    is answers it leaves undefined (or, for a ``lookalike``, whenever it matches: another slip
+    answers alike in this case), the match needs ``slip.probe()`` (a slip without a probe is
+    taken on that evidence alone). ``extra_slips`` are tried first.
     ``right_on(**changes)`` says whether the learner's code is right on the case with some
     arguments of ``make_case`` changed; ``variant_on(**changes)`` is its answer there and that
     case's arguments, ``(got, args)``, or None when it raised. ``rerun_fp32()`` computes the
@@ -221,14 +217,12 @@ def diagnose(
         "dtype": str(q.dtype).removeprefix("torch."),
         "entry_step": args[3].stride(1),
     }
-    slips = [*extra_slips, *_slips(args, right_on, variant_on, (atol, rtol))]
-    for cause, compute, *confirm in slips:
-        found = _looks_like(got, compute(), expected, atol, rtol)
-        always = len(confirm) > 1 and confirm[1]
-        if found and (found == "undefined" or always) and confirm:
-            found = confirm[0] is not None and confirm[0]()
+    for slip in [*extra_slips, *_slips(args, right_on, variant_on, (atol, rtol))]:
+        found = _looks_like(got, slip.answer(), expected, atol, rtol)
+        if found and (found == "undefined" or slip.lookalike) and slip.probe is not None:
+            found = slip.probe()
         if found:
-            return cause, hints[cause].format(**fill)
+            return slip.cause, hints[slip.cause].format(**fill)
     if rerun_fp32 is not None:
         again = rerun_fp32()
         want = expected if fp32_expected is None else fp32_expected().float().cpu()
@@ -244,25 +238,12 @@ def diagnose(
 
 
 def expect_attention(
-    got,
-    expected,
-    args,
-    what: str,
-    reference: str,
-    hints=HINTS,
-    rerun_fp32=None,
-    padding=False,
-    extra_slips=(),
-    replay=None,
-    right_on=None,
-    fallbacks=(),
-    variant_on=None,
-    fp32_expected=None,
+    got, expected, args, what: str, reference: str, padding=False, replay=None, **diagnosis
 ) -> None:
     """Raise a CheckFailed naming the guest and head that differ, with the first values and the
-    diagnosed mistake when it is a usual one (see ``diagnose``). ``padding``: the case differs
-    from one that passed only in what the key cards' padding entries name, so a wrong answer
-    means they were read."""
+    diagnosed mistake when it is a usual one (``diagnose``, given ``diagnosis``). ``padding``:
+    the case differs from one that passed only in what the key cards' padding entries name, so a
+    wrong answer means they were read."""
     atol, rtol = TOLERANCE[expected.dtype]
     got, expected = got.float().cpu(), expected.float().cpu()
     if torch.allclose(got, expected, atol=atol, rtol=rtol):
@@ -273,20 +254,7 @@ def expect_attention(
     if padding:
         cause = hint = PADDING_HINT
     else:
-        cause, hint = diagnose(
-            got,
-            expected,
-            args,
-            atol,
-            rtol,
-            hints,
-            rerun_fp32,
-            extra_slips,
-            right_on,
-            fallbacks,
-            variant_on,
-            fp32_expected,
-        )
+        cause, hint = diagnose(got, expected, args, atol, rtol, **diagnosis)
     read = ": a padding entry of its key card was read" if padding else ""
     raise CheckFailed(
         f"guest {seq}, query head {head} differs from {reference} ({max_error(got, diff)}){read}",

@@ -41,6 +41,7 @@ from kvlab.grading.lab04 import (
 )
 from kvlab.grading.limits import CheckTimeout, ChildCrashed, can_fork, in_child_process
 from kvlab.grading.registry import exercise
+from kvlab.grading.slips import Slip
 from kvlab.kernels import launch_paged_decode
 from kvlab.kernels.sizes import pow2
 from kvlab.runtime import kernel_mode
@@ -233,13 +234,13 @@ def _unwrap_unimplemented(error: BaseException) -> None:
 
 
 def _walk_slips(args):
-    """(cause, what it computes) for a kernel that walks the key card wrongly."""
+    """The slips of a kernel that walks the key card wrongly."""
     tables = args[3]
     row_step, entry_step = tables.stride()
     rooms_read = lambda n, size: min(n, row_step * size)  # noqa: E731
-    yield "row stride loop", lambda: attend_beds(args, rooms_read)
+    yield Slip(None, lambda: attend_beds(args, rooms_read), "row stride loop")
     if entry_step != 1:
-        yield "unit entry step", lambda: _attend_with_unit_step(args)
+        yield Slip(None, lambda: _attend_with_unit_step(args), "unit entry step")
 
 
 def _attend_with_unit_step(args):
@@ -371,24 +372,26 @@ def _swapped(cache_at):
 
 
 def _lookalike_slips(args):
-    """(cause, what it computes on any case) for slips that can look alike on a case (named only
-    where confirmed, see ``_confirmed``); the causes None are rivals that lab04 names."""
+    """The slips that can look alike on a case (named only where confirmed, see
+    ``_confirmed``), each answering on any case; the causes None are rivals that lab04 names."""
     q_heads, kv_heads = args[0].shape[1], args[1].shape[2]
     whole = lambda n, size: -(-n // size) * size  # noqa: E731
     one_more = lambda n, size: min(n + 1, whole(n, size))  # noqa: E731
-    yield "one bed too many", lambda a: attend_beds(a, one_more)
+    yield Slip(None, lambda a: attend_beds(a, one_more), "one bed too many")
     if q_heads > kv_heads:
-        yield "kv head 0", lambda a: attend_beds(a, kv_of_head=[0] * a[0].shape[1])
-        yield "kv head kvh // GROUP", lambda a: attend_beds(a, kv_of_head=_kv_head_divided(a))
-    yield "not normalised", lambda a: attend_read(a, normalise=False)
-    yield "k strides swapped", lambda a: attend_read(a, keys=_swapped(1))
-    yield "v strides swapped", lambda a: attend_read(a, values=_swapped(2))
-    yield "k and v strides swapped", lambda a: attend_read(a, keys=_swapped(1), values=_swapped(2))
-    yield "v is k", lambda a: attend_read(a, values=_own_kv)
-    yield "exp2 without log2(e)", lambda a: attend_read(a, exp2=True)
-    yield None, lambda a: attend_beds(a, whole)  # lab04's "whole last room"
+        yield Slip(None, lambda a: attend_beds(a, kv_of_head=[0] * a[0].shape[1]), "kv head 0")
+        divided = lambda a: attend_beds(a, kv_of_head=_kv_head_divided(a))  # noqa: E731
+        yield Slip(None, divided, "kv head kvh // GROUP")
+    yield Slip(None, lambda a: attend_read(a, normalise=False), "not normalised")
+    yield Slip(None, lambda a: attend_read(a, keys=_swapped(1)), "k strides swapped")
+    yield Slip(None, lambda a: attend_read(a, values=_swapped(2)), "v strides swapped")
+    both = lambda a: attend_read(a, keys=_swapped(1), values=_swapped(2))  # noqa: E731
+    yield Slip(None, both, "k and v strides swapped")
+    yield Slip(None, lambda a: attend_read(a, values=_own_kv), "v is k")
+    yield Slip(None, lambda a: attend_read(a, exp2=True), "exp2 without log2(e)")
+    yield Slip(None, lambda a: attend_beds(a, whole))  # lab04's "whole last room"
     if kv_heads not in (1, q_heads):
-        yield None, lambda a: attend_beds(a, kv_of_head=_kv_head_modulo(a))
+        yield Slip(None, lambda a: attend_beds(a, kv_of_head=_kv_head_modulo(a)))
 
 
 def _kv_head_divided(args) -> list[int]:
@@ -417,17 +420,17 @@ def _same(a, b, dtype) -> bool:
 
 
 def _confirmed(got, args, case, answer_on):
-    """(cause, what it computes) for the look-alike slips. A slip whose answer ``got`` matches
-    is offered when no other slip gives that answer on this case, or when the learner's kernel
-    also gives the slip's answer on a variant of the case where they differ
-    (``answer_on(**changes)``: the learner's answer there, or None)."""
+    """The look-alike slips, as lab04 tries them. A slip whose answer ``got`` matches is offered
+    when no other slip gives that answer on this case, or when the learner's kernel also gives
+    the slip's answer on a variant of the case where they differ (``answer_on(**changes)``: the
+    learner's answer there, or None)."""
     dtype = args[0].dtype
     slips = list(_lookalike_slips(args))
     answers = {}
 
     def here(j):
         if j not in answers:
-            answers[j] = slips[j][1](args)
+            answers[j] = slips[j].answer(args)
         return answers[j]
 
     def offered(i):
@@ -439,9 +442,9 @@ def _confirmed(got, args, case, answer_on):
             return None
         return mine
 
-    for i, (cause, _) in enumerate(slips):
-        if cause is not None:
-            yield cause, lambda i=i: offered(i)
+    for i, slip in enumerate(slips):
+        if slip.cause is not None:
+            yield Slip(None, lambda i=i: offered(i), slip.cause)
 
 
 def _told_apart(slips, i, rivals, case, answer_on) -> bool:
@@ -450,10 +453,10 @@ def _told_apart(slips, i, rivals, case, answer_on) -> bool:
     for changes in LOOKALIKE_VARIANTS:
         variant = make_case(**{**case, **changes})
         dtype = variant[0].dtype
-        mine = slips[i][1](variant)
+        mine = slips[i].answer(variant)
         if mine is None or _same(mine, paged_decode_attention_ref(*variant).float(), dtype):
             continue
-        if any(_same(slips[j][1](variant), mine, dtype) for j in rivals):
+        if any(_same(slips[j].answer(variant), mine, dtype) for j in rivals):
             continue
         seen = answer_on(**changes)
         return seen is not None and _same(seen.float().cpu(), mine, dtype)
@@ -461,16 +464,20 @@ def _told_apart(slips, i, rivals, case, answer_on) -> bool:
 
 
 def _kernel_slips(args, got=None, case=None, answer_on=None):
-    """(cause, what it computes) for the mistakes only a kernel can make (the look-alike ones
-    given the learner's answer ``got``, its case and ``answer_on``, see ``_confirmed``)."""
+    """The mistakes only a kernel can make (the look-alike ones given the learner's answer
+    ``got``, its case and ``answer_on``, see ``_confirmed``)."""
     q, k_cache = args[0], args[1]
     if 1 < k_cache.shape[2] < q.shape[1]:
         ordered = kernel_mode() == "interpreter"
-        yield "heads kvh + g", lambda: attend_overlapping_heads(args, ordered)
-    yield "nothing rescaled", lambda: attend_room_by_room(args, rescale_acc=False, rescale_l=False)
-    yield "acc not rescaled", lambda: attend_room_by_room(args, rescale_acc=False)
-    yield "l not rescaled", lambda: attend_room_by_room(args, rescale_l=False)
-    yield "max not kept", lambda: attend_room_by_room(args, keep_max=False)
+        yield Slip(None, lambda: attend_overlapping_heads(args, ordered), "heads kvh + g")
+
+    def online(cause, **options) -> Slip:
+        return Slip(None, lambda: attend_room_by_room(args, **options), cause)
+
+    yield online("nothing rescaled", rescale_acc=False, rescale_l=False)
+    yield online("acc not rescaled", rescale_acc=False)
+    yield online("l not rescaled", rescale_l=False)
+    yield online("max not kept", keep_max=False)
     if answer_on is not None:
         yield from _confirmed(got, args, case, answer_on)
 

@@ -127,6 +127,24 @@ class refuse_reference:  # noqa: N801 (a context manager, named like contextlib'
         return False
 
 
+def call_own(fn, *args, guard: tuple, task: str, where=None, replay=None, run=None):
+    """``(fn(*args), None)``, or ``(None, error)`` when the learner's code raised (``run(fn,
+    *args)`` makes the call, by default ``fn`` itself). A hand-over to one of ``guard`` fails the
+    check (at ``where``, ``replay``); a function not written yet (NotImplementedError) passes
+    through, for the runner to report."""
+    try:
+        with refuse_reference(*guard, learner=fn, task=task):
+            return (run or (lambda f, *a: f(*a)))(fn, *args), None
+    except CheckFailed as failure:
+        failure.input = failure.input or where
+        failure.replay = failure.replay or replay
+        raise
+    except NotImplementedError:
+        raise
+    except Exception as error:
+        return None, error
+
+
 def _name(reference) -> tuple[str, str]:
     """(module, qualname) of a reference function, method or property."""
     function = getattr(reference, "fget", reference)

@@ -1,0 +1,189 @@
+"""The days Lab 06's checks serve: the lab's simulated day, shrunk, and the scripted days of the
+06.step checks (each named, with a cache and the engine's options)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvlab.grading.expect import CheckFailed
+from kvlab.grading.lab06.views import cache_text
+from kvlab.paged import PagedCache
+from kvlab.scheduler import Sequence
+from kvlab.serve import Engine, make_cache
+from kvlab.workload import Request, sharegpt_like
+
+# the lab's day, shrunk: 40 ShareGPT-like guests at an eighth of their length, 2 a step, in a
+# hotel of 32 rooms of 8 beds, which asks guests to leave often
+DAY = [
+    Request(max(1, r.prompt_len // 8), max(1, r.output_len // 8), r.arrival)
+    for r in sharegpt_like(40, seed=3, rate=2.0)
+]
+DAY_SETUP = dict(cache="paged", kv_capacity_tokens=256, max_seq_len=256, block_size=8)
+DAY_TEXT = (
+    "a day of 40 ShareGPT-like guests at an eighth of their length, 2 arriving a step "
+    "(kvlab.grading.lab06.DAY), served by simulate(DAY, cache='paged', kv_capacity_tokens=256, "
+    "max_seq_len=256, block_size=8)"
+)
+DAY_FIGURES = ("recompute_tokens", "swapped_tokens")
+
+
+def figures(result) -> dict:
+    return {**result.summary(), **{f: getattr(result, f) for f in DAY_FIGURES}}
+
+
+def same_figures(got: dict, want: dict, where: str, token_hint: str | None = None) -> None:
+    """Fail when a figure of the day differs; ``token_hint`` is the hint when only the tokens
+    kvlab counts at a preemption (recomputed, swapped) differ."""
+    differ = [k for k in want if got.get(k) != want[k]]
+    if differ:
+        hint = token_hint if set(differ) <= set(DAY_FIGURES) else None
+
+        def text(figures):
+            return ", ".join(
+                f"{k} {figures[k]:.6g}"
+                if isinstance(figures.get(k), int | float)
+                else f"{k} {figures.get(k)!r}"
+                for k in differ
+            )
+
+        raise CheckFailed(
+            "the day's figures differ from kvlab's",
+            input=where,
+            expected=text(want),
+            got=text(got),
+            hint=hint,
+        )
+
+
+@dataclass(frozen=True)
+class Day:
+    """A scripted day: guests (seq_id, prompt_len, output_len, arrival) in the order they join
+    the queue, a cache, and the engine's options."""
+
+    name: str
+    cache: Callable[[], object]
+    guests: tuple
+    max_batch: int | None = None
+    preemption: str = "recompute"
+    text: str | None = None  # how the day is described (default: its guests)
+    # a day that tells apart the slips this one cannot (only a slip that does there what the
+    # learner's step does there gives the hint)
+    second: str | None = None
+
+    def start(self, schedule=None) -> tuple[Engine, list[Sequence]]:
+        engine = Engine(
+            self.cache(), max_batch=self.max_batch, preemption=self.preemption, schedule=schedule
+        )
+        guests = [Sequence(*g) for g in self.guests]
+        for seq in guests:
+            engine.add(seq)
+        return engine, guests
+
+    def describe(self) -> str:
+        if self.text is not None:
+            return self.text
+        cap = "" if self.max_batch is None else f", max_batch={self.max_batch}"
+        if self.preemption != "recompute":
+            cap += f", preemption={self.preemption!r}"
+        guests = ", ".join(f"{g} {p}+{o}@{a:g}" for g, p, o, a in self.guests)
+        return f"{cache_text(self.cache())}{cap}; guests (prompt+answer@arrival): {guests}"
+
+
+def _simulated_day() -> Day:
+    """``DAY`` as simulate() serves it: the same cache, names and queue order."""
+    order = sorted(range(len(DAY)), key=lambda i: DAY[i].arrival)
+    guests = tuple((f"r{i}", DAY[i].prompt_len, DAY[i].output_len, DAY[i].arrival) for i in order)
+    setup = {k: v for k, v in DAY_SETUP.items() if k != "cache"}
+    return Day(
+        "simulate",
+        functools.partial(
+            make_cache,
+            "paged",
+            setup["kv_capacity_tokens"],
+            setup["max_seq_len"],
+            setup["block_size"],
+        ),
+        guests,
+        text=DAY_TEXT,
+    )
+
+
+# the full hotel's guests: (name, prompt, answer, arrival), on 6 rooms of 4 beds
+FULL_HOTEL = (
+    ("ann", 5, 4, 0.0),
+    ("ben", 2, 6, 0.0),
+    ("cat", 7, 3, 1.0),
+    ("dan", 3, 3, 1.0),
+    ("eve", 9, 2, 1.0),
+)
+
+DAYS = {
+    day.name: day
+    for day in (
+        Day(
+            "arrivals",
+            lambda: PagedCache(16, 4),
+            (
+                ("ann", 6, 3, 0.0),
+                ("ben", 5, 2, 0.0),
+                ("cat", 9, 2, 2.0),
+                ("dan", 3, 4, 3.5),
+                ("eve", 4, 2, 10.0),
+            ),
+        ),
+        Day(
+            "full batch",
+            lambda: PagedCache(32, 4),
+            (
+                ("ann", 4, 2, 0.0),
+                ("ben", 4, 2, 0.0),
+                ("cat", 4, 5, 0.0),
+                ("dan", 4, 1, 0.0),
+                ("eve", 4, 2, 0.0),
+            ),
+            max_batch=3,
+        ),
+        Day(
+            "queue",
+            lambda: PagedCache(8, 4),
+            (("ann", 9, 6, 0.0), ("ben", 5, 3, 0.0), ("cat", 14, 2, 1.0), ("dan", 2, 2, 1.0)),
+        ),
+        # step 2: eve, new, is refused (a step that forgets out.refused fails here, not at step
+        # 4, where it would look like a step that never readmits). Step 3: ben needs a room and
+        # dan (checked in last) leaves; cat needs one and, last now, leaves itself; nobody
+        # checks in. Step 4: cat, first in line, holds 8 tokens and does not fit yet. Step 5:
+        # cat is back and dan waits (admitted before the decoding, dan would take a room a
+        # guest in the hotel needs, and leave again at once)
+        Day(
+            "preemption",
+            lambda: PagedCache(6, 4),
+            FULL_HOTEL,
+        ),
+        # the full hotel's day by swap: in step 3 dan, asked to leave while ben is decoded, is
+        # SWAPPED, not PREEMPTED, when the walk reaches him (a step that skips only PREEMPTED
+        # guests asks the cache about a guest it no longer knows). By swap, skipping nobody and
+        # skipping only the PREEMPTED guests are the same step; the recompute day tells them apart
+        Day(
+            "swap",
+            lambda: PagedCache(6, 4),
+            FULL_HOTEL,
+            preemption="swap",
+            second="preemption",
+        ),
+        Day(
+            "contiguous",
+            functools.partial(make_cache, "contiguous-oracle", 64, 32),
+            (
+                ("ann", 10, 6, 0.0),
+                ("ben", 20, 10, 0.0),
+                ("cat", 8, 4, 0.0),
+                ("fay", 5, 4, 1.0),  # her prompt fits in the 6 beds left, her booking does not
+                ("dan", 30, 2, 1.0),
+                ("eve", 2, 2, 1.0),
+            ),
+        ),
+        _simulated_day(),
+    )
+}

@@ -1,0 +1,237 @@
+"""Lab 06's hints: each one belongs to a usual slip, given only where the checks recognise it."""
+
+# --- errors whose message names the mistake ------------------------------------------------
+
+PASS_ID = (
+    "the cache knows guests by their seq_id: pass seq.seq_id to its calls (release, "
+    "can_append, append), not the Sequence"
+)
+FREE = (
+    "the cache's check-out is release(seq_id) (free was the block manager's word in Lab 03): "
+    "scheduler.cache.release(victim.seq_id)"
+)
+FREE_STEP = (
+    "the cache's check-out is release(seq_id) (free was the block manager's word in Lab 03); "
+    "to retire a guest, scheduler.finish(seq) checks it out of the cache and the batch"
+)
+POPLEFT = "scheduler.admit(seq) takes the guest off the queue itself: do not popleft() first"
+WALK_QUEUE = (
+    "scheduler.admit(seq) takes the guest off scheduler.waiting, the queue your for loop walks "
+    "through: look at the head each time (while scheduler.waiting: seq = scheduler.waiting[0]) "
+    "or walk a copy (for seq in list(scheduler.waiting))"
+)
+MAX_BATCH_NONE = (
+    "max_batch None means no cap: test scheduler.max_batch is not None first (if "
+    "scheduler.max_batch is not None and len(scheduler.running) >= scheduler.max_batch)"
+)
+
+# --- 06.preempt ------------------------------------------------------------------------------
+
+OLDEST = (
+    "that is the guest who checked in first (running[0]): ask the one who checked in last "
+    "(running[-1], what running.pop() takes). It has done the least work, so the least is lost, "
+    "and the guests who came first keep being served first"
+)
+LAST_ARRIVED = (
+    "that is the guest who arrived last, not the one who checked in last: a guest back after a "
+    "preemption checks in late although it arrived early. scheduler.running is in check-in "
+    "order: take running[-1]"
+)
+MOST_ROOMS = (
+    "that is the guest holding the most rooms: ask the guest checked in last (running[-1]). It "
+    "has done the least work, and the guests who came first keep being served first"
+)
+NOT_REMOVED = (
+    "take the guest out of scheduler.running: a guest who left is not running "
+    "(running.pop() picks the last guest and removes it)"
+)
+LEAK = (
+    "free the guest's rooms with scheduler.cache.release(victim.seq_id): otherwise they stay "
+    "booked with nobody using them (the rooms leak)"
+)
+NOT_QUEUED = (
+    "put the guest back in scheduler.waiting, at the front (waiting.appendleft(victim)), so "
+    "they come back when rooms are free"
+)
+BACK_OF_QUEUE = (
+    "the guest goes to the front of the queue (waiting.appendleft), not the back: they came "
+    "before everyone waiting now and keep their place (first come, first served)"
+)
+NOT_A_DEQUE = (
+    "change the queue in place with scheduler.waiting.appendleft(victim): the scheduler keeps "
+    "using its own deque"
+)
+NOT_A_LIST = (
+    "change scheduler.running in place (running.pop()): the scheduler keeps using its own list"
+)
+STATUS_UNSET = (
+    "set the guest's status: SequenceStatus.PREEMPTED by recompute, SequenceStatus.SWAPPED by "
+    "swap (a running status would say they are still in the hotel)"
+)
+STATUS_WAITING = (
+    "WAITING is for a guest who never ran: set SequenceStatus.PREEMPTED by recompute, "
+    "SequenceStatus.SWAPPED by swap (check-in brings a swapped guest's K and V back)"
+)
+STATUS_FOR_MODE = {
+    "recompute": (
+        "scheduler.preemption is 'recompute': the guest's status is SequenceStatus.PREEMPTED "
+        "(its K and V will be computed again); SWAPPED is for swap"
+    ),
+    "swap": (
+        "scheduler.preemption is 'swap': the guest's status is SequenceStatus.SWAPPED (its K and "
+        "V wait in CPU memory); PREEMPTED is for recompute"
+    ),
+}
+KEEPS_COMPUTED = (
+    "by recompute the guest's K and V are dropped: set victim.num_computed = 0, or the engine "
+    "would skip recomputing its prompt and answer so far when it comes back"
+)
+ZEROES_COMPUTED = (
+    "by swap the K and V are copied to CPU memory and kept: leave num_computed as it is (only "
+    "recompute sets it to 0)"
+)
+ZEROES_GENERATED = (
+    "leave num_generated alone: the answer so far is kept (by recompute it is read again with "
+    "the prompt, not generated again)"
+)
+RETURN_NONE = (
+    "return the guest you asked to leave (the Sequence): the scheduler's step lists it in "
+    "ScheduledStep.preempted"
+)
+RETURN_ID = "return the Sequence itself, not its seq_id"
+COUNTS = (
+    "kvlab counts preemptions for you: do not change num_preemptions (the scheduler's or the "
+    "guest's), nor recompute_tokens or swapped_out_tokens; the scheduler adds this preemption "
+    "up once your preempt returns"
+)
+SENT_AWAY = (
+    "send the guest away completely: out of scheduler.running (running.pop()), its rooms "
+    "released (cache.release(victim.seq_id)), status PREEMPTED by recompute or SWAPPED by swap"
+)
+SERVED = (
+    "the guest checked in last leaves (running[-1]): a guest earlier in scheduler.running may "
+    "already have its token for this step"
+)
+
+# --- 06.step ---------------------------------------------------------------------------------
+
+RETIRE_AT_START = (
+    "retire at the start of the step, before decoding: a guest whose last token is decoded in "
+    "this step checks out at the start of the next one (and is listed in out.finished then)"
+)
+RETIRE_EARLY = (
+    "a guest retires when num_generated == output_len, after its last token: retired at "
+    "output_len - 1, its answer is one token short"
+)
+NO_RETIRE = (
+    "retire first: every running guest with num_generated == output_len checks out "
+    "(scheduler.finish(seq)) and goes in out.finished; a guest never retired keeps decoding "
+    "past its answer"
+)
+RETIRE_COPY = (
+    "iterate over a copy (for seq in list(scheduler.running)): scheduler.finish removes the "
+    "guest from the list you are walking through, so the guest after it is skipped"
+)
+ADMIT_FIRST = (
+    "the guests in the hotel go first: decode every running guest (making room with "
+    "scheduler.preempt()), then admit into what is left. A guest admitted before the decoding "
+    "takes beds a running guest needs, and may be asked to leave in its own step"
+)
+TWICE = (
+    "admit after the decode loop: a guest admitted before it gets its first token from "
+    "decode(seq) and a second one from the loop (the guests in the hotel go first)"
+)
+FIRST_TOKEN = (
+    "a guest checked in computes its first token in the same step: call decode(seq) right after "
+    "scheduler.admit(seq) (cache.refusal counted a bed for that token)"
+)
+HOLD = (
+    "admit nobody in a step that had to preempt (while not out.preempted and ...): memory ran "
+    "short, and the guest just asked to leave waits first in line"
+)
+FCFS = (
+    "first come, first served: stop at the first waiting guest who does not fit (break), even "
+    "if a guest behind would fit; otherwise a long prompt could wait forever"
+)
+ARRIVAL = "a guest checks in only once arrived: stop at the first waiting guest with arrival > now"
+ARRIVAL_STRICT = "a guest arriving exactly at now may check in: admit while arrival <= now"
+MAX_BATCH = (
+    "stop admitting when the batch is full: len(scheduler.running) >= scheduler.max_batch "
+    "(None means no cap)"
+)
+FULL_NOT_REFUSED = (
+    "out.refused is for a guest the cache refused; stopping at max_batch refuses nobody: just "
+    "stop, and leave out.refused as it is"
+)
+READMIT = (
+    "a guest back after a preemption (status PREEMPTED or SWAPPED) waits first in line and checks "
+    "in like any other: ask scheduler.cache.refusal(seq.num_tokens, seq.remaining), then "
+    "scheduler.admit(seq)"
+)
+MAX_BATCH_OFF = "the batch is full when len(scheduler.running) == max_batch: stop at >=, not >"
+REFUSAL_TOKENS = (
+    "a guest back after a preemption holds its prompt and the tokens generated so far: ask "
+    "scheduler.cache.refusal(seq.num_tokens, seq.remaining), not seq.prompt_len"
+)
+REFUSAL_REMAINING = (
+    "tell the cache the tokens still to generate too: scheduler.cache.refusal(seq.num_tokens, "
+    "seq.remaining) (a paged cache counts a bed for the first of them, a contiguous one books "
+    "them all up front)"
+)
+ASK_ADMIT = (
+    "ask before checking in: scheduler.cache.refusal(seq.num_tokens, seq.remaining) is None when "
+    "the guest fits; when it is not, the guest waits (out.refused, out.refusal) and so does "
+    "everyone behind"
+)
+COUNT = "count the new token: seq.num_generated += 1 after cache.append, or no guest ever finishes"
+ASK_APPEND = (
+    "ask before taking a bed: while not scheduler.cache.can_append(seq.seq_id), call "
+    "scheduler.preempt(); append only once there is room"
+)
+SKIP = (
+    "skip the guests asked to leave earlier in this step (seq.status is not "
+    "SequenceStatus.RUNNING): their rooms are released, so the cache no longer knows them"
+)
+SKIP_SWAPPED = (
+    "skip every guest that is not running (if seq.status is not SequenceStatus.RUNNING: "
+    "continue), not only the PREEMPTED ones: by swap a guest asked to leave is SWAPPED, its rooms "
+    "released, so the cache no longer knows it"
+)
+NOT_NOTED = (
+    "note every guest scheduler.preempt() sends away in out.preempted (out.preempted.append("
+    "victim)): the step reports them, and the admitting reads it (in a step that preempted, "
+    "nobody checks in, so nobody is refused either)"
+)
+SELF = (
+    "when scheduler.preempt() returns the guest you are making room for, that guest has left: "
+    "stop (break) without appending for it; it gets no token this step"
+)
+MEMORY = (
+    "a cache call ran out of memory: ask first (cache.refusal before scheduler.admit, "
+    "cache.can_append before cache.append) and act only when the answer allows it"
+)
+USE_PREEMPT = (
+    "preempt with scheduler.preempt(): it sends the guest away and keeps the scheduler's counts "
+    "(num_preemptions, tokens to recompute or swap) that the day's figures report"
+)
+COUNTED_TWICE = (
+    "scheduler.preempt() counts the preemption itself: do not change "
+    "scheduler.num_preemptions in step"
+)
+SEQ_TO_SCHEDULER = (
+    "scheduler.admit takes the Sequence itself, not its seq_id (the cache's calls take the seq_id)"
+)
+RETURN_STEP = "return the ScheduledStep you filled (out)"
+STEP_TYPE = "step returns a ScheduledStep (from kvlab.scheduler), filled with what it did"
+SEQ_NOT_ID = "list the Sequence objects in the ScheduledStep, not their seq_ids"
+REPORTED = {
+    "out.finished": "list every guest retired in this step in out.finished",
+    "out.admitted": "list every guest checked in in this step in out.admitted",
+    "out.refused": (
+        "when the guest at the head of the queue does not fit, report it: out.refused = seq, "
+        "out.refusal = the cache's answer"
+    ),
+    "out.refusal": "out.refusal is what scheduler.cache.refusal(...) returned for out.refused",
+    "out.preempted": "list every guest scheduler.preempt() sent away in out.preempted",
+    "out.scheduled": "list every guest that got a bed for its next token in out.scheduled",
+}

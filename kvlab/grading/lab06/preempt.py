@@ -1,0 +1,364 @@
+"""06.preempt: the learner's ``preempt(scheduler)`` beside kvlab's ``Scheduler.preempt`` on a copy
+of the same scheduler, on hand-built hotels, then at every preemption of a simulated day. Who
+left is judged first; then the state-diff tables (what the scheduler holds, the guest who left,
+every other guest, the counts kvlab keeps itself) name the first difference and its slip."""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+
+from kvlab.grading import slips
+from kvlab.grading.blame import explain_exception, learner_frames, raised
+from kvlab.grading.expect import CheckFailed, short
+from kvlab.grading.lab06 import hints
+from kvlab.grading.lab06.days import DAY, DAY_SETUP, DAY_TEXT, figures, same_figures
+from kvlab.grading.lab06.references import VICTIM_SLIPS
+from kvlab.grading.lab06.views import (
+    GUEST,
+    cache_diff,
+    error_slip,
+    ids,
+    scheduler_text,
+    show,
+    state_text,
+)
+from kvlab.grading.own_code import HANDOVER, call_own
+from kvlab.grading.registry import exercise
+from kvlab.grading.state_diff import Field, each, first_difference, read
+from kvlab.paged import PagedCache
+from kvlab.scheduler import Scheduler, Sequence, SequenceStatus
+from kvlab.serve import simulate
+
+WAITING, RUNNING, PREEMPTED, SWAPPED, FINISHED = SequenceStatus
+
+preempt_ex = exercise("06.preempt", "ask the guest checked in last to leave")
+
+PREEMPT_REFERENCE = (Scheduler.preempt, Scheduler._counted)
+PREEMPT_TASK = "choosing the guest and sending them away"
+WRONG_GUEST = "06.preempt: the wrong guest"
+# what kvlab keeps count of itself around a custom preempt (Scheduler._counted)
+COUNTERS = ("num_preemptions", "recompute_tokens", "swapped_out_tokens", "swapped_in_tokens")
+
+
+def _queue_hint(d) -> str | None:
+    if d.victim not in d.got:
+        return hints.NOT_QUEUED
+    return hints.BACK_OF_QUEUE if d.got == [*d.expected[1:], d.victim] else None
+
+
+def _booked(d) -> bool:
+    return d.victim in d.got.tokens
+
+
+# what the scheduler holds once the right guest left, in the order a difference is reported
+SCHEDULER = (
+    Field(
+        "scheduler.running",
+        lambda s: ids(s.running),
+        show=each(show),
+        says="the guests who stay keep their places in scheduler.running (check-in order)",
+    ),
+    Field(
+        "the cache",
+        lambda s: s.cache.state(),
+        show=cache_diff,
+        says=lambda d: (
+            f"{d.victim}'s rooms are still booked"
+            if _booked(d)
+            else "only the leaving guest's rooms are freed"
+        ),
+        hint=lambda d: hints.LEAK if _booked(d) else None,
+    ),
+    Field(
+        "scheduler.waiting",
+        lambda s: ids(s.waiting),
+        show=each(show),
+        says="{victim} waits first in line in scheduler.waiting",
+        hint=_queue_hint,
+    ),
+)
+
+
+def _status_hint(d) -> str | None:
+    if d.got is RUNNING:
+        return hints.STATUS_UNSET
+    if d.got is WAITING:
+        return hints.STATUS_WAITING
+    return hints.STATUS_FOR_MODE[d.mode] if d.got in (PREEMPTED, SWAPPED) else None
+
+
+def _computed_hint(d) -> str | None:
+    if d.mode == "recompute" and d.got == d.before["num_computed"]:
+        return hints.KEEPS_COMPUTED
+    return hints.ZEROES_COMPUTED if d.mode == "swap" and d.got == 0 else None
+
+
+_HINTS = {
+    "status": _status_hint,
+    "num_computed": _computed_hint,
+    "num_generated": lambda d: hints.ZEROES_GENERATED if d.got == 0 else None,
+}
+# the guest who left, num_computed judged before num_generated, each with its slip's hint
+LEFT = tuple(
+    Field(f.name, f.read, f.show, "{victim}.{name} after leaving ({mode})", _HINTS.get(f.name))
+    for f in (GUEST[0], GUEST[2], GUEST[1], *GUEST[3:])
+)
+OTHERS = tuple(
+    Field(f.name, f.read, f.show, "only the leaving guest changes, yet {g}.{name} changed")
+    for f in GUEST
+)
+
+
+def _counts(scheduler: Scheduler, guests: dict) -> dict:
+    """The counts kvlab keeps itself: the scheduler's, and every guest's num_preemptions."""
+    counts = {f"scheduler.{name}": getattr(scheduler, name, None) for name in COUNTERS}
+    for g, q in guests.items():
+        counts[f"{g}.num_preemptions"] = q.num_preemptions
+    return counts
+
+
+COUNTED = (Field("counts", _counts, says="{name} changed inside preempt", entries=True),)
+
+
+def _who_left(running: list, now: dict, waiting_before: list, value) -> tuple[list, list]:
+    """The guests a preempt took out of running, and who left by every sign: taken out of
+    running, else put in the queue, else released, else returned."""
+    seq_ids = [q.seq_id for q in running]
+    removed = [g for g in seq_ids if g not in now["scheduler.running"]]
+    queued = [g for g in now["scheduler.waiting"] if g not in waiting_before]
+    released = [g for g in seq_ids if g not in now["the cache"].tokens]
+    returned = [value.seq_id] if isinstance(value, Sequence) else []
+    return removed, removed or queued or released or returned
+
+
+def judge_preempt(fn, scheduler: Scheduler, where: str, replay: str | None = None):
+    """Call the learner's ``fn(scheduler)`` and kvlab's ``Scheduler.preempt`` on a copy made
+    before; fail the check at the first difference. Returns what ``fn`` returned. With nobody
+    running, raising anything is fine, and so is changing nothing."""
+    reference = copy.deepcopy(scheduler)
+    reference.custom_preempt = None  # kvlab's own choice, even inside a day run with the learner's
+    running = list(scheduler.running)
+    guests = {q.seq_id: q for q in [*running, *scheduler.waiting]}
+    before = {g: read(GUEST, q) for g, q in guests.items()}
+    waiting_before = ids(scheduler.waiting)
+    cache_before = scheduler.cache.state()
+    counts_before = read(COUNTED, scheduler, guests)
+    value, error = call_own(fn, scheduler, guard=PREEMPT_REFERENCE, task=PREEMPT_TASK, where=where)
+
+    def fail(message, hint=None, cause=None, **details):
+        cause = cause or hint or f"06: {message}"
+        raise CheckFailed(message, input=where, replay=replay, hint=hint, cause=cause, **details)
+
+    if not running:
+        changed = ids(scheduler.waiting) != waiting_before or (
+            scheduler.cache.state() != cache_before
+        )
+        if error is None and changed:
+            fail("with nobody in the hotel there is nobody to ask to leave: nothing may change")
+        return value
+    if error is not None:
+        raise raised(error, error_slip(error), input=where, replay=replay)
+    expected = Scheduler.preempt(reference)
+    victim = expected.seq_id
+    if not isinstance(scheduler.running, list):
+        fail(
+            "scheduler.running must stay a list",
+            got=short(scheduler.running),
+            hint=hints.NOT_A_LIST,
+        )
+    if not isinstance(scheduler.waiting, deque):
+        fail(
+            "scheduler.waiting must stay a deque",
+            got=short(scheduler.waiting),
+            hint=hints.NOT_A_DEQUE,
+        )
+
+    now = read(SCHEDULER, scheduler)
+    removed, chosen = _who_left(running, now, waiting_before, value)
+    if len(removed) > 1:
+        fail("one call asks one guest to leave", expected=show([victim]), got=show(removed))
+    if not chosen:
+        fail(
+            "nothing changed: a guest should have left",
+            expected=f"{victim} leaves (checked in last)",
+            got="everybody stays",
+        )
+    if chosen[0] != victim:
+        # one cause whichever wrong guest: a rule that picked the guest who arrived last here
+        # may pick the one checked in first in the next hotel (the same problem, not a new one)
+        slip = slips.first(slips.matching(VICTIM_SLIPS, chosen[0], (running,), victim))
+        fail(
+            "the wrong guest was asked to leave",
+            expected=f"{victim} (checked in last)",
+            got=str(chosen[0]),
+            hint=slips.hint(slip),
+            cause=WRONG_GUEST,
+        )
+    if not removed:
+        fail(
+            f"{victim} is still in scheduler.running",
+            expected=show(ids(reference.running)),
+            got=show(now["scheduler.running"]),
+            hint=hints.NOT_REMOVED,
+        )
+
+    # what the scheduler holds, the guest who left, every other guest, the counts
+    d = first_difference(SCHEDULER, read(SCHEDULER, reference), now, victim=victim)
+    mode = scheduler.preemption
+    d = d or first_difference(
+        LEFT,
+        read(LEFT, expected),
+        read(LEFT, guests[victim]),
+        victim=victim,
+        mode=mode,
+        before=before[victim],
+    )
+    copies = {q.seq_id: q for q in [*reference.running, *reference.waiting]}
+    for g, q in guests.items():
+        if d is None and g != victim:
+            d = first_difference(OTHERS, read(OTHERS, copies[g]), read(OTHERS, q), g=g)
+    if d is not None:
+        want, got = d.shown
+        fail(d.message, expected=want, got=got, hint=d.hint)
+    # kvlab counts: Scheduler.preempt itself, _counted around a custom preempt in a day, and
+    # nobody around a preempt called directly, so the learner's preempt changes no count
+    d = first_difference(COUNTED, counts_before, read(COUNTED, scheduler, guests))
+    if d is not None:
+        counted = _counts(reference, copies)[d.key]
+        then = f" (kvlab then counts this preemption: {counted})" if counted != d.expected else ""
+        fail(
+            d.message, expected=f"{d.expected}, as before{then}", got=f"{d.got}", hint=hints.COUNTS
+        )
+    if value is not guests[victim]:
+        hint = hints.RETURN_NONE if value is None else hints.RETURN_ID if value == victim else None
+        fail(
+            "preempt returns the guest who left",
+            expected=f"the Sequence {victim}",
+            got=short(value),
+            hint=hint,
+        )
+    return value
+
+
+# --- the hotels ------------------------------------------------------------------------------
+
+
+def _hotel(mode: str, running, waiting, num_blocks: int = 16, block_size: int = 4) -> Scheduler:
+    """A scheduler with guests checked in in the order given: ``running`` rows are (seq_id,
+    prompt_len, output_len, arrival, generated, computed, times preempted before), ``waiting``
+    rows (seq_id, prompt_len, output_len, arrival, status, generated)."""
+    s = Scheduler(PagedCache(num_blocks, block_size), preemption=mode)
+    for seq_id, prompt, output, arrival, generated, computed, preempted in running:
+        seq = Sequence(seq_id, prompt, output, arrival)
+        seq.num_generated, seq.num_preemptions = generated, preempted
+        s.add(seq)
+        s.admit(seq)
+        seq.num_computed = computed
+    for seq_id, prompt, output, arrival, status, generated in waiting:
+        seq = Sequence(seq_id, prompt, output, arrival)
+        seq.num_generated = generated
+        s.add(seq)
+        seq.status = status
+    return s
+
+
+# running in check-in order: cy came first, bo last (back after a preemption: it arrived early);
+# di arrived last, ana holds the most rooms: each wrong choice is told apart
+BUSY_RUNNING = (
+    ("cy", 6, 8, 1.0, 3, 8, 0),
+    ("ana", 13, 4, 2.0, 1, 13, 0),
+    ("di", 5, 6, 3.0, 2, 6, 0),
+    ("bo", 3, 9, 0.5, 5, 7, 1),
+)
+BUSY_WAITING = (("eve", 4, 2, 4.0, WAITING, 0), ("fay", 7, 3, 5.0, WAITING, 0))
+
+
+def _busy(fn, mode: str) -> None:
+    s = _hotel(mode, BUSY_RUNNING, BUSY_WAITING)
+    judge_preempt(fn, s, scheduler_text(s))
+
+
+@preempt_ex.check(
+    "recompute: the guest checked in last leaves, their rooms are freed, they wait first in line"
+)
+def _recompute(fn):
+    _busy(fn, "recompute")
+
+
+@preempt_ex.check("swap: the same guest leaves, with their K and V kept (num_computed stays)")
+def _swap(fn):
+    _busy(fn, "swap")
+
+
+@preempt_ex.check("every guest asked to leave in turn, then once more with nobody in the hotel")
+def _in_turn(fn):
+    s = _hotel(
+        "recompute",
+        (("ana", 5, 4, 0.0, 2, 6, 0), ("bo", 8, 3, 0.0, 1, 8, 0), ("cy", 2, 6, 1.0, 0, 0, 0)),
+        (("zed", 3, 5, 0.0, PREEMPTED, 2), ("eve", 4, 1, 2.0, WAITING, 0)),
+        num_blocks=8,
+    )
+    for call in range(1, 5):
+        where = f"call {call} of 4 on the same scheduler: {scheduler_text(s)}"
+        judge_preempt(fn, s, where)
+
+
+# --- a day with the learner's preempt --------------------------------------------------------
+
+
+class JudgedPreempt:
+    """The learner's preempt as a simulated day calls it: each call judged beside kvlab's."""
+
+    def __init__(self, fn, mode: str):
+        self.fn, self.mode, self.calls, self.inside = fn, mode, 0, False
+
+    def __call__(self, scheduler):
+        if self.inside:  # scheduler.preempt is the learner's own preempt in this day
+            raise CheckFailed(
+                "your preempt calls scheduler.preempt(), which here is your preempt itself",
+                hint=f"{PREEMPT_TASK} yourself is the exercise: do not call scheduler.preempt()",
+                cause=HANDOVER,
+            )
+        self.calls += 1
+        where = (
+            f"preemption {self.calls} of {DAY_TEXT}, with preemption={self.mode!r} and "
+            f"preempt=preempt; before it: {state_text(scheduler)}"
+        )
+        self.inside = True
+        try:
+            return judge_preempt(self.fn, scheduler, where)
+        finally:
+            self.inside = False
+
+
+# kvlab's objections to a preempt (Scheduler._counted, _make_room), and their hints
+OBJECTIONS = {
+    "without sending it away": hints.SENT_AWAY,
+    "already has its token": hints.SERVED,
+    "must return the Sequence": hints.RETURN_NONE,
+}
+
+
+def serve_day(preempt, mode: str):
+    """``DAY`` simulated with ``preempt``; kvlab's objections to a preempt (a guest returned but
+    not sent away, a guest who already had its token) become a report, not a traceback."""
+    try:
+        return simulate(DAY, preemption=mode, preempt=preempt, **DAY_SETUP)
+    except (TypeError, ValueError) as error:
+        hint = next((h for mark, h in OBJECTIONS.items() if mark in str(error)), None)
+        if hint is None or learner_frames(error):
+            raise
+        raise CheckFailed(
+            "\n   ".join(explain_exception(error)),
+            input=f"{DAY_TEXT}, with preemption={mode!r} and preempt=preempt",
+            hint=hint,
+        ) from None
+
+
+@preempt_ex.check("a day with your preempt: every preemption, and the day's figures, as kvlab's")
+def _preempt_day(fn):
+    for mode in ("recompute", "swap"):
+        got = serve_day(JudgedPreempt(fn, mode), mode)
+        want = simulate(DAY, preemption=mode, **DAY_SETUP)
+        same_figures(figures(got), figures(want), f"{DAY_TEXT}, preemption={mode!r}")

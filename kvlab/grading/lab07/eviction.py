@@ -1,0 +1,304 @@
+"""07.eviction: ``take_block(free_queue, cached, block_hashes)`` compared with vLLM's rule (the
+front of the queue, strictly; a cached room there forgets its hash in both maps): the room it
+returned names a wrong choice (``references.TAKE_SLIPS``), and what it left in the three
+structures, compared on the state-diff table ``TAKEN``, the rest. A rebound ``free_queue`` and
+one never shortened answer alike and are told apart by the learner's bytecode.
+"""
+
+from __future__ import annotations
+
+import copy
+import numbers
+import random
+
+from kvlab.grading import slips
+from kvlab.grading.blame import explain_exception, raised
+from kvlab.grading.expect import CheckFailed, short
+from kvlab.grading.key_cards import card_text, print_failure, room_number
+from kvlab.grading.lab07 import hints
+from kvlab.grading.lab07.references import KVLAB_CODE, TAKE_SLIPS, chain_hashes, reference_take
+from kvlab.grading.own_code import call_own
+from kvlab.grading.registry import exercise
+from kvlab.grading.slips import rebinds_argument
+from kvlab.grading.state_diff import Field, each, first_difference, read
+
+evict = exercise("07.eviction", "which room to hand out")
+EVICT_TASK = "choosing and evicting the room"
+
+
+def _room_type_slip(got, expected: int) -> str | None:
+    """The hint for a room number returned as something other than an int."""
+    if got is None:
+        return hints.RETURN_ROOM
+    kind = type(got).__name__
+    if isinstance(got, (tuple, list)) and expected in got:
+        return hints.RETURN_ALONE.format(kind=kind)
+    if isinstance(got, str) and got.strip() == str(expected):
+        return hints.RETURN_TEXT.format(kind=kind)
+    if isinstance(got, numbers.Real) and not isinstance(got, bool) and got == expected:
+        return hints.RETURN_NUMBER.format(kind=kind)
+    return None
+
+
+def _queue_text(queue, hashes) -> str:
+    shown = ", ".join(f"{b}*" if b in hashes else str(b) for b in queue[:12])
+    more = f", … ({len(queue)} in all)" if len(queue) > 12 else ""
+    return f"[{shown}{more}]"
+
+
+def _hotel_text(queue, cached, hashes) -> str:
+    cached_rooms = sorted(hashes)
+    return (
+        f"free_queue {_queue_text(queue, hashes)} (front first, * = holds a cached block), "
+        f"cached rooms {card_text(cached_rooms)}"
+    )
+
+
+def _take_error_slip(error, queue, hashes) -> str | None:
+    if isinstance(error, KeyError) and queue and error.args and error.args[0] == queue[0]:
+        return hints.KEYED_BY_HASH if queue[0] in hashes else hints.NOT_CACHED
+    return None
+
+
+def _maps_text(cached: dict, hashes: dict) -> str:
+    return f"cached {short(cached, 90)}, block_hashes {short(hashes, 90)}"
+
+
+def _queue_hint(d) -> str | None:
+    """The room stayed in the queue: not taken, or taken off a list the caller never sees."""
+    if d.got != d.before[0]:
+        return None
+    return hints.REBOUND if rebinds_argument(d.fn, 0) else hints.NOT_TAKEN
+
+
+def _maps_hint(d) -> str | None:
+    (cached, hashes), (want_cached, _) = d.got, d.expected
+    front, hashes_before = d.before[0][0], d.before[2]
+    if front in hashes_before:
+        kept_cached, kept_own = hashes_before[front] in cached, front in hashes
+        if kept_cached and kept_own:
+            return hints.FORGET_BOTH
+        if kept_cached or kept_own:
+            return hints.STALE if kept_cached else hints.KEEPS_OWN
+    return hints.OVER_EVICT if set(cached.items()) < set(want_cached.items()) else None
+
+
+def _maps_says(d) -> str:
+    if d.before[0][0] in d.before[2]:
+        return f"room {d.room} held a cached block: its hash is forgotten, and nothing else"
+    return f"room {d.room} held no cached block: the cache stays as it was"
+
+
+# what a take leaves of the caller's three structures, in the order a difference is reported
+TAKEN = (
+    Field(
+        "free_queue",
+        lambda queue, cached, hashes: queue,
+        show=lambda want, got: (str(want), short(got)),
+        says="room {room} leaves the queue, the others keep their order",
+        hint=_queue_hint,
+    ),
+    Field(
+        "the cache",
+        lambda queue, cached, hashes: (cached, hashes),
+        show=each(lambda maps: _maps_text(*maps)),
+        says=_maps_says,
+        hint=_maps_hint,
+    ),
+)
+
+
+def _take(fn, queue: list, cached: dict, hashes: dict) -> tuple:
+    return call_own(fn, queue, cached, hashes, guard=KVLAB_CODE, task=EVICT_TASK)
+
+
+def _expect_take(fn, queue: list, cached: dict, hashes: dict, story: str, replay=None):
+    """Call ``fn`` on the three structures (changed in place, as the caller's) and compare them
+    and the room returned with the rule's. Returns the room."""
+    where = f"{story}: {_hotel_text(queue, cached, hashes)}"
+    before = (list(queue), dict(cached), dict(hashes))
+    want = copy.deepcopy(before)
+    expected = reference_take(*want)
+
+    def fail(message, **details):
+        raise CheckFailed(message, input=where, replay=replay, **details)
+
+    got, error = _take(fn, queue, cached, hashes)
+    if error is not None:
+        hint = _take_error_slip(error, before[0], before[2])
+        raise raised(error, hint, input=where, replay=replay)
+    if not room_number(got):
+        fail(
+            "take_block returns the room number it took",
+            expected=str(expected),
+            got=short(got),
+            hint=_room_type_slip(got, expected),
+        )
+    if got != expected:
+        slip = slips.first(slips.matching(TAKE_SLIPS, got, before, expected))
+        hint = slips.hint(slip)
+        fail("the wrong room was handed out", expected=str(expected), got=str(got), hint=hint)
+    context = dict(room=expected, fn=fn, before=before)
+    d = first_difference(TAKEN, read(TAKEN, *want), read(TAKEN, queue, cached, hashes), **context)
+    if d is not None:
+        shown, seen = d.shown
+        fail(d.message, expected=shown, got=seen, hint=d.hint)
+    return got
+
+
+def _expect_refused(fn, queue: list, cached: dict, hashes: dict, story: str, replay=None):
+    """An empty queue: OutOfBlocks (a MemoryError), nothing changed."""
+    where = f"{story}: {_hotel_text(queue, cached, hashes)}"
+    before = (list(queue), dict(cached), dict(hashes))
+    got, error = _take(fn, queue, cached, hashes)
+    if not isinstance(error, MemoryError):
+        if error is None:
+            got_text = f"no error, returned {short(got)}"
+            hint = hints.EMPTY_NONE if got is None else hints.EMPTY_VALUE
+        else:
+            got_text = explain_exception(error)[0]
+            hint = hints.EMPTY if isinstance(error, IndexError) else "raise OutOfBlocks here"
+        raise CheckFailed(
+            "no room is free: take_block is refused",
+            input=where,
+            replay=replay,
+            expected="OutOfBlocks (a MemoryError)",
+            got=got_text,
+            hint=hint,
+        )
+    if (queue, cached, hashes) != before:
+        raise CheckFailed(
+            "a refused call must change nothing",
+            input=where,
+            replay=replay,
+            expected=_maps_text(*before[1:]),
+            got=_maps_text(cached, hashes),
+            hint="check that free_queue is not empty before changing anything",
+        )
+
+
+def _cachedcard_text(rooms: dict) -> tuple[dict, dict]:
+    """cached and block_hashes for rooms given as room -> hash."""
+    return {h: b for b, h in rooms.items()}, dict(rooms)
+
+
+@evict.check(
+    "a plain free room at the front is handed out and leaves the queue; the cache stays as it is"
+)
+def _plain(fn):
+    cached, hashes = _cachedcard_text({6: 0x6A, 2: 0x2B})
+    _expect_take(fn, [4, 1, 6, 2], cached, hashes, "room 4, at the front, holds no cached block")
+
+
+@evict.check("a cached room at the front is evicted: its hash is forgotten in both maps")
+def _cached_front(fn):
+    cached, hashes = _cachedcard_text({6: 0x6A, 2: 0x2B, 5: 0x5C})
+    story = "room 6, at the front, holds a cached block; room 5 is in use and cached"
+    _expect_take(fn, [6, 4, 2], cached, hashes, story)
+
+
+@evict.check(
+    "the room freed longest ago goes first (vLLM's rule, strictly), even with a room holding no "
+    "cached block behind it"
+)
+def _strict(fn):
+    cached, hashes = _cachedcard_text({3: 0x3A, 5: 0x5B, 8: 0x8C})
+    story = "rooms 3 and 5, at the front, hold cached blocks, room 0 holds none"
+    queue = [3, 5, 0, 8]
+    _expect_take(fn, queue, cached, hashes, story)
+    _expect_take(fn, queue, cached, hashes, "then, with what is left")
+
+
+@evict.check("an empty queue: OutOfBlocks, and nothing changes")
+def _empty(fn):
+    cached, hashes = _cachedcard_text({1: 0x1A, 4: 0x4B})
+    _expect_refused(fn, [], cached, hashes, "every room is in use (rooms 1 and 4 cached)")
+
+
+def _promptcard_text(rooms: list, tokens: list, block_size: int) -> dict:
+    """room -> hash for the full blocks of ``tokens`` held in ``rooms``."""
+    return dict(zip(rooms, chain_hashes(tokens, block_size, len(rooms)), strict=True))
+
+
+@evict.check(
+    "a guest checks out (last room first in the queue) and rooms are taken one by one: the "
+    "cached prefix loses its tail first"
+)
+def _tail_first(fn):
+    card = [5, 2, 7, 0]  # a guest's key card: 16 tokens in 4 full rooms, all cached
+    cached, hashes = _cachedcard_text(_promptcard_text(card, list(range(200, 216)), 4))
+    queue = [1, 3, *reversed(card)]  # free rooms 1 and 3, then the guest's, last room first
+    for i in range(len(queue)):
+        story = (
+            f"take {i + 1} of 6 after a guest with key card {card} (all 4 rooms cached) checked "
+            "out behind free rooms 1 and 3"
+        )
+        _expect_take(fn, queue, cached, hashes, story)
+    _expect_refused(fn, queue, cached, hashes, "then once more, with the queue empty")
+
+
+DAY_SEED, DAY_STEPS = 9, 300
+
+
+def _day_replay(fn, seed: int, steps: int) -> str:
+    return (
+        f"random.Random({seed}), step {steps}: `from kvlab.grading.lab07 import random_day; "
+        f"random_day({getattr(fn, '__name__', 'take_block')}, steps={steps})` prints every step"
+    )
+
+
+def random_day(fn, steps: int = DAY_STEPS, seed: int = DAY_SEED, echo: bool = True):
+    """The check's random day on ``fn``: 12 rooms; rooms are taken (``fn``), guests check out
+    (their rooms join the queue last room first, their full blocks cached), and cache hits take
+    cached rooms out of the middle of the queue, drawn from ``random.Random(seed)``. With
+    ``echo`` it prints every step and, at the first wrong answer, the check's report."""
+    rng = random.Random(seed)
+    queue, cached, hashes = list(range(12)), {}, {}
+    guests: list[list[int]] = []  # each guest's rooms
+    step = 0
+
+    def say(text):
+        if echo:
+            print(text)
+
+    try:
+        for step in range(1, steps + 1):
+            roll = rng.random()
+            replay = _day_replay(fn, seed, step)
+            if roll < 0.55:
+                story = f"step {step} of a random day, taking a room"
+                if not queue:
+                    say(f"{step}: take_block with the queue empty")
+                    _expect_refused(fn, queue, cached, hashes, story, replay)
+                    continue
+                say(f"{step}: take_block from {_queue_text(queue, hashes)}")
+                room = _expect_take(fn, queue, cached, hashes, story, replay)
+                if guests and rng.random() < 0.6:
+                    rng.choice(guests).append(room)
+                else:
+                    guests.append([room])
+            elif roll < 0.85 and guests:
+                card = guests.pop(rng.randrange(len(guests)))
+                tokens = [rng.randrange(4) for _ in range(2 * len(card))]
+                full = rng.randint(0, len(card))  # the last rooms may be partly filled
+                for room, h in _promptcard_text(card[:full], tokens, 2).items():
+                    if h not in cached and room not in hashes:  # a reused room keeps its hash
+                        cached[h], hashes[room] = room, h
+                queue.extend(reversed(card))
+                say(f"{step}: a guest with key card {card} checks out ({full} rooms full)")
+            else:
+                hit = [b for b in queue if b in hashes]
+                if hit:
+                    room = rng.choice(hit)
+                    queue.remove(room)
+                    guests.append([room])
+                    say(f"{step}: a new prompt reuses cached room {room}")
+    except CheckFailed as failure:
+        if not echo:
+            raise
+        print_failure(failure)
+
+
+@evict.check("a random day: 300 rooms taken, guests checking out, cached rooms reused")
+def _random_day(fn):
+    random_day(fn, echo=False)

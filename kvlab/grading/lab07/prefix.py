@@ -1,0 +1,343 @@
+"""07.cached_prefix: ``longest_cached_prefix(token_ids, block_size, cached)`` compared with the
+rule the lab states (chained hashes, stop at the first miss, a hit confirmed by tokens and parent,
+full blocks only, the last token never covered). A wrong answer is named when a usual slip (the
+rule with one mistake, ``PREFIX_SLIPS``) gives it on the same input and the learner's code also
+gives that slip's answer on a case built so that only that slip goes wrong there (the checks'
+own cases, ``CASES``). Two slips give the same answers on every input and are told apart by the
+learner's bytecode: ``parent = hit.parent_hash`` from a parent never advanced.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+
+from kvlab.block_pool import ROOT_HASH, hash_block_tokens
+from kvlab.grading import slips
+from kvlab.grading.blame import raised
+from kvlab.grading.expect import CheckFailed, call_without_mutation, plural, short
+from kvlab.grading.key_cards import card_text, room_number
+from kvlab.grading.lab07 import hints
+from kvlab.grading.lab07.references import (
+    KVLAB_CODE,
+    CachedBlock,
+    cache_prompt,
+    cached_prefix,
+    chain_hashes,
+)
+from kvlab.grading.own_code import call_own
+from kvlab.grading.registry import exercise
+from kvlab.grading.slips import Slip, quietly, stores_attribute
+
+prefix = exercise("07.cached_prefix", "the longest cached prefix")
+PREFIX_TASK = "finding the cached rooms"
+
+
+def _prompt_text(token_ids) -> str:
+    text = str(list(token_ids))
+    if len(text) > 70:
+        text = text[:68].rsplit(",", 1)[0] + ", …]"
+    return f"{text} ({plural(len(token_ids), 'token')})"
+
+
+def _expect_prefix(fn, token_ids, block_size: int, cached: dict, story: str, replay=None):
+    where = f"{story}; longest_cached_prefix({_prompt_text(token_ids)}, {block_size}, cached)"
+    expected = cached_prefix(token_ids, block_size, cached)
+    got, error = call_own(
+        fn,
+        list(token_ids),
+        block_size,
+        cached,
+        guard=KVLAB_CODE,
+        task=PREFIX_TASK,
+        where=where,
+        replay=replay,
+        run=functools.partial(call_without_mutation, names=("token_ids", "block_size", "cached")),
+    )
+    if error is not None:
+        raise raised(error, input=where, replay=replay) from None
+
+    def fail(message, **details):
+        raise CheckFailed(
+            message, input=where, replay=replay, expected=card_text(expected), **details
+        )
+
+    if not isinstance(got, list):
+        hint = hints.RETURN_LIST if got is None or isinstance(got, (tuple, int)) else None
+        fail("longest_cached_prefix returns a list", got=short(got), hint=hint)
+    if not all(room_number(room) for room in got):
+        entries = bool(got) and all(hasattr(room, "block_id") for room in got)
+        text = [str(room) for room in expected] == [str(room).strip() for room in got]
+        fail(
+            "longest_cached_prefix returns room numbers (ints)",
+            got=short(got, 90),
+            hint=hints.RETURN_IDS if entries else hints.RETURN_ID_TEXT if text else None,
+        )
+    if got != expected:
+        hint, cause = _prefix_slip(fn, got, token_ids, block_size, cached)
+        fail("wrong rooms", got=card_text(got), hint=hint, cause=cause)
+
+
+# --- the cases the checks try, by name (the slips' probes are among them) --------------------
+
+EARLIER = list(range(100, 116))  # an earlier prompt: 4 rooms of 4 beds, cached in rooms 7, 3, 12, 0
+EARLIER_STORY = "cached: the 4 rooms (7, 3, 12, 0) of an earlier prompt 100…115, 4 beds a room"
+
+
+def _earlier(token_ids, story: str = EARLIER_STORY, planted: dict | None = None):
+    cached: dict = {}
+    cache_prompt(cached, EARLIER, 4, iter([7, 3, 12, 0]))
+    return story, list(token_ids), 4, {**cached, **(planted or {})}
+
+
+def _two_openings(token_ids):
+    cached: dict = {}
+    rooms = iter([21, 22, 23, 24])
+    cache_prompt(cached, [5, 5, 5, 5, 8, 8, 8, 8], 4, rooms)
+    cache_prompt(cached, [1, 1, 1, 1, 2, 2, 2, 2], 4, rooms)
+    story = (
+        "cached: the rooms of two earlier prompts, 5555 8888 (rooms 21, 22) and 1111 2222 (23, 24)"
+    )
+    return story, token_ids, 4, cached
+
+
+def _hole():
+    prompt = list(range(40, 60))  # 5 rooms of 4 beds
+    cached: dict = {}
+    cache_prompt(cached, prompt, 4, iter([30, 31, 32, 33, 34]))
+    del cached[chain_hashes(prompt, 4, 3)[2]]
+    story = (
+        "cached: rooms 30, 31, 33, 34 of an earlier prompt 40…59 (its third block, room 32, was "
+        "evicted)"
+    )
+    return story, [*prompt, 60], 4, cached
+
+
+def _skip():
+    cached: dict = {}
+    cache_prompt(cached, list(range(70, 82)), 4, iter([40, 41, 42]))
+    story = "cached: rooms 40, 41, 42 of an earlier prompt 70…81 (blocks 70…73, 74…77, 78…81)"
+    return story, [70, 71, 72, 73, 1, 1, 1, 1, 74, 75, 76, 77, 2], 4, cached
+
+
+H0 = hash_block_tokens(ROOT_HASH, EARLIER[:4])
+OTHER = (60, 61, 62, 63)
+COLLIDING = hash_block_tokens(H0, OTHER)  # where block 60…63 after 100…103 is looked up
+
+
+def _tokens_collide():
+    story = (
+        "cached: the 4 rooms of the earlier prompt 100…115, and room 99 (tokens 104…107) filed "
+        "under the hash of block 60…63 after 100…103, as if the two collided"
+    )
+    planted = {COLLIDING: CachedBlock(99, H0, tuple(EARLIER[4:8]))}
+    return _earlier([*EARLIER[:4], *OTHER, 64], story, planted)
+
+
+def _parents_collide():
+    story = (
+        "cached: the 4 rooms of the earlier prompt 100…115, and room 98 (tokens 60…63 after "
+        "1 2 3 4) filed under the hash of 60…63 after 100…103, as if the two collided"
+    )
+    planted = {COLLIDING: CachedBlock(98, hash_block_tokens(ROOT_HASH, [1, 2, 3, 4]), OTHER)}
+    return _earlier([*EARLIER[:4], *OTHER, 64], story, planted)
+
+
+def _half_block():
+    parent = chain_hashes(EARLIER, 4, 2)[1]
+    story = (
+        "cached: the 4 rooms of the earlier prompt 100…115, and room 55 filed under the hash of "
+        "the half block 108 109 (a cache keeps only full blocks; a lookup must not ask for one)"
+    )
+    key = hash_block_tokens(parent, EARLIER[8:10])
+    return _earlier(EARLIER[:10], story, {key: CachedBlock(55, parent, tuple(EARLIER[8:10]))})
+
+
+def _overlapping():
+    cached: dict = {}
+    rooms = iter([50, 51, 52])
+    cache_prompt(cached, [1, 2, 3, 4, 5, 6, 7, 8], 4, rooms)
+    cache_prompt(cached, [1, 2, 3, 4, 2, 3, 4, 5], 4, rooms)
+    story = (
+        "cached: the rooms of two earlier prompts, 1234 5678 (rooms 50, 51) and 1234 2345 (50, 52)"
+    )
+    return story, [1, 2, 3, 4, 5, 6, 7, 8, 9], 4, cached
+
+
+def _one_bed(token_ids):
+    cached: dict = {}
+    cache_prompt(cached, [3, 4], 1, iter([8, 9]))
+    return "cached: rooms 8 and 9 of an earlier prompt 3 4, one bed a room", token_ids, 1, cached
+
+
+CASES = {
+    "past the end": lambda: _earlier([*EARLIER, 116]),
+    "diverges": lambda: _earlier([*EARLIER[:8], 90, 91, 92, 93, *EARLIER[12:], 5]),
+    "splits early": lambda: _earlier([*EARLIER[:6], 1, 2, 3]),
+    "empty": lambda: ("an empty cache", [5, 6, 7, 8, 9], 4, {}),
+    "next block": _overlapping,
+    "other opening": lambda: _two_openings([1, 1, 1, 1, 5, 5, 5, 5, 9]),
+    "chain": lambda: _two_openings([1, 1, 1, 1, 2, 2, 2, 2, 9, 9, 9, 9]),
+    "hole": _hole,
+    "skip": _skip,
+    "tokens collide": _tokens_collide,
+    "parents collide": _parents_collide,
+    "half block": _half_block,
+    "exact": lambda: _earlier(EARLIER),
+    "one past exact": lambda: _earlier(EARLIER[:13]),
+    "one bed": lambda: _one_bed([3]),
+    "two beds": lambda: _one_bed([3, 4]),
+}
+
+
+# the usual slips, tried in order: each the rule with one mistake (how it differs), its hint, its
+# cause, and the case it is confirmed on. A slip is named only when the learner's answer is the
+# slip's both on the failing input and on its own case, built so that only that slip goes wrong
+# there; one cause for each family, so a variant seen later folds into the first.
+CHAIN, STOP, CONFIRM, WHICH, SLICE = (
+    f"07.cached_prefix: {c}" for c in ("chain", "stop", "confirm", "blocks", "slice")
+)
+
+
+def _slip(how: dict, hint: str, cause: str, case: str) -> Slip:
+    answer = functools.partial(cached_prefix, **how)
+    return Slip(hint, answer, cause, case=lambda: CASES[case]()[1:])
+
+
+PREFIX_SLIPS = [
+    _slip(dict(overlap=True), hints.OVERLAP, SLICE, "next block"),
+    _slip(dict(chained="root"), hints.UNCHAINED, CHAIN, "chain"),
+    _slip(dict(chained="root", confirm_parent=False), hints.UNCHAINED, CHAIN, "chain"),
+    _slip(dict(chained="key"), hints.UNCHAINED, CHAIN, "chain"),
+    _slip(dict(stop=False), hints.NO_STOP, STOP, "hole"),
+    _slip(dict(stop=False, parent_on_miss=False), hints.NO_STOP, STOP, "skip"),
+    _slip(dict(confirm_parent=False), hints.NO_PARENT_CONFIRM, CONFIRM, "parents collide"),
+    _slip(
+        dict(confirm_tokens=False, confirm_parent=False),
+        hints.NO_CONFIRM,
+        CONFIRM,
+        "tokens collide",
+    ),
+    _slip(dict(confirm_tokens=False), hints.NO_CONFIRM, CONFIRM, "tokens collide"),
+    _slip(dict(blocks="covers_last"), hints.COVERS_LAST, WHICH, "exact"),
+    _slip(dict(blocks="partial"), hints.PARTIAL, WHICH, "half block"),
+    _slip(dict(blocks="drops_one"), hints.DROPS_ONE, WHICH, "past the end"),
+]
+
+
+def _prefix_slip(fn, got, token_ids, block_size, cached) -> tuple[str | None, str | None]:
+    """(hint, cause) for a wrong answer that a usual slip gives on this input and on its own
+    case, else (None, None)."""
+    args = (token_ids, block_size, cached)
+    right = cached_prefix(*args)
+    for slip in slips.matching(PREFIX_SLIPS, got, args, right):
+        if slips.confirmed(slip, fn):
+            hint = slip.hint
+            if slip.answer.keywords.get("chained") == "root" and stores_attribute(
+                fn, "parent_hash"
+            ):
+                hint = hints.PARENT_HASH  # `parent = entry.parent_hash`: the parent stays ROOT_HASH
+            return hint, slip.cause
+    if got and got == chain_hashes(token_ids, block_size, len(got)):
+        return hints.RETURN_HASHES, hints.RETURN_HASHES
+    if got == [] and right:
+        listed = {k: e._replace(token_ids=list(e.token_ids)) for k, e in cached.items()}
+        if quietly(lambda: fn(list(token_ids), block_size, listed)) == right:
+            return hints.TUPLE_LIST, hints.TUPLE_LIST
+    return None, None
+
+
+def _try(fn, *names: str) -> None:
+    for name in names:
+        story, token_ids, block_size, cached = CASES[name]()
+        _expect_prefix(fn, token_ids, block_size, cached, story)
+
+
+@prefix.check(
+    "the rooms of an earlier prompt are found from the first block on, up to the first block "
+    "not cached"
+)
+def _found(fn):
+    _try(fn, "past the end", "diverges", "splits early", "empty", "next block")
+
+
+@prefix.check(
+    "the same tokens after another prefix are another block: each hash is chained to the block "
+    "before it"
+)
+def _chained(fn):
+    _try(fn, "other opening", "chain")
+
+
+@prefix.check("a hole in the cache: no room after the first miss is reused")
+def _holes(fn):
+    _try(fn, "hole", "skip")
+
+
+@prefix.check(
+    "a hash collision never shares a room: a hit is confirmed by its tokens and its parent hash"
+)
+def _collision(fn):
+    _try(fn, "tokens collide", "parents collide")
+
+
+@prefix.check(
+    "only full rooms count and the prompt's last token is always computed: k full rooms reuse "
+    "at most k − 1"
+)
+def _last_token(fn):
+    _try(fn, "half block", "exact", "one past exact", "one bed", "two beds")
+
+
+PREFIX_SEED, PREFIX_CASES = 5, 200
+
+
+def random_prompt(case: int, seed: int = PREFIX_SEED) -> tuple[list[int], int, dict]:
+    """Case ``case`` of the check's random prompts: ``(token_ids, block_size, cached)``. Earlier
+    prompts built on two shared openings (a system prompt) are cached, some entries evicted, and
+    now and then an entry planted under a colliding hash."""
+    rng = random.Random(seed * 10_000 + case)
+    size = rng.choice([1, 2, 4, 16])
+    vocab = rng.choice([3, 50])
+
+    def tokens(n):
+        return [rng.randrange(vocab) for _ in range(n)]
+
+    openings = [tokens(rng.randint(0, 3) * size + rng.randint(0, size)) for _ in range(2)]
+
+    def prompt():
+        return (rng.choice(openings) + tokens(rng.randint(0, 3 * size))) or tokens(1)
+
+    cached: dict = {}
+    rooms = iter(rng.sample(range(1000), 1000))
+    for _ in range(rng.randint(0, 4)):
+        cache_prompt(cached, prompt(), size, rooms)
+    for key in list(cached):
+        if rng.random() < 0.1:
+            del cached[key]
+    query = prompt()
+    if rng.random() < 0.3 and len(query) >= size:
+        query = query[: len(query) // size * size]
+    full = (len(query) - 1) // size
+    if full and rng.random() < 0.2:
+        i = rng.randrange(full)
+        keys = chain_hashes(query, size, i + 1)
+        parent = keys[i - 1] if i else ROOT_HASH
+        block = tuple(query[i * size : (i + 1) * size])
+        if rng.random() < 0.5:
+            cached[keys[i]] = CachedBlock(next(rooms), parent, tuple(tokens(size)))
+        else:
+            cached[keys[i]] = CachedBlock(next(rooms), parent + 1, block)
+    return query, size, cached
+
+
+@prefix.check("200 random prompts against caches of earlier prompts")
+def _random_prefix(fn):
+    for case in range(PREFIX_CASES):
+        token_ids, size, cached = random_prompt(case)
+        story = f"random prompt {case + 1} of {PREFIX_CASES}: {plural(len(cached), 'cached room')}"
+        replay = (
+            f"`from kvlab.grading.lab07 import random_prompt; token_ids, block_size, cached = "
+            f"random_prompt({case})`"
+        )
+        _expect_prefix(fn, token_ids, size, cached, story, replay)
