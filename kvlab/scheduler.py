@@ -17,7 +17,11 @@ vLLM v1 plans it: running sequences first, in the order they were admitted (a de
 token, a prompt still being read costs what is left of it), then the queue. With
 ``chunked_prefill=True`` a prompt longer than what is left of the budget is read in chunks over
 several steps, and the sequence produces its first token in the step that reads its last chunk;
-without it a prompt waits until the whole of it fits in one step's budget. Every scheduled
+without it a prompt waits until the whole of it fits in one step's budget, and every request
+must fit a budget whole (with what it generated, when a preemption by recompute reads it all
+again), as vLLM asks ``max_num_batched_tokens >= max_model_len``. Since a newcomer is admitted
+only with budget left for it, every running sequence gets at least its next token or chunk in
+turn; with static batching the budget also caps how many check in together. Every scheduled
 sequence carries ``num_scheduled`` (the tokens it computes in this step, positions
 ``[num_computed, num_computed + num_scheduled)``) and ``samples`` (whether the step produces its
 next token). Without a budget, every prompt is read whole in the step that admits it.
@@ -27,8 +31,10 @@ OutOfMemory that admitting would raise, or None), ``admit``, ``can_append``, ``a
 ``release`` (:class:`~kvlab.contiguous.ContiguousKVCache` and :class:`~kvlab.paged.PagedCache`
 are two). A cache that declares ``prefix_caching = True`` (a
 :class:`kvlab.interfaces.PrefixCachingKVCache`) also gets the token ids of sequences that know
-them (``token_ids=`` to ``refusal`` and ``admit``; after each step, ``cache_computed(seq_id,
-token_ids, n)`` with the n tokens whose K/V exist by the end of the step), and says with
+them (``token_ids=`` to ``refusal`` and ``admit``; as each sequence is scheduled,
+``cache_computed(seq_id, token_ids, n)`` with the n tokens whose K/V this step writes: a
+sequence scheduled later in the same step may share them, since an executor writes a step's K/V
+before any of its attention reads them, as vLLM v1 does), and says with
 ``num_cached_tokens(seq_id)`` how much of a prompt it found cached: those tokens count as
 computed, and are neither recomputed nor swapped back in (Lab 07).
 """
@@ -188,6 +194,15 @@ class Scheduler:
             raise TypeError(f"seq must be a kvlab.scheduler.Sequence, got {seq!r}")
         positive_int("prompt_len", seq.prompt_len)
         positive_int("output_len", seq.output_len)
+        budget = self.max_num_batched_tokens
+        if budget is not None and not self.chunked_prefill:
+            need = seq.total_len - 1 if self.preemption == "recompute" else seq.num_uncomputed
+            if need > budget:
+                raise ValueError(
+                    f"sequence {seq.seq_id!r} may need {need} tokens computed in one step, more "
+                    f"than max_num_batched_tokens={budget}: raise the budget or use "
+                    "chunked_prefill=True"
+                )
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
 
@@ -319,7 +334,7 @@ class Scheduler:
         if seq not in self.waiting:
             raise ValueError(f"{seq.seq_id} is not in the queue (status {seq.status.value})")
         ids = self._known_ids(seq)
-        if ids and self.chunked_prefill:  # only what is computed may be found by others
+        if ids and self.chunked_prefill:  # the rest is findable as its chunks are scheduled
             ids["num_computed"] = seq.num_computed
         self.cache.admit(seq.seq_id, seq.num_tokens, seq.remaining, **ids)
         if ids:  # a cached prefix is neither computed again nor swapped back in

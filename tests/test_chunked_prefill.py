@@ -139,18 +139,26 @@ def test_a_long_prompt_is_read_in_chunks_while_the_others_decode():
 
 
 def test_without_chunking_a_prompt_waits_for_a_step_with_room_for_all_of_it():
-    executor = Checking(8)
-    engine = Engine(PagedCache(16, 4), executor, max_num_batched_tokens=8)
+    executor = Checking(10)
+    engine = Engine(PagedCache(16, 4), executor, max_num_batched_tokens=10)
     a, b = Sequence("a", 4, 6), Sequence("b", 8, 2)
     engine.add(a)
     engine.add(b)
     engine.run()
     assert executor.chunks["b"][0] == 8  # read whole, once a's decodes leave it the budget
     assert b.first_token_time > a.first_token_time
-    with pytest.raises(ValueError, match="more than max_num_batched_tokens=8"):
-        engine = Engine(PagedCache(16, 4), max_num_batched_tokens=8)
-        engine.add(Sequence("c", 9, 2))
-        engine.run()
+
+
+@pytest.mark.parametrize("preemption, need", [("recompute", 11), ("swap", 10)])
+def test_without_chunking_a_request_that_could_outgrow_the_budget_is_refused_at_once(
+    preemption, need
+):
+    """Checked when added, not mid-step: by recompute a readmitted request reads all it had."""
+    scheduler = Scheduler(PagedCache(16, 4), preemption=preemption, max_num_batched_tokens=9)
+    with pytest.raises(ValueError, match=f"may need {need} tokens .* max_num_batched_tokens=9"):
+        scheduler.add(Sequence("c", 10, 2))
+    assert not scheduler.has_unfinished()
+    scheduler.add(Sequence("d", 8, 2))  # 9 tokens at most: fits
 
 
 def test_token_gaps_count_every_token_after_the_first():

@@ -367,18 +367,16 @@ def test_max_steps_counts_fast_forwarded_steps_as_steps():
     assert not outcomes[0] and outcomes[-1]
 
 
-def test_a_prompt_over_the_budget_raises_at_the_same_step():
-    """Stepping raises when the queue's head could never fit the budget (here a guest preempted
-    by recompute, with what it generated): so does fast-forward, in the same step."""
-    raised = []
+def test_a_request_that_could_outgrow_the_budget_is_refused_before_any_step():
+    """Without chunking, a request preempted by recompute reads all it had in one step: one
+    that could outgrow the budget is refused when added, fast-forward or not."""
     for fast_forward in (True, False):
         engine = Engine(PagedCache(4, 4), max_num_batched_tokens=7, fast_forward=fast_forward)
-        engine.add(Sequence("a", 2, 12))
-        engine.add(Sequence("b", 5, 12))
+        engine.add(Sequence("a", 2, 6))  # 7 tokens at most: fits
         with pytest.raises(ValueError, match="max_num_batched_tokens=7"):
-            engine.run()
-        raised.append((engine.num_steps, engine.clock, engine.scheduler.num_preemptions))
-    assert raised[0] == raised[1] == (4, 4.0, 1)
+            engine.add(Sequence("b", 5, 12))
+        engine.run()
+        assert (engine.num_steps, engine.clock) == (6, 6.0)
 
 
 def test_fast_forward_must_be_a_bool():
