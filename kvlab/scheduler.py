@@ -120,6 +120,14 @@ class ScheduledStep:
 
 
 PREEMPTION_MODES = ("recompute", "swap")
+
+
+def most_computed_at_once(prompt_len: int, output_len: int, preemption: str) -> int:
+    """The most tokens a request may compute in one step when its prompt is read whole: the
+    prompt, or by recompute all it holds but its last token (readmitted after a preemption)."""
+    return prompt_len + output_len - 1 if preemption == "recompute" else prompt_len
+
+
 BATCHING_MODES = ("continuous", "static")
 
 
@@ -196,7 +204,7 @@ class Scheduler:
         positive_int("output_len", seq.output_len)
         budget = self.max_num_batched_tokens
         if budget is not None and not self.chunked_prefill:
-            need = seq.total_len - 1 if self.preemption == "recompute" else seq.num_uncomputed
+            need = most_computed_at_once(seq.num_uncomputed, seq.remaining, self.preemption)
             if need > budget:
                 raise ValueError(
                     f"sequence {seq.seq_id!r} may need {need} tokens computed in one step, more "

@@ -19,7 +19,7 @@ from kvlab.contiguous import ContiguousKVCache, booking_size
 from kvlab.paged import PagedCache
 from kvlab.prefix_cache import PREFIX_CACHES as PREFIX_CACHE_KINDS
 from kvlab.recorder import Recorder
-from kvlab.scheduler import BATCHING_MODES, PREEMPTION_MODES, Sequence
+from kvlab.scheduler import BATCHING_MODES, PREEMPTION_MODES, Sequence, most_computed_at_once
 from kvlab.serve.engine import Engine
 from kvlab.trace import Trace
 from kvlab.validate import positive_int
@@ -333,7 +333,7 @@ def _check_budget(requests, budget: int | None, chunked: bool, preemption: str) 
     if chunked:
         return
     for i, r in enumerate(requests):
-        need = r.total_len - 1 if preemption == "recompute" else r.prompt_len
+        need = most_computed_at_once(r.prompt_len, r.output_len, preemption)
         if need > budget:
             raise ValueError(
                 f"requests[{i}] may need {need} tokens computed in one step, more than "
