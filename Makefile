@@ -39,13 +39,13 @@ $(STAMP): pyproject.toml
 	@echo "kvlab: installed into $(VENV) ($$(du -sh $(VENV) 2>/dev/null | cut -f1))"
 
 # Re-registered whenever the launcher changes, so an existing checkout never keeps an old kernelspec.
-$(KERNEL_SPEC): kvlab/jupyter_kernel.py | $(STAMP)
+$(KERNEL_SPEC): kvlab/course/jupyter_kernel.py | $(STAMP)
 	@echo "kvlab: [3/3] registering the 'kvlab (Python 3)' Jupyter kernel"
 	$(VENV)/bin/kvlab kernel
 
 # JupyterLab's defaults for this environment: no news toast over the outputs, no update check.
-$(LAB_OVERRIDES): kvlab/lab_settings.py | $(STAMP)
-	@$(PY) -m kvlab.lab_settings
+$(LAB_OVERRIDES): kvlab/course/lab_settings.py | $(STAMP)
+	@$(PY) -m kvlab.course.lab_settings
 
 # The test tools (pytest, hypothesis, nbval, ruff, Playwright) come with `make test` only.
 install-test: $(TEST_STAMP)

@@ -8,7 +8,7 @@ import sys
 
 
 def _labs(args) -> int:
-    from kvlab import labgen
+    from kvlab.course import labgen
 
     args.solutions = args.solutions or labgen.SOLUTIONS_DIR
     args.out = args.out or labgen.LABS_DIR
@@ -34,7 +34,7 @@ def _plan(args) -> int:
     """Print the capacity and cost plan (or its JSON); bad input exits 2 with the message."""
     import json
 
-    from kvlab.planner import in_words, plan
+    from kvlab.perf.planner import in_words, plan
 
     try:
         result = plan(
@@ -140,8 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--requests", type=int, help="serve: requests in the timed run (default 100,000)"
     )
 
-    from kvlab.gpus import CATALOGUE
     from kvlab.models import PRESETS
+    from kvlab.perf.gpus import CATALOGUE
 
     plan = sub.add_parser(
         "plan",
@@ -179,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "doctor":
-        from kvlab.doctor import main as doctor
+        from kvlab.course.doctor import main as doctor
 
         return doctor(start_kernel=not args.quick)
     if args.command == "grade":
@@ -207,12 +207,12 @@ def main(argv: list[str] | None = None) -> int:
             )
         return grade(args.paths, args.json, args.cell_timeout, args.kernel, args.jobs)
     if args.command == "kernel":
-        from kvlab.jupyter_kernel import install
+        from kvlab.course.jupyter_kernel import install
 
         print(f"registered the kvlab kernel in {install(user=args.user, prefix=args.prefix)}")
         return 0
     if args.command == "bench":
-        from kvlab.bench import main as bench
+        from kvlab.perf.bench import main as bench
 
         return bench(args.name, args.out, args.budget, args.requests)
     if args.command == "plan":

@@ -50,13 +50,13 @@ def cases(arch: int):
     """(label, zero-argument call of a kvlab launcher): on sm_90 every kernel and launch option
     the sweep tries one at a time; on older GPUs the launchers' defaults for each dtype and head
     size (what a learner's T4 or a rented A100 runs)."""
-    from kvlab.kernels import (
+    from kvlab.ops.kernels import (
         launch_paged_decode,
         paged_decode_attention,
         paged_decode_kernel,
         write_kv,
     )
-    from kvlab.testing import flash_layout, uniform_case
+    from kvlab.ops.testing import flash_layout, uniform_case
 
     def paged(seqs, context, block_size, q_heads, kv_heads, head_dim, dtype):
         """A batch's shapes and strides over a cache of four rooms: compiling needs no more."""

@@ -83,7 +83,7 @@ def jupyter_lab(
     nbformat.write(nb, workdir / "hotel.ipynb")
     write_settings(workdir / "settings")
     port, token = free_port(), "kvlab-browser-" + os.urandom(8).hex()
-    from kvlab.runtime import child_environ
+    from kvlab.ops.runtime import child_environ
 
     base = child_environ() if env is None else env
     env = {**base, "JUPYTER_RUNTIME_DIR": str(workdir / "runtime")}

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.attention import TinyAttention, causal_attention, decode_attention
+from kvlab.ops.attention import TinyAttention, causal_attention, decode_attention
 
 
 def naive_attention(q, k, v):

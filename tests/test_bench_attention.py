@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from kvlab import bench
-from kvlab.kernels import LAUNCH_DEFAULTS, LaunchConfig
-from kvlab.runtime import kernel_mode
-from kvlab.testing import make_case, uniform_case
+from kvlab.ops.kernels import LAUNCH_DEFAULTS, LaunchConfig
+from kvlab.ops.runtime import kernel_mode
+from kvlab.ops.testing import make_case, uniform_case
+from kvlab.perf import bench
 
 # these run kernels on CPU tensors, which only Triton's interpreter takes
 cpu_only = pytest.mark.skipif(
@@ -90,7 +90,7 @@ def test_attention_sweep_report(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(bench, "_header", lambda device, copy: {"device": "cpu", "arch": None,
                         "torch": "t", "triton": "tr", "copy_GB_per_s": 1000.0})  # fmt: skip
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    from kvlab.kernels import tiled
+    from kvlab.ops.kernels import tiled
 
     monkeypatch.setattr(tiled, "_multiprocessors", lambda device: 132)  # "auto" is 2 splits
     # the sweep times the launcher's defaults among its rows: pin them to a row of this sweep
@@ -105,7 +105,7 @@ def test_attention_sweep_report(monkeypatch, tmp_path, capsys):
             raise RuntimeError("out of resource: shared memory\nmore")
         return original(*args, tile=tile, **options)
 
-    monkeypatch.setattr("kvlab.kernels.prepare_paged_decode", refuse_tile_32)
+    monkeypatch.setattr("kvlab.ops.kernels.prepare_paged_decode", refuse_tile_32)
     path = tmp_path / "sweep.json"
     assert bench.main("attention-sweep", str(path), budget_s=600) == 0
     report = json.loads(path.read_text())

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.block_pool import Block, BlockPool, FreeBlockQueue
+from kvlab.core.block_pool import Block, BlockPool, FreeBlockQueue
 
 
 def test_new_blocks_come_from_the_front_and_freed_ones_join_the_back():

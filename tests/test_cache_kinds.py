@@ -1,11 +1,11 @@
-"""One name per cache kind: the table in kvlab.cache_kinds, and the modules that read it."""
+"""One name per cache kind: the table in kvlab.core.cache_kinds, and the modules that read it."""
 
 import importlib
 
 import pytest
 
-from kvlab import cache_kinds
-from kvlab.cache_kinds import (
+from kvlab.core import cache_kinds
+from kvlab.core.cache_kinds import (
     CACHES,
     PAPER_NAMES,
     POLICIES,
@@ -36,8 +36,8 @@ def test_exact_is_an_alias_of_oracle():
 
 
 def test_modules_read_the_one_table():
-    contiguous = importlib.import_module("kvlab.contiguous")
-    generate = importlib.import_module("kvlab.tiny.generate")
+    contiguous = importlib.import_module("kvlab.core.contiguous")
+    generate = importlib.import_module("kvlab.models.tiny.generate")
 
     assert contiguous.POLICIES is cache_kinds.POLICIES
     assert contiguous.PAPER_NAMES is cache_kinds.POLICY_PAPER_NAMES
@@ -45,8 +45,8 @@ def test_modules_read_the_one_table():
 
 
 def test_the_simulator_names_the_same_kinds():
-    serve = importlib.import_module("kvlab.serve")
+    serve = importlib.import_module("kvlab.serving")
 
     assert serve.PAPER_NAMES is PAPER_NAMES
     assert serve.CACHES is CACHES
-    assert importlib.import_module("kvlab.serve.simulate").CACHES is CACHES
+    assert importlib.import_module("kvlab.serving.simulate").CACHES is CACHES

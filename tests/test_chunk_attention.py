@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.attention import causal_attention, chunk_attention_reference
+from kvlab.ops.attention import causal_attention, chunk_attention_reference
 
 
 def paged_sequence(total, block_size, kv_heads, head_dim, seed, spare_blocks=3, dtype=None):

@@ -7,15 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.contiguous import ContiguousKVCache
-from kvlab.gpus import lookup
+from kvlab.core.block_manager import PagedCache
+from kvlab.core.contiguous import ContiguousKVCache
 from kvlab.models import preset
-from kvlab.paged import PagedCache
-from kvlab.roofline import StepTime
-from kvlab.scheduler import Scheduler, Sequence, SequenceStatus
-from kvlab.serve import Engine, simulate
-from kvlab.serve.simulate import weighted_percentile
-from kvlab.workload import Request
+from kvlab.perf.gpus import lookup
+from kvlab.perf.roofline import StepTime
+from kvlab.serving import Engine, simulate
+from kvlab.serving.scheduler import Scheduler, Sequence, SequenceStatus
+from kvlab.serving.simulate import weighted_percentile
+from kvlab.serving.workload import Request
 
 
 class Checking:

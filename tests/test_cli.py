@@ -48,7 +48,7 @@ def test_kernel_command_registers_the_launcher(tmp_path):
     out = run("kernel", "--prefix", str(tmp_path))
     assert out.returncode == 0, out.stderr
     spec = json.loads((tmp_path / "share/jupyter/kernels/kvlab/kernel.json").read_text())
-    assert spec["argv"][1:] == ["-m", "kvlab.jupyter_kernel", "-f", "{connection_file}"]
+    assert spec["argv"][1:] == ["-m", "kvlab.course.jupyter_kernel", "-f", "{connection_file}"]
     assert spec["display_name"] == "kvlab (Python 3)"
 
 

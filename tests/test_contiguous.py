@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvlab.contiguous import (
+from kvlab.core.contiguous import (
     PAPER_NAMES,
     POLICIES,
     ArenaAllocator,
@@ -15,9 +15,9 @@ from kvlab.contiguous import (
     first_fit,
     next_power_of_two,
 )
-from kvlab.errors import OutOfMemory, OutOfSpace, ReservationFull
+from kvlab.core.errors import OutOfMemory, OutOfSpace, ReservationFull
+from kvlab.core.recorder import recorded
 from kvlab.models import ModelSpec
-from kvlab.recorder import recorded
 
 
 class ArenaMachine(RuleBasedStateMachine):

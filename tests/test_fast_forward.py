@@ -1,4 +1,4 @@
-"""kvlab.serve.fast_forward: a stretch of pure decode steps run at once gives what stepping gives.
+"""kvlab.serving.fast_forward: a stretch of pure decode steps run at once gives what stepping gives.
 
 The property test serves random small days twice, fast-forwarded and stepped one at a time, and
 compares every measure, every sequence, the engine's clock and counters, the scheduler's
@@ -16,17 +16,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.gpus import lookup
-from kvlab.interfaces import DecodeRunExecutor, DecodeRunObserver
+from kvlab.core.block_manager import PagedCache
 from kvlab.models import preset
-from kvlab.paged import PagedCache
-from kvlab.roofline import StepTime
-from kvlab.scheduler import Sequence, SequenceStatus
-from kvlab.serve import CACHES, Engine, simulate
-from kvlab.serve.simulate import CostedSteps
-from kvlab.workload import Request, sharegpt_like
+from kvlab.perf.gpus import lookup
+from kvlab.perf.roofline import StepTime
+from kvlab.serving import CACHES, Engine, simulate
+from kvlab.serving.interfaces import DecodeRunExecutor, DecodeRunObserver
+from kvlab.serving.scheduler import Sequence, SequenceStatus
+from kvlab.serving.simulate import CostedSteps
+from kvlab.serving.workload import Request, sharegpt_like
 
-simulate_module = importlib.import_module("kvlab.serve.simulate")
+simulate_module = importlib.import_module("kvlab.serving.simulate")
 STEP_TIME = StepTime(preset("Llama-3-8B"), lookup("H100-80GB"))
 STEP_S = STEP_TIME.seconds(1, 16.0, 16)  # about one small decode step, to space arrivals
 
@@ -149,7 +149,7 @@ def fleet_days(draw, caches=tuple(CACHES)):
 
 
 def _need(cache: str, r: Request, max_seq_len: int, block_size: int) -> int:
-    from kvlab.contiguous import booking_size
+    from kvlab.core.contiguous import booking_size
 
     policy = CACHES[cache]
     if policy is None:

@@ -10,10 +10,10 @@ import hashlib
 
 import pytest
 
-from kvlab.contiguous import ContiguousKVCache
-from kvlab.paged import PagedCache
-from kvlab.replay import replay
-from kvlab.workload import Request, alpaca_like, load_trace, sharegpt_like
+from kvlab.core.block_manager import PagedCache
+from kvlab.core.contiguous import ContiguousKVCache
+from kvlab.serving.replay import replay
+from kvlab.serving.workload import Request, alpaca_like, load_trace, sharegpt_like
 
 
 def digest(obj) -> str:
@@ -117,15 +117,15 @@ def test_lab03_block_sizes(size, used, fingerprint):
 
 def lab06_setup():
     from kvlab.models import OPT_13B
-    from kvlab.roofline import A100_40GB, StepTime
+    from kvlab.perf.roofline import A100_40GB, StepTime
 
     slots = 12 * 2**30 // OPT_13B.kv_bytes_per_token  # the paper's 15.7K token slots
     return dict(kv_capacity_tokens=slots, max_seq_len=2048, step_time=StepTime(OPT_13B, A100_40GB))
 
 
 def test_lab06_engine_walkthrough():
-    from kvlab.scheduler import Sequence
-    from kvlab.serve import Engine
+    from kvlab.serving import Engine
+    from kvlab.serving.scheduler import Sequence
 
     hotel = PagedCache(num_blocks=8, block_size=4)
     engine = Engine(hotel)
@@ -166,7 +166,7 @@ def test_lab06_engine_walkthrough():
     ],
 )
 def test_lab06_equal_memory(day, cache, tokens_per_s, batch, used, preemptions, fingerprint):
-    from kvlab.serve import simulate
+    from kvlab.serving import simulate
 
     requests = (
         sharegpt_like(500, seed=0, rate=4.0)
@@ -184,7 +184,7 @@ def test_lab06_equal_memory(day, cache, tokens_per_s, batch, used, preemptions, 
 
 def test_lab06_paged_at_least_twice_max_length():
     """The issue's bar, on the lab's ShareGPT-like day: 991.7 / 370.8 = 2.67x."""
-    from kvlab.serve import simulate
+    from kvlab.serving import simulate
 
     requests = sharegpt_like(500, seed=0, rate=4.0)
     paged = simulate(requests, cache="paged", **lab06_setup())
@@ -193,7 +193,7 @@ def test_lab06_paged_at_least_twice_max_length():
 
 
 def test_lab06_batching_and_preemption_modes():
-    from kvlab.serve import simulate
+    from kvlab.serving import simulate
 
     day = sharegpt_like(500, seed=0, rate=4.0)[:300]
     setup = lab06_setup()

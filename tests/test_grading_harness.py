@@ -6,7 +6,7 @@ from kvlab.grading import Status, run_checks
 from kvlab.grading.expect import CheckFailed, plural
 from kvlab.grading.registry import exercise
 from kvlab.grading.report import FAIL_MARK, NO_DIAGNOSIS, PASS_MARK, SAME_PROBLEM
-from kvlab.runtime import TRITON_TOO_EARLY_MARK
+from kvlab.ops.runtime import TRITON_TOO_EARLY_MARK
 
 # --- a function exercise: twice its input ------------------------------------------------------
 

@@ -8,10 +8,10 @@ import pathlib
 import pytest
 import torch
 
-from kvlab.attention import TinyAttention
 from kvlab.grading import run_checks
 from kvlab.grading.report import NO_DIAGNOSIS, SAME_PROBLEM
-from kvlab.roofline import describe_measured_rates
+from kvlab.ops.attention import TinyAttention
+from kvlab.perf.roofline import describe_measured_rates
 
 ROOT = pathlib.Path(__file__).parents[1]
 
@@ -128,7 +128,7 @@ def test_kvlab_answer_reached_through_the_spec_is_not_the_learners():
             in result.outcomes[0].details[0]
         )
     assert run_checks("00.kv_bytes", good_kv_bytes).ok  # the guard leaves ModelSpec as it was
-    assert TinyAttention.decode_step.__module__ == "kvlab.attention"
+    assert TinyAttention.decode_step.__module__ == "kvlab.ops.attention"
 
 
 # --- one cached decode step ------------------------------------------------------------------
@@ -347,7 +347,7 @@ def test_kvlab_decode_step_reached_through_the_layer_is_not_the_learners():
         result = run_checks("00.decode_step", handover)
         assert result.passed == 0
         assert (
-            "hands the work to kvlab's `kvlab.attention.TinyAttention.decode_step`"
+            "hands the work to kvlab's `kvlab.ops.attention.TinyAttention.decode_step`"
             in first_failure(result)
         )
         assert all(o.details[0].startswith(SAME_PROBLEM) for o in result.outcomes[1:])
@@ -382,9 +382,9 @@ def test_the_roofline_gpus_differ_in_colour_and_line_style_and_are_named_on_thei
     import matplotlib.pyplot as plt
     from matplotlib.colors import to_rgb
 
-    from kvlab import viz
     from kvlab.models import LLAMA_3_8B
-    from kvlab.roofline import A100_80GB, H100_SXM, H200, step_cost
+    from kvlab.perf.roofline import A100_80GB, H100_SXM, H200, step_cost
+    from kvlab.ui import viz
 
     gpus = [H100_SXM, A100_80GB, H200]  # as lab00-22 draws them
     ax = viz.plot_roofline(gpus, {"decode": step_cost(LLAMA_3_8B, new_tokens=1, context=1024)})

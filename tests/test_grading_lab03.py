@@ -9,13 +9,13 @@ import pathlib
 import pytest
 from grading_notebook import cell_sources, edited, failures, folded, hints, neutral, run_cell
 
+from kvlab.core.block_manager import BlockManager as KvlabBlockManager
 from kvlab.grading import Status, key_cards, lab03, run_checks
-from kvlab.paged import BlockManager as KvlabBlockManager
 
 ROOT = pathlib.Path(__file__).parents[1]
 CELLS = cell_sources(ROOT / "solutions" / "03_paged_allocator.ipynb")
-HEADER = "from kvlab.paged import BlockManager as ReferenceBlockManager\n"
-HEADER += "from kvlab.paged import OutOfBlocks\n"  # what the lab's first cell imports
+HEADER = "from kvlab.core.block_manager import BlockManager as ReferenceBlockManager\n"
+HEADER += "from kvlab.core.block_manager import OutOfBlocks\n"  # what the lab's first cell imports
 
 
 def learner(source: str, name: str):
@@ -43,7 +43,7 @@ def test_a_subclass_of_kvlabs_manager_is_refused():
     first = failures(result)[0]
     assert (
         first.details[0]
-        == "your code hands the work to kvlab's `kvlab.paged.BlockManager.allocate`"
+        == "your code hands the work to kvlab's `kvlab.core.block_manager.BlockManager.allocate`"
     )
     assert any(
         d.startswith("input:    BlockManager(32, 4); → .allocate('one', 1)") for d in first.details
@@ -86,7 +86,7 @@ class BlockManager:
     result = run_checks("03.block_manager", wrapper)
     assert result.passed == 0
     assert (
-        "hands the work to kvlab's `kvlab.paged.BlockManager.allocate`"
+        "hands the work to kvlab's `kvlab.core.block_manager.BlockManager.allocate`"
         in failures(result)[0].details[0]
     )
     assert folded(result)
@@ -158,7 +158,7 @@ def test_kvlabs_memory_report_is_not_the_learners_beds_report():
     result = run_checks("03.beds_report", handover)
     assert result.passed == 0
     assert (
-        "hands the work to kvlab's `kvlab.paged.BlockManager.memory_report`"
+        "hands the work to kvlab's `kvlab.core.block_manager.BlockManager.memory_report`"
         in failures(result)[0].details[0]
     )
     assert folded(result)

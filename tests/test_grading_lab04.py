@@ -12,10 +12,10 @@ import pytest
 import torch
 from grading_notebook import failures, folded, hints
 
-from kvlab.attention import decode_attention, paged_decode_attention_ref
 from kvlab.grading import lab04, run_checks
 from kvlab.grading.expect import CheckFailed
-from kvlab.testing import FAR, TOLERANCE
+from kvlab.ops.attention import decode_attention, paged_decode_attention_ref
+from kvlab.ops.testing import FAR, TOLERANCE
 
 ROOT = pathlib.Path(__file__).parents[1]
 NOTEBOOK = ROOT / "solutions" / "04_paged_attention.ipynb"

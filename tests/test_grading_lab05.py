@@ -13,12 +13,12 @@ import tempfile
 import pytest
 import torch
 
-from kvlab.attention import paged_decode_attention_ref
 from kvlab.grading import Status, get_exercise, run_checks
 from kvlab.grading.report import NO_DIAGNOSIS, SAME_PROBLEM
-from kvlab.kernels import launch_paged_decode, paged_decode_attention, paged_decode_kernel
-from kvlab.runtime import kernel_mode
-from kvlab.testing import NAN_ROOM, SPARE_ROOM, close, make_case
+from kvlab.ops.attention import paged_decode_attention_ref
+from kvlab.ops.kernels import launch_paged_decode, paged_decode_attention, paged_decode_kernel
+from kvlab.ops.runtime import kernel_mode
+from kvlab.ops.testing import NAN_ROOM, SPARE_ROOM, close, make_case
 
 ROOT = pathlib.Path(__file__).parents[1]
 NOTEBOOK = ROOT / "solutions" / "05_triton_kernel.ipynb"

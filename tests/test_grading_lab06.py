@@ -13,9 +13,9 @@ import pytest
 from kvlab.grading import Status, run_checks
 from kvlab.grading import lab06 as checks
 from kvlab.grading.report import NO_DIAGNOSIS, SAME_PROBLEM
-from kvlab.scheduler import Scheduler, SequenceStatus
+from kvlab.serving.scheduler import Scheduler, SequenceStatus
 
-HEADER = "from kvlab.scheduler import ScheduledStep, Scheduler, Sequence, SequenceStatus\n"
+HEADER = "from kvlab.serving.scheduler import ScheduledStep, Scheduler, Sequence, SequenceStatus\n"
 
 PREEMPT = '''
 def preempt(scheduler):
@@ -233,7 +233,10 @@ def test_handing_preempt_to_kvlab_is_refused():
     ):
         result, first = first_failure("06.preempt", learner(source, "preempt"))
         assert result.passed == 0
-        assert "hands the work to kvlab's `kvlab.scheduler.Scheduler.preempt`" in first.details[0]
+        assert (
+            "hands the work to kvlab's `kvlab.serving.scheduler.Scheduler.preempt`"
+            in first.details[0]
+        )
         assert folded(result)
     assert run_checks("06.preempt", Scheduler.preempt).status is Status.WRONG_KIND
     assert Scheduler.preempt.__qualname__ == "Scheduler.preempt"  # the guard is gone
@@ -685,12 +688,12 @@ def test_handing_step_to_kvlab_is_refused():
         source = f"def step(scheduler, now):\n    return {call}\n"
         result, first = first_failure("06.step", learner(source, "step"))
         assert result.passed == 0
-        assert "hands the work to kvlab's `kvlab.scheduler.Scheduler." in first.details[0]
+        assert "hands the work to kvlab's `kvlab.serving.scheduler.Scheduler." in first.details[0]
         assert any(d.startswith("input:    PagedCache(16 rooms") for d in first.details)
         assert folded(result)
     retire = step(f"{RETIRE} => {'    out.finished = scheduler.retire()'}\n")
     _, first = first_failure("06.step", retire)
-    assert "`kvlab.scheduler.Scheduler.retire`" in first.details[0]
+    assert "`kvlab.serving.scheduler.Scheduler.retire`" in first.details[0]
     assert run_checks("06.step", Scheduler.step).status is Status.WRONG_KIND
 
 

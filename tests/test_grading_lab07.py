@@ -13,11 +13,11 @@ import nbformat
 import pytest
 from grading_notebook import cell_sources, edited, failures, folded, hints, neutral, run_cell
 
-from kvlab.block_pool import BlockPool
+from kvlab.core.block_manager import BlockManager
+from kvlab.core.block_pool import BlockPool
+from kvlab.course.labgen import RAISES_TAG, make_lab
 from kvlab.grading import Status, key_cards, lab03, run_checks
 from kvlab.grading import lab07 as checks
-from kvlab.labgen import RAISES_TAG, make_lab
-from kvlab.paged import BlockManager
 
 ROOT = pathlib.Path(__file__).parents[1]
 NOTEBOOK = ROOT / "solutions" / "07_sharing.ipynb"
@@ -307,7 +307,7 @@ def test_any_free_room_will_do():
 
 def test_kvlabs_manager_is_not_the_learners():
     inherits = learner(
-        "from kvlab.paged import BlockManager\n\n"
+        "from kvlab.core.block_manager import BlockManager\n\n"
         "class SharingBlockManager(BlockManager):\n    pass\n",
         "SharingBlockManager",
     )
@@ -315,7 +315,7 @@ def test_kvlabs_manager_is_not_the_learners():
     assert result.passed == 0 and result.status is Status.FAILED
     first = failures(result)[0]
     assert first.details[0].startswith(
-        "your code hands the work to kvlab's `kvlab.paged.BlockManager."
+        "your code hands the work to kvlab's `kvlab.core.block_manager.BlockManager."
     )
     assert "sharing and copying the rooms yourself is the exercise" in hints(first)[0]
     assert folded(result)

@@ -6,10 +6,10 @@ it is reached, is never the learner's."""
 import json
 import pathlib
 
-import kvlab.accounting
-from kvlab.accounting import split_waste
-from kvlab.contiguous import external_fragmentation, first_fit
-from kvlab.errors import OutOfMemory
+import kvlab.core.accounting
+from kvlab.core.accounting import split_waste
+from kvlab.core.contiguous import external_fragmentation, first_fit
+from kvlab.core.errors import OutOfMemory
 from kvlab.grading import Status, run_checks
 from kvlab.grading.lab01 import random_day
 from kvlab.grading.lab02 import random_floors
@@ -53,12 +53,12 @@ def test_handing_in_kvlab_itself_is_refused():
 def test_a_wrapper_around_kvlabs_split_is_not_the_learners():
     for wrapper in (
         lambda b, t, f: split_waste(b, t, f),  # the name imported at the top of this module
-        lambda b, t, f: kvlab.accounting.split_waste(b, t, f),  # reached through the module
+        lambda b, t, f: kvlab.core.accounting.split_waste(b, t, f),  # reached through the module
     ):
         result = run_checks("01.waste_split", wrapper)
         assert result.passed == 0
         assert (
-            "hands the work to kvlab's `kvlab.accounting.split_waste`"
+            "hands the work to kvlab's `kvlab.core.accounting.split_waste`"
             in result.outcomes[0].details[0]
         )
         assert folded(result)
@@ -211,7 +211,7 @@ def test_max_length_cache_checks():
         failed(result)[0]
         == "check-in: num_slots guests fit, the next is refused with a MemoryError"
     )
-    assert "hint:     raise kvlab.errors.OutOfMemory (a MemoryError)" in first_failure(result)
+    assert "hint:     raise kvlab.core.errors.OutOfMemory (a MemoryError)" in first_failure(result)
     assert folded(result)
 
     class HalfAdmit(GoodCache):
@@ -370,7 +370,7 @@ def test_a_report_that_only_looks_like_a_forgotten_prompt_gets_the_neutral_note(
 
 
 def test_a_plain_memory_error_for_a_full_hotel_is_accepted():
-    """The lab asks for kvlab.errors.OutOfMemory, "a MemoryError"; the check's title asks for a
+    """The lab asks for kvlab.core.errors.OutOfMemory, "a MemoryError"; the check's title asks for a
     MemoryError, as Labs 03 and 07 accept any MemoryError for OutOfBlocks: a plain one passes."""
 
     class PlainMemoryError(GoodCache):
@@ -385,7 +385,7 @@ def test_a_plain_memory_error_for_a_full_hotel_is_accepted():
 
     assert run_checks("01.max_length_cache", PlainMemoryError).ok
     prose = " ".join(cell("01_contiguous_cache.ipynb", "lab01-09").split())
-    assert "`OutOfMemory` (from `kvlab.errors`, a `MemoryError`)" in prose
+    assert "`OutOfMemory` (from `kvlab.core.errors`, a `MemoryError`)" in prose
 
 
 def test_an_error_in_a_call_that_should_work_shows_the_calls_with_it_marked():
@@ -457,7 +457,7 @@ def test_random_day_is_cut_and_says_how_to_replay_it():
 
 
 def test_a_cache_built_on_kvlabs_is_not_the_learners():
-    from kvlab.contiguous import ContiguousKVCache
+    from kvlab.core.contiguous import ContiguousKVCache
 
     class OnKvlab(ContiguousKVCache):
         def memory_report(self):
@@ -466,7 +466,9 @@ def test_a_cache_built_on_kvlabs_is_not_the_learners():
 
     result = run_checks("01.max_length_cache", OnKvlab)
     assert result.passed == 0
-    assert "hands the work to kvlab's `kvlab.contiguous.ContiguousKVCache" in first_failure(result)
+    assert "hands the work to kvlab's `kvlab.core.contiguous.ContiguousKVCache" in first_failure(
+        result
+    )
     assert folded(result)
 
 
@@ -543,7 +545,7 @@ def test_last_fit_is_named_and_not_taken_for_best_fit():
 
 
 def test_the_fit_probes_tell_the_placements_apart():
-    from kvlab.contiguous import best_fit
+    from kvlab.core.contiguous import best_fit
     from kvlab.grading.lab02 import FIT_PROBES, FIT_SLIPS
 
     (floor, n), (small, m) = FIT_PROBES
@@ -572,7 +574,7 @@ def test_kvlab_first_fit_behind_a_wrapper_is_not_the_learners():
     result = run_checks("02.first_fit", lambda extents, n: first_fit(extents, n))
     assert (
         result.passed == 0
-        and "hands the work to kvlab's `kvlab.contiguous.first_fit`" in first_failure(result)
+        and "hands the work to kvlab's `kvlab.core.contiguous.first_fit`" in first_failure(result)
     )
 
 
@@ -615,7 +617,7 @@ def test_external_fragmentation_diagnoses():
     result = run_checks("02.external_fragmentation", lambda e: external_fragmentation(e))
     assert (
         result.passed == 0
-        and "kvlab's `kvlab.contiguous.external_fragmentation`" in first_failure(result)
+        and "kvlab's `kvlab.core.contiguous.external_fragmentation`" in first_failure(result)
     )
 
 
@@ -679,7 +681,7 @@ def test_lab01_promises_a_comparison_with_the_paper_not_its_figures():
 
 
 def test_lab01_quotes_sharegpts_means_as_the_papers_and_prints_the_traces_own():
-    from kvlab.workload import load_trace, mean_lengths
+    from kvlab.serving.workload import load_trace, mean_lengths
 
     prose = cell("01_contiguous_cache.ipynb", "lab01-12")
     assert "the paper reports means of about 161 prompt and 338 answer tokens" in prose
@@ -694,7 +696,7 @@ def test_usage_plots_keep_their_legend_off_the_bands(monkeypatch):
     cannot cover the free region that opens at the end of the day."""
     import matplotlib.pyplot as plt
 
-    from kvlab import replay as replay_module
+    from kvlab.serving import replay as replay_module
 
     class Quick:  # the plot needs only the result; a short day keeps the test fast
         def __init__(self, real):
@@ -720,7 +722,7 @@ def test_usage_plots_keep_their_legend_off_the_bands(monkeypatch):
 
 
 def test_lab02_player_opens_on_the_first_impossible_allocation():
-    from kvlab.widgets.frames import frame_at
+    from kvlab.ui.widgets.frames import frame_at
 
     namespace = {}
     for cell_id in ("lab02-01", "lab02-11"):

@@ -16,9 +16,9 @@ import tempfile
 import pytest
 import torch
 
+from kvlab.course.labgen import strip_solution
 from kvlab.grading import Status, run_checks
 from kvlab.grading.report import NO_DIAGNOSIS, SAME_PROBLEM
-from kvlab.labgen import strip_solution
 
 ROOT = pathlib.Path(__file__).parents[1]
 
@@ -76,7 +76,7 @@ def manager(*edits, stub=None):
         "BlockManager",
         edits,
         stub,
-        header="from kvlab.paged import OutOfBlocks\n",
+        header="from kvlab.core.block_manager import OutOfBlocks\n",
     )
 
 
@@ -247,7 +247,7 @@ def test_beds_report_slips_are_named_and_unknown_ones_are_not():
 
 def attention(q, kc, vc, bt, sl, rooms_of=None, cut=True):
     """A learner's gather-then-attend; ``rooms_of(n, block_size)`` and ``cut`` put mistakes in."""
-    from kvlab.attention import decode_attention
+    from kvlab.ops.attention import decode_attention
 
     out = torch.empty_like(q)
     for s in range(q.shape[0]):
@@ -322,7 +322,7 @@ def test_attention_gather_chart_says_1_guest_not_1_guests():
 
 
 def test_reading_padding_entries_is_named():
-    from kvlab.attention import decode_attention
+    from kvlab.ops.attention import decode_attention
 
     def whole_rows(q, kc, vc, bt, sl):  # indexes with every entry, then cuts: 10**9 fails
         out = torch.empty_like(q)
@@ -359,7 +359,7 @@ def own_gather(kc, vc, table, n):
 
 HANDOVERS = """
 import torch
-from kvlab.attention import decode_attention, gather_kv, paged_decode_attention_ref
+from kvlab.ops.attention import decode_attention, gather_kv, paged_decode_attention_ref
 
 wrapper = lambda *a: paged_decode_attention_ref(*a)
 
@@ -373,7 +373,7 @@ def gathers_with_kvlab(q, kc, vc, bt, sl):
 
 
 def test_handing_attention_to_kvlab_is_refused():
-    from kvlab.attention import decode_attention
+    from kvlab.ops.attention import decode_attention
 
     cell: dict = {"__name__": "__main__"}  # a notebook cell's globals, as the learner has them
     exec(compile(HANDOVERS, "<learner cell>", "exec"), cell)
@@ -393,7 +393,7 @@ def test_handing_attention_to_kvlab_is_refused():
 
 
 def test_paged_attention_diagnoses_the_wrong_kv_head():
-    from kvlab.attention import decode_attention
+    from kvlab.ops.attention import decode_attention
 
     def modulo_heads(q, kc, vc, bt, sl):
         out = torch.empty_like(q)
@@ -440,7 +440,7 @@ def kernel(*edits, stub=None, imports=""):
 
 
 def test_kernel_checks():
-    from kvlab.kernels import paged_decode_kernel
+    from kvlab.ops.kernels import paged_decode_kernel
 
     refused = run_checks("05.kernel", paged_decode_kernel)
     assert (
@@ -536,7 +536,7 @@ print(json.dumps([o.details for o in result.outcomes]))
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU Triton compiles: no interpreter")
 def test_triton_imported_before_kvlab_is_named_in_every_check_not_blamed_on_the_kernel():
-    from kvlab.runtime import TRITON_TOO_EARLY_DETAILS
+    from kvlab.ops.runtime import TRITON_TOO_EARLY_DETAILS
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run(
@@ -549,8 +549,8 @@ def test_triton_imported_before_kvlab_is_named_in_every_check_not_blamed_on_the_
 
 
 def test_case_builder_padding_and_transposed_key_cards_leave_the_answer_alone():
-    from kvlab.attention import paged_decode_attention_ref
     from kvlab.grading.lab04 import NAN_ROOM, make_case
+    from kvlab.ops.attention import paged_decode_attention_ref
 
     plain = make_case([5, 11, 9], 4)
     odd = make_case([5, 11, 9], 4, garbage=NAN_ROOM, transposed=True)

@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.attention import TinyAttention, paged_decode_attention_ref
-from kvlab.block_pool import ROOT_HASH, BlockPool, hash_block_tokens
+from kvlab.core.block_manager import BlockManager
+from kvlab.core.block_pool import ROOT_HASH, BlockPool, hash_block_tokens
 from kvlab.grading.expect import CheckFailed
 from kvlab.grading.lab00 import step_with
 from kvlab.grading.lab03 import _reference_beds
@@ -22,10 +22,10 @@ from kvlab.grading.lab06 import judge_preempt, slipped_step
 from kvlab.grading.lab06.views import STEP
 from kvlab.grading.lab07 import CachedBlock, cached_prefix, reference_take
 from kvlab.grading.state_diff import read
-from kvlab.paged import BlockManager
-from kvlab.scheduler import Scheduler, Sequence, SequenceStatus
-from kvlab.serve import Engine, make_cache
-from kvlab.testing import close, make_case
+from kvlab.ops.attention import TinyAttention, paged_decode_attention_ref
+from kvlab.ops.testing import close, make_case
+from kvlab.serving import Engine, make_cache
+from kvlab.serving.scheduler import Scheduler, Sequence, SequenceStatus
 
 # --- Lab 06: the step and the preempt --------------------------------------------------------
 

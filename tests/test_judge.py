@@ -101,7 +101,7 @@ PATCH_REFERENCE = """import sys
 def waste_split(booked, tokens, final):
     return (booked, 0, 0)  # wrong
 
-import kvlab.accounting
+import kvlab.core.accounting
 for module in list(sys.modules.values()):
     if getattr(module, "__name__", "").startswith("kvlab") and hasattr(module, "split_waste"):
         module.split_waste = waste_split

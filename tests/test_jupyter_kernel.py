@@ -11,8 +11,8 @@ from conftest import LEARNER_ENV
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import start_new_kernel
 
-from kvlab.doctor import KERNEL_PROBE
-from kvlab.jupyter_kernel import launches_kvlab
+from kvlab.course.doctor import KERNEL_PROBE
+from kvlab.course.jupyter_kernel import launches_kvlab
 
 pytestmark = pytest.mark.slow
 

@@ -5,9 +5,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.attention import paged_decode_attention_ref
-from kvlab.attention import write_kv_reference as write_kv_ref
-from kvlab.kernels import (
+from kvlab.ops.attention import paged_decode_attention_ref
+from kvlab.ops.attention import write_kv_reference as write_kv_ref
+from kvlab.ops.kernels import (
     LAUNCH_DEFAULTS,
     choose_splits,
     launch_config,
@@ -19,8 +19,8 @@ from kvlab.kernels import (
     tile_tokens,
     write_kv,
 )
-from kvlab.runtime import kernel_mode
-from kvlab.testing import flash_layout, make_case, repaged, tolerance
+from kvlab.ops.runtime import kernel_mode
+from kvlab.ops.testing import flash_layout, make_case, repaged, tolerance
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRETER = kernel_mode() == "interpreter"
@@ -138,7 +138,7 @@ def test_rising_scores_rescale_earlier_tiles(num_splits):
 @pytest.mark.parametrize("auto", [2, 3, 7, 50])
 def test_automatic_splits_round_to_whole_tiles(monkeypatch, auto):
     """On a GPU the split count comes from its size; here it is forced, to check the slicing."""
-    from kvlab.kernels import tiled
+    from kvlab.ops.kernels import tiled
 
     monkeypatch.setattr(tiled, "_multiprocessors", lambda device: 132)
     monkeypatch.setattr(tiled, "choose_splits", lambda *args: auto)
@@ -168,7 +168,7 @@ def test_split_plans_cut_tokens_not_rooms():
 
 
 def test_launch_defaults_are_one_table():
-    from kvlab.kernels.tiled import PRE_AMPERE_DEFAULTS, launch_defaults
+    from kvlab.ops.kernels.tiled import PRE_AMPERE_DEFAULTS, launch_defaults
 
     assert launch_defaults(128, torch.float32, arch=75) == PRE_AMPERE_DEFAULTS[(128, 4)]
     assert launch_defaults(100, torch.bfloat16, arch=75) == LAUNCH_DEFAULTS[(128, 2)]
@@ -219,7 +219,7 @@ def test_launch_too_large_for_the_gpu_says_why(monkeypatch):
     the options and the limit, not a Triton traceback."""
     from triton.runtime.errors import OutOfResources
 
-    from kvlab.kernels import tiled
+    from kvlab.ops.kernels import tiled
 
     class Refused:
         def __getitem__(self, grid):

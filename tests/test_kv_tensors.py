@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import kvlab  # noqa: F401  (chooses Triton's interpreter before anything imports triton)
-from kvlab import kv_tensors
-from kvlab.attention import causal_attention
-from kvlab.contiguous import ContiguousKVCache
-from kvlab.kv_tensors import (
+from kvlab.core.block_manager import BlockManager, PagedCache
+from kvlab.core.contiguous import ContiguousKVCache
+from kvlab.kv import tensors as kv_tensors
+from kvlab.kv.tensors import (
     ContiguousStore,
     PagedKVCache,
     block_tables_tensor,
@@ -18,23 +18,25 @@ from kvlab.kv_tensors import (
     torch_dtype,
 )
 from kvlab.models import ModelSpec
-from kvlab.paged import BlockManager, PagedCache
+from kvlab.ops.attention import causal_attention
 
 SPEC = ModelSpec("toy", num_layers=2, num_q_heads=4, num_kv_heads=2, head_dim=6, dtype_bytes=4)
 
 
 def test_old_import_paths_name_the_same_objects():
-    import kvlab.paged
+    import kvlab.core.block_manager
 
     for name in ("PagedKVCache", "block_tables_tensor", "flashinfer_page_table"):
-        assert getattr(kvlab.paged, name) is getattr(kv_tensors, name)
-        assert name in dir(kvlab.paged)
+        assert getattr(kvlab.core.block_manager, name) is getattr(kv_tensors, name)
+        assert name in dir(kvlab.core.block_manager)
     assert torch_dtype(SPEC) is torch.float32
     with pytest.raises(AttributeError, match="no attribute 'PagedStore'"):
-        kvlab.paged.PagedStore  # noqa: B018
+        kvlab.core.block_manager.PagedStore  # noqa: B018
 
 
-@pytest.mark.parametrize("module", ["kvlab.paged", "kvlab.contiguous", "kvlab.cache_kinds"])
+@pytest.mark.parametrize(
+    "module", ["kvlab.core.block_manager", "kvlab.core.contiguous", "kvlab.core.cache_kinds"]
+)
 def test_the_accounts_import_no_torch(module):
     code = f"import sys, {module}; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

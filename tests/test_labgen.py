@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvlab.labgen import (
+from kvlab.course.labgen import (
     BEGIN,
     END,
     LABS_DIR,

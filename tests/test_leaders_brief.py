@@ -7,10 +7,10 @@ import pytest
 
 matplotlib.use("Agg")
 
-from kvlab.brief import brief_figure, brief_markdown, write_brief  # noqa: E402
-from kvlab.gpus import CATALOGUE  # noqa: E402
-from kvlab.planner import plan  # noqa: E402
-from kvlab.widgets import PlanForm  # noqa: E402
+from kvlab.perf.gpus import CATALOGUE  # noqa: E402
+from kvlab.perf.planner import plan  # noqa: E402
+from kvlab.ui.brief import brief_figure, brief_markdown, write_brief  # noqa: E402
+from kvlab.ui.widgets import PlanForm  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -104,7 +104,7 @@ def test_the_brief_tells_the_story_and_gives_each_plan(plans):
     assert "H100-80GB $2.90" in text  # the prices are shown as assumptions
     with pytest.raises(ValueError, match="at least one"):
         brief_markdown({})
-    with pytest.raises(TypeError, match=r"plans\['x'\] must be a kvlab.planner.Plan"):
+    with pytest.raises(TypeError, match=r"plans\['x'\] must be a kvlab.perf.planner.Plan"):
         brief_markdown({"x": 1})
 
 

@@ -17,9 +17,8 @@ import jsonschema
 import nbformat
 import pytest
 
-from kvlab.grading.registry import get_exercise
-from kvlab.jupyter_kernel import write_kernelspec
-from kvlab.labgen import (
+from kvlab.course.jupyter_kernel import write_kernelspec
+from kvlab.course.labgen import (
     BEGIN,
     END,
     LABS_DIR,
@@ -32,6 +31,7 @@ from kvlab.labgen import (
     nbgrader_source,
     strip_solution,
 )
+from kvlab.grading.registry import get_exercise
 
 SOLUTIONS = sorted(SOLUTIONS_DIR.glob("[0-9][0-9]_*.ipynb"))
 NAMES = [p.name for p in SOLUTIONS]

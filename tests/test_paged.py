@@ -4,9 +4,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from kvlab.core.block_manager import BlockManager, OutOfBlocks, PagedCache, PagedKVCache
+from kvlab.core.recorder import recorded
 from kvlab.models import ModelSpec
-from kvlab.paged import BlockManager, OutOfBlocks, PagedCache, PagedKVCache
-from kvlab.recorder import recorded
 
 
 def snapshot(m: BlockManager):
@@ -280,8 +280,8 @@ def test_paged_kv_cache_write_gather_and_copy_on_write():
 
 
 def test_paged_hotel_replay_beats_96_percent():
-    from kvlab.replay import replay
-    from kvlab.workload import Request, load_trace
+    from kvlab.serving.replay import replay
+    from kvlab.serving.workload import Request, load_trace
 
     day = [Request(r.prompt_len, r.output_len) for r in load_trace("sharegpt_like")]
     result = replay(PagedCache(2048, 16), day)
@@ -290,8 +290,8 @@ def test_paged_hotel_replay_beats_96_percent():
 
 
 def test_preemption_recomputes_and_everyone_finishes():
-    from kvlab.replay import replay
-    from kvlab.workload import Request
+    from kvlab.serving.replay import replay
+    from kvlab.serving.workload import Request
 
     guests = [Request(4, 12), Request(4, 12), Request(4, 12)]
     hotel = PagedCache(num_blocks=6, block_size=4)  # 24 beds; the three stays need 48
@@ -301,7 +301,7 @@ def test_preemption_recomputes_and_everyone_finishes():
 
 
 def test_bench_reports_real_rates(tmp_path):
-    from kvlab.bench import allocator
+    from kvlab.perf.bench import allocator
 
     report = allocator(n=20_000)
     assert all(v > 0 for v in report["results"].values())

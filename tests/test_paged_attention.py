@@ -3,15 +3,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.attention import (
+from kvlab.core.block_manager import BlockManager, block_tables_tensor, flashinfer_page_table
+from kvlab.ops.attention import (
     check_paged_inputs,
     decode_attention,
     gather_kv,
     paged_decode_attention_ref,
     write_kv_reference,
 )
-from kvlab.paged import BlockManager, block_tables_tensor, flashinfer_page_table
-from kvlab.testing import make_case
+from kvlab.ops.testing import make_case
 
 
 @settings(max_examples=30)

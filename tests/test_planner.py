@@ -1,4 +1,4 @@
-"""kvlab.planner and `kvlab plan`: hand-computed cases, real numbers, the simulator, bad input."""
+"""kvlab.perf.planner and `kvlab plan`: hand-computed cases, real numbers, the simulator, bad input."""
 
 import dataclasses
 import json
@@ -9,11 +9,11 @@ import time
 import pytest
 from conftest import LEARNER_ENV, ROOT, kvlab_cli
 
-from kvlab import gpus
 from kvlab.cli import main as cli_main
-from kvlab.gpus import GiB, PricedGPU
 from kvlab.models import LLAMA_3_8B, LLAMA_3_70B, OPT_13B, ModelSpec
-from kvlab.planner import (
+from kvlab.perf import gpus
+from kvlab.perf.gpus import GiB, PricedGPU
+from kvlab.perf.planner import (
     ARENA_PACKING,
     DEFAULT_OVERHEAD_PER_GPU,
     POLICIES,
@@ -23,8 +23,8 @@ from kvlab.planner import (
     plan,
     workload_stats,
 )
-from kvlab.roofline import GPUS, H100_SXM, StepTime
-from kvlab.workload import Request
+from kvlab.perf.roofline import GPUS, H100_SXM, StepTime
+from kvlab.serving.workload import Request
 
 # A toy model and GPU with round numbers, so every figure below can be worked out by hand.
 # K and V of one token: 2 x 1 layer x 1 KV head x 256 dims x 2 bytes = 1,024 bytes.
@@ -203,7 +203,7 @@ def test_gpu_catalogue():
     l4 = gpus.lookup("l4")
     # what CUDA reports of an L4's 24 GB (ECC on): 23,034 MiB
     assert (l4.hbm_bytes_per_s, l4.peak_flops, l4.memory_bytes) == (300e9, 121e12, 23_034 * 2**20)
-    # kvlab.roofline's presets are planned as the catalogue's cards
+    # kvlab.perf.roofline's presets are planned as the catalogue's cards
     assert plan("Llama-3-8B", H100_SXM).capacity == plan("Llama-3-8B", "H100-80GB").capacity
     assert plan("Llama-3-8B", H100_SXM).price_per_gpu_hour is None
     assert gpus.lookup("H100 SXM") is gpus.lookup("h100-80gb") is gpus.CATALOGUE["H100-80GB"]
@@ -230,7 +230,7 @@ SMALL_H100 = dict(gpu_memory_utilization=0.25, max_seq_len=2048)  # 24,912 slots
     ],
 )
 def test_agrees_with_the_simulator(model, gpu, workload, options, num_requests):
-    """Concurrency and tokens/s within SIMULATION_TOLERANCE of kvlab.serve.simulate on a saturated
+    """Concurrency and tokens/s within SIMULATION_TOLERANCE of kvlab.serving.simulate on a saturated
     day (its own seed, not the planner's sample), same memory and step-time model."""
     p = plan(model, gpu, workload=workload, **options)
     rows = compare_with_simulation(p, num_requests=num_requests)

@@ -15,12 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvlab.block_pool import ROOT_HASH, BlockPool, hash_block_tokens
-from kvlab.paged import BlockManager, OutOfBlocks, PagedCache
-from kvlab.prefix_cache import RadixTreeCache
-from kvlab.scheduler import Scheduler, Sequence
-from kvlab.serve import simulate
-from kvlab.workload import Request, shared_prefix_like
+from kvlab.core.block_manager import BlockManager, OutOfBlocks, PagedCache
+from kvlab.core.block_pool import ROOT_HASH, BlockPool, hash_block_tokens
+from kvlab.core.prefix_cache import RadixTreeCache
+from kvlab.serving import simulate
+from kvlab.serving.scheduler import Scheduler, Sequence
+from kvlab.serving.workload import Request, shared_prefix_like
 
 KINDS = ("hash", "radix")
 both = pytest.mark.parametrize("kind", KINDS)  # a test of the contract, for either prefix cache
@@ -808,7 +808,7 @@ def test_the_engine_never_reads_k_v_that_was_not_computed(
     """A chat: each request's prompt is the previous prompt, its answer and a new question, so
     answers (whose last token is never computed) come back in later prompts. Every hit must hold
     computed K/V, under memory pressure and both kinds of preemption."""
-    from kvlab.serve.engine import Engine
+    from kvlab.serving.engine import Engine
 
     history, requests, token = [], [], 0
     for i, (question, answer) in enumerate(turns):
@@ -841,7 +841,7 @@ def test_the_engine_never_reads_k_v_that_was_not_computed(
 def test_an_answer_last_token_is_never_cached(kind):
     """The engine never computes the K/V of a finished answer's last token, so a later prompt
     holding it must not find that block cached."""
-    from kvlab.serve.engine import Engine
+    from kvlab.serving.engine import Engine
 
     cache = paged(8, 4, kind)
     engine = Engine(cache)
@@ -869,7 +869,7 @@ def test_a_prompt_only_sequence_caches_as_its_tokens_come(kind):
 
 @both
 def test_swapping_back_in_skips_the_cached_prefix(kind):
-    from kvlab.serve.engine import Engine
+    from kvlab.serving.engine import Engine
 
     class Swapper:
         timed, can_swap = False, True
@@ -967,7 +967,7 @@ def test_admit_with_num_computed_and_the_scheduler_with_chunked_prefill(kind):
     assert dict(cache.manager.expected_lens) == {"a": 12, "b": 12, "c": 12}
     cache.manager.check_invariants()
 
-    from kvlab.serve.engine import Engine
+    from kvlab.serving.engine import Engine
 
     cache = paged(32, 4, kind)  # a token budget smaller than the prompt: it comes in chunks
     engine = Engine(cache, max_num_batched_tokens=4, chunked_prefill=True)
@@ -1097,7 +1097,7 @@ def test_both_caches_find_the_same_hits_on_days_without_evictions(ops, block_siz
 
 
 def test_the_prefix_cache_is_chosen_by_name():
-    from kvlab.prefix_cache import HashChainCache, PrefixCache
+    from kvlab.core.prefix_cache import HashChainCache, PrefixCache
 
     assert isinstance(manager().prefix_cache, HashChainCache)  # the default
     radix = manager(prefix_cache="radix")
@@ -1173,9 +1173,9 @@ def test_admit_checks_its_arguments_before_booking(kind):
 
 
 def test_the_paged_cache_is_the_scheduler_s_kv_cache():
-    from kvlab import paged as paged_module
-    from kvlab.interfaces import KVCache, PrefixCachingKVCache
-    from kvlab.prefix_cache import PrefixCacheStats
+    from kvlab.core import block_manager as paged_module
+    from kvlab.core.prefix_cache import PrefixCacheStats
+    from kvlab.serving.interfaces import KVCache, PrefixCachingKVCache
 
     for cache in (PagedCache(8, 4), paged(8, 4, "hash"), paged(8, 4, "radix")):
         assert isinstance(cache, KVCache) and isinstance(cache, PrefixCachingKVCache)

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.block_pool import BlockPool
-from kvlab.paged import BlockManager, OutOfBlocks
-from kvlab.prefix_cache import RadixTreeCache
+from kvlab.core.block_manager import BlockManager, OutOfBlocks
+from kvlab.core.block_pool import BlockPool
+from kvlab.core.prefix_cache import RadixTreeCache
 
 
 def radix(num_blocks=8, block_size=2) -> BlockManager:

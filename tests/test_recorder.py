@@ -5,11 +5,11 @@ import inspect
 
 import pytest
 
-from kvlab.accounting import CacheState
-from kvlab.contiguous import ArenaAllocator, ContiguousKVCache
-from kvlab.errors import OutOfSpace
-from kvlab.paged import BlockManager, OutOfBlocks, PagedCache
-from kvlab.recorder import Recorder, recorded
+from kvlab.core.accounting import CacheState
+from kvlab.core.block_manager import BlockManager, OutOfBlocks, PagedCache
+from kvlab.core.contiguous import ArenaAllocator, ContiguousKVCache
+from kvlab.core.errors import OutOfSpace
+from kvlab.core.recorder import Recorder, recorded
 
 
 def test_caches_keep_no_clock_and_no_trace():
@@ -82,7 +82,7 @@ class ScriptedCache:
     the next ``(key cards, cached rooms, evictions so far, cached tokens per guest)``. Counts its
     ``state()`` calls, to check that the recorder stays cheap."""
 
-    prefix_caching = True  # declared, as kvlab.interfaces.KVCache asks
+    prefix_caching = True  # declared, as kvlab.serving.interfaces.KVCache asks
 
     def __init__(self, script, stats: bool = True):
         self.script, self.at, self.states = script, 0, 0
@@ -183,7 +183,7 @@ needs_prefix_caching = pytest.mark.skipif(
 
 @needs_prefix_caching
 def test_the_block_manager_prefix_cache_recorded():
-    from kvlab.widgets.frames import cached_rooms, encode
+    from kvlab.ui.widgets.frames import cached_rooms, encode
 
     m = recorded(BlockManager(6, 4, enable_prefix_caching=True))
     prompt = list(range(10))  # two full rooms and half of a third

@@ -1,7 +1,7 @@
 import pytest
 
 from kvlab.models import LLAMA_3_8B, ModelSpec
-from kvlab.roofline import A100_80GB, H100_SXM, H200, measure_matmul_rate, step_cost
+from kvlab.perf.roofline import A100_80GB, H100_SXM, H200, measure_matmul_rate, step_cost
 
 
 def test_ridge_points_from_the_data_sheets():

@@ -3,7 +3,7 @@ import sys
 
 from conftest import LEARNER_ENV
 
-from kvlab.runtime import configure_triton, kernel_mode
+from kvlab.ops.runtime import configure_triton, kernel_mode
 
 
 def test_interpreter_is_chosen_without_a_gpu():
@@ -41,9 +41,9 @@ def _python(code: str, **extra) -> subprocess.CompletedProcess:
 
 def test_triton_imported_before_kvlab_warns_with_the_fix():
     code = (
-        "import triton, kvlab, kvlab.runtime as r\n"
+        "import triton, kvlab, kvlab.ops.runtime as r\n"
         "print(r.TRITON_TOO_EARLY, r.SET_BY_KVLAB)\n"
-        "from kvlab.doctor import check_import_order\n"
+        "from kvlab.course.doctor import check_import_order\n"
         "f = check_import_order(); print(f.ok, f.fix)"
     )
     out = _python(code)
@@ -58,13 +58,14 @@ def test_triton_imported_before_kvlab_warns_with_the_fix():
 def test_kvlab_first_is_quiet_and_a_user_setting_is_never_blamed():
     assert _python("import kvlab, triton").stderr == ""
     out = _python(
-        "import triton, kvlab, kvlab.runtime as r; print(r.TRITON_TOO_EARLY)", TRITON_INTERPRET="1"
+        "import triton, kvlab, kvlab.ops.runtime as r; print(r.TRITON_TOO_EARLY)",
+        TRITON_INTERPRET="1",
     )
     assert out.stdout.strip() == "False" and out.stderr == ""
 
 
 def test_child_environ_drops_only_what_kvlab_set():
-    code = "import os, kvlab.runtime as r; print(os.environ.get('TRITON_INTERPRET'), r.child_environ().get('TRITON_INTERPRET'))"
+    code = "import os, kvlab.ops.runtime as r; print(os.environ.get('TRITON_INTERPRET'), r.child_environ().get('TRITON_INTERPRET'))"
     assert _python(code).stdout.split() == ["1", "None"]
     assert _python(code, TRITON_INTERPRET="1").stdout.split() == ["1", "1"]
 
@@ -73,7 +74,7 @@ def test_a_grandchild_still_knows_kvlab_chose_the_interpreter():
     """`!kvlab grade` in a notebook: the kernel's kvlab set the variable, the grader inherits it,
     and must still hand the notebooks it runs the user's environment."""
     grandchild = (
-        "import kvlab.runtime as r; e = r.child_environ(); "
+        "import kvlab.ops.runtime as r; e = r.child_environ(); "
         "print(r.SET_BY_KVLAB, e.get('TRITON_INTERPRET'), e.get('KVLAB_SET_TRITON_INTERPRET'))"
     )
     code = f"import kvlab, subprocess, sys; subprocess.run([sys.executable, '-c', {grandchild!r}])"

@@ -3,12 +3,12 @@ last when a token finds no room, retires finished sequences; asks before it acts
 
 import pytest
 
-from kvlab.contiguous import ContiguousKVCache
-from kvlab.paged import PagedCache
-from kvlab.recorder import Recorder
-from kvlab.replay import replay
-from kvlab.scheduler import Scheduler, Sequence, SequenceStatus
-from kvlab.workload import Request, sharegpt_like
+from kvlab.core.block_manager import PagedCache
+from kvlab.core.contiguous import ContiguousKVCache
+from kvlab.core.recorder import Recorder
+from kvlab.serving.replay import replay
+from kvlab.serving.scheduler import Scheduler, Sequence, SequenceStatus
+from kvlab.serving.workload import Request, sharegpt_like
 
 WAITING, RUNNING, PREEMPTED, SWAPPED, FINISHED = SequenceStatus
 

@@ -1,4 +1,4 @@
-"""kvlab.serve: the engine loop and simulate() over the four caches of Lab 06.
+"""kvlab.serving: the engine loop and simulate() over the four caches of Lab 06.
 
 Property tests run random small days through every cache, block size, preemption mode and
 batching mode, with an engine and a cache that check the invariants at every step; the unit tests
@@ -16,20 +16,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.contiguous import booking_size
+from kvlab.core.block_manager import PagedCache
+from kvlab.core.contiguous import booking_size
 from kvlab.grading.limits import time_limit
 from kvlab.models import OPT_13B, ModelSpec
-from kvlab.paged import PagedCache
-from kvlab.roofline import A100_40GB, GPU, StepTime
-from kvlab.scheduler import ScheduledStep, Scheduler, Sequence, SequenceStatus
-from kvlab.serve import CACHES, Engine, SimResult, make_cache, new_positions, percentile, simulate
-from kvlab.serve.simulate import CostedSteps
-from kvlab.workload import Request, sharegpt_like
+from kvlab.perf.roofline import A100_40GB, GPU, StepTime
+from kvlab.serving import CACHES, Engine, SimResult, make_cache, new_positions, percentile, simulate
+from kvlab.serving.scheduler import ScheduledStep, Scheduler, Sequence, SequenceStatus
+from kvlab.serving.simulate import CostedSteps
+from kvlab.serving.workload import Request, sharegpt_like
 
 WAITING, RUNNING, PREEMPTED, SWAPPED, FINISHED = SequenceStatus
 CACHE_NAMES = tuple(CACHES)
-# the module (kvlab.serve.simulate is also the name of the function)
-simulate_module = importlib.import_module("kvlab.serve.simulate")
+# the module (kvlab.serving.simulate is also the name of the function)
+simulate_module = importlib.import_module("kvlab.serving.simulate")
 STEP_TIME = StepTime(OPT_13B, A100_40GB)
 # OPT-13B with 12 GB of KV on an A100-40GB: the PagedAttention paper's 15.7K token slots
 PAPER_SLOTS, PAPER_MAX_LEN = 15728, 2048
@@ -488,7 +488,11 @@ def test_bad_arguments_are_named(change, error, match):
         ([], ValueError, "requests must not be empty"),
         (None, TypeError, "requests must be a list"),
         (iter([Request(1, 1)]), TypeError, "requests must be a list"),
-        ([Request(1, 1), (4, 4)], TypeError, r"requests\[1\] must be a kvlab.workload.Request"),
+        (
+            [Request(1, 1), (4, 4)],
+            TypeError,
+            r"requests\[1\] must be a kvlab.serving.workload.Request",
+        ),
     ],
 )
 def test_bad_requests_are_named(requests, error, match):
@@ -497,7 +501,7 @@ def test_bad_requests_are_named(requests, error, match):
 
 
 def test_max_batch_must_be_a_count_not_a_bool():
-    """max_batch=True once ran as max_batch=1: bools are not counts (kvlab.validate)."""
+    """max_batch=True once ran as max_batch=1: bools are not counts (kvlab.core.validate)."""
     with pytest.raises((TypeError, ValueError), match="max_batch"):
         simulate([Request(4, 4)], **GOOD, max_batch=True)
 
@@ -855,7 +859,7 @@ def test_swapping_tells_the_swapper_and_counts_both_ways():
 def test_bench_serve_reports_figures_and_writes_json(tmp_path, capsys):
     import json
 
-    from kvlab import bench
+    from kvlab.perf import bench
 
     out = tmp_path / "serve.json"
     assert bench.main("serve", str(out), requests=200) == 0
@@ -928,9 +932,9 @@ def test_sequences_are_checked_when_added():
     scheduler = Scheduler(PagedCache(4, 4))
     with pytest.raises(ValueError, match="output_len must be >= 1"):
         scheduler.add(Sequence("x", 3, 0))
-    with pytest.raises(TypeError, match="seq must be a kvlab.scheduler.Sequence"):
+    with pytest.raises(TypeError, match="seq must be a kvlab.serving.scheduler.Sequence"):
         scheduler.add(Request(3, 1))
-    with pytest.raises(TypeError, match="seq must be a kvlab.scheduler.Sequence"):
+    with pytest.raises(TypeError, match="seq must be a kvlab.serving.scheduler.Sequence"):
         scheduler.admit("r0")
     with pytest.raises(TypeError, match="preempt must be a function"):
         Scheduler(PagedCache(4, 4), preempt=5)

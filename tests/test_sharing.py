@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab import sharing
-from kvlab.paged import BlockManager
-from kvlab.sharing import (
+from kvlab.core.block_manager import BlockManager
+from kvlab.serving import sharing
+from kvlab.serving.sharing import (
     BEAM,
     PARALLEL,
     beam_search,
@@ -18,7 +18,7 @@ from kvlab.sharing import (
     savings_table,
     sharing_savings,
 )
-from kvlab.workload import Request, alpaca_like
+from kvlab.serving.workload import Request, alpaca_like
 
 
 class CheckedManager(BlockManager):
@@ -219,7 +219,7 @@ def test_sharing_savings_table_and_plot():
 
     import matplotlib.pyplot as plt
 
-    from kvlab.viz_sharing import plot_sharing_savings
+    from kvlab.ui.viz_sharing import plot_sharing_savings
 
     fig = plot_sharing_savings(results)
     (ax,) = fig.axes
@@ -256,14 +256,14 @@ def test_prefix_plots_draw_what_they_are_given():
 
     matplotlib.use("Agg")
     from kvlab.models import OPT_13B
-    from kvlab.roofline import A100_40GB, StepTime
-    from kvlab.serve import simulate
-    from kvlab.viz_sharing import (
+    from kvlab.perf.roofline import A100_40GB, StepTime
+    from kvlab.serving import simulate
+    from kvlab.serving.workload import shared_prefix_like
+    from kvlab.ui.viz_sharing import (
         plot_hit_rate_by_block_size,
         plot_hit_rate_by_memory,
         plot_prefix_days,
     )
-    from kvlab.workload import shared_prefix_like
 
     day = shared_prefix_like(20, 40, seed=0)
     setup = dict(kv_capacity_tokens=1024, max_seq_len=512, step_time=StepTime(OPT_13B, A100_40GB))

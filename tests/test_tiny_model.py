@@ -14,12 +14,10 @@ import pytest
 import torch
 
 import kvlab  # noqa: F401  (chooses Triton's interpreter before anything imports triton)
-from kvlab.attention import causal_attention
-from kvlab.contiguous import ContiguousKVCache
+from kvlab.core.block_manager import PagedCache
+from kvlab.core.contiguous import ContiguousKVCache
 from kvlab.models import ModelSpec
-from kvlab.paged import PagedCache
-from kvlab.scheduler import Sequence
-from kvlab.tiny import (
+from kvlab.models.tiny import (
     TINY_SPEC,
     TinyConfig,
     TinyExecutor,
@@ -30,7 +28,9 @@ from kvlab.tiny import (
     load_model,
     tiny_model,
 )
-from kvlab.tiny.model import ASSETS_DIR, WEIGHTS_FILE, RMSNorm, rope
+from kvlab.models.tiny.model import ASSETS_DIR, WEIGHTS_FILE, RMSNorm, rope
+from kvlab.ops.attention import causal_attention
+from kvlab.serving.scheduler import Sequence
 
 BLOCK_SIZE = 8  # small blocks: fewer tokens to write through the interpreted kernel
 # awkward prompt lengths in tokens (bytes): 1, one block, one block + 1, and a longer one

@@ -1,11 +1,11 @@
 import pytest
 
-from kvlab.accounting import CacheState, Usage, split_waste
-from kvlab.contiguous import ContiguousKVCache
-from kvlab.errors import OutOfMemory
-from kvlab.replay import replay
-from kvlab.trace import Trace, intervals
-from kvlab.workload import Request, load_trace, sharegpt_like
+from kvlab.core.accounting import CacheState, Usage, split_waste
+from kvlab.core.contiguous import ContiguousKVCache
+from kvlab.core.errors import OutOfMemory
+from kvlab.core.trace import Trace, intervals
+from kvlab.serving.replay import replay
+from kvlab.serving.workload import Request, load_trace, sharegpt_like
 
 
 def test_split_waste():
@@ -113,7 +113,7 @@ def test_fragmentation_plot_shows_guests_and_seconds():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from kvlab import viz
+    from kvlab.ui import viz
 
     times = [0.0, 0.05, 0.1, 0.15]
     runs = {"first fit": (times, [0.0, 0.5, 0.5, 0.0], [None, "r1", "r1", None])}

@@ -10,12 +10,12 @@ import pytest  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
-from kvlab import viz  # noqa: E402
-from kvlab.contiguous import ArenaAllocator, ContiguousKVCache  # noqa: E402
-from kvlab.errors import OutOfSpace  # noqa: E402
-from kvlab.paged import BlockManager  # noqa: E402
-from kvlab.recorder import recorded
-from kvlab.widgets.palette import COLORS, guest_colors  # noqa: E402
+from kvlab.core.block_manager import BlockManager  # noqa: E402
+from kvlab.core.contiguous import ArenaAllocator, ContiguousKVCache  # noqa: E402
+from kvlab.core.errors import OutOfSpace  # noqa: E402
+from kvlab.core.recorder import recorded
+from kvlab.ui import viz  # noqa: E402
+from kvlab.ui.widgets.palette import COLORS, guest_colors  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -112,8 +112,8 @@ def test_bad_arguments_name_themselves():
 
 
 def test_drawing_nothing_says_how_to_record():
-    from kvlab.replay import replay
-    from kvlab.workload import Request
+    from kvlab.serving.replay import replay
+    from kvlab.serving.workload import Request
 
     unrecorded = replay(ContiguousKVCache(1, 8), [Request(2, 2)])
     with pytest.raises(
@@ -124,8 +124,8 @@ def test_drawing_nothing_says_how_to_record():
 
 def cached_hotel():
     """Alice left rooms 1 and 0 cached (last room first); bob holds rooms 2 and 3."""
-    from kvlab.accounting import CacheState
-    from kvlab.trace import Trace
+    from kvlab.core.accounting import CacheState
+    from kvlab.core.trace import Trace
 
     trace = Trace("paged", 8, 4)
     for tables, cached in [({"alice": (0, 1)}, ()), ({"bob": (2, 3)}, (1, 0))]:
@@ -136,7 +136,7 @@ def cached_hotel():
 
 
 def test_cached_rooms_are_drawn_in_the_cached_colour_with_a_legend_entry():
-    from kvlab.widgets.palette import LEGEND
+    from kvlab.ui.widgets.palette import LEGEND
 
     ax = viz.plot_floor_plan(cached_hotel(), -1, beds_per_floor=16)
     cached = [

@@ -10,15 +10,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvlab.accounting import CacheState
-from kvlab.contiguous import ArenaAllocator, ContiguousKVCache
-from kvlab.errors import OutOfMemory
-from kvlab.paged import BlockManager, PagedCache
-from kvlab.recorder import recorded
-from kvlab.replay import replay
-from kvlab.trace import EVENTS, Trace
-from kvlab.widgets import HotelFloorPlan, HotelPlayer, animate, compare
-from kvlab.widgets.frames import (
+from kvlab.core.accounting import CacheState
+from kvlab.core.block_manager import BlockManager, PagedCache
+from kvlab.core.contiguous import ArenaAllocator, ContiguousKVCache
+from kvlab.core.errors import OutOfMemory
+from kvlab.core.recorder import recorded
+from kvlab.core.trace import EVENTS, Trace
+from kvlab.serving.replay import replay
+from kvlab.serving.workload import Request
+from kvlab.ui.widgets import HotelFloorPlan, HotelPlayer, animate, compare
+from kvlab.ui.widgets.frames import (
     KEY_EVENTS,
     align,
     block_table_text,
@@ -30,8 +31,7 @@ from kvlab.widgets.frames import (
     room_states,
     sample_frames,
 )
-from kvlab.widgets.palette import COLORS, GUEST_PALETTE, LEGEND, extra_color, guest_colors
-from kvlab.workload import Request
+from kvlab.ui.widgets.palette import COLORS, GUEST_PALETTE, LEGEND, extra_color, guest_colors
 
 GOLDEN = Path(__file__).parent / "golden" / "hotel_frame.svg"
 
@@ -227,7 +227,7 @@ def test_key_cards_read_as_ranges():
 
 @given(st.lists(st.integers(0, 300), unique=True, max_size=60))
 def test_key_card_ranges_list_every_room_in_order(rooms):
-    from kvlab.widgets.frames import _runs
+    from kvlab.ui.widgets.frames import _runs
 
     text = block_table_text(_runs(rooms))
     back = []
@@ -433,7 +433,7 @@ def test_bad_input_is_refused_before_the_browser():
         HotelFloorPlan(small_paged_trace(), step=0)
     with pytest.raises(ValueError, match="step must be in 1..6"):
         hotel.to_svg(0)
-    with pytest.raises(TypeError, match="trace must be a kvlab.trace.Trace"):
+    with pytest.raises(TypeError, match="trace must be a kvlab.core.trace.Trace"):
         HotelFloorPlan([1, 2])
     with pytest.raises(ValueError, match="every must be an int >= 1"):
         encode(small_paged_trace(), every=0)
@@ -445,7 +445,7 @@ def test_bad_input_is_refused_before_the_browser():
         compare({"a": small_paged_trace()}, every=0)
     with pytest.raises(ValueError, match="traces must be a dict naming at least one trace"):
         compare({})
-    with pytest.raises(TypeError, match=r"traces\['a'\] must be a kvlab.trace.Trace"):
+    with pytest.raises(TypeError, match=r"traces\['a'\] must be a kvlab.core.trace.Trace"):
         compare({"a": [1]})
     with pytest.raises(ValueError, match="hotels must play the same number of steps"):
         HotelPlayer([hotel, HotelFloorPlan(small_paged_trace(), every=2)])
@@ -552,7 +552,7 @@ def test_cached_rooms_left_by_guests_no_sampled_frame_shows():
     )
 )
 def test_cached_runs_keep_every_room_its_guest_and_its_place_in_the_queue(pairs):
-    from kvlab.widgets.frames import _cached_runs
+    from kvlab.ui.widgets.frames import _cached_runs
 
     flat = _cached_runs(pairs)
     assert list(cached_rooms({"frames": [{"cached": flat}]}, 0).items()) == pairs
@@ -601,7 +601,7 @@ def test_the_widget_draws_cached_rooms_in_the_palettes_colour():
 def test_every_animation_plays_in_ten_to_thirty_seconds():
     """Play's pace follows the number of steps: Lab 06's 8 steps are not a 2 s blur, Lab 03's
     1,210 not a 4-minute wait (the default was 200 ms a step for all)."""
-    from kvlab.widgets.floorplan import play_pace
+    from kvlab.ui.widgets.floorplan import play_pace
 
     for n in (6, 9, 11, 50, 400, 1210, 20_000):
         interval, stride = play_pace(n)
@@ -633,7 +633,7 @@ def test_the_player_takes_its_pace_from_the_trace_unless_told():
 
 
 def play_pace_of(n):
-    from kvlab.widgets.floorplan import play_pace
+    from kvlab.ui.widgets.floorplan import play_pace
 
     return play_pace(n)
 

@@ -22,8 +22,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 ARTIFACTS = Path(os.environ.get("KVLAB_ARTIFACTS", ROOT / "tests" / "artifacts"))
 
 SMALL_HOTEL = """\
-from kvlab.paged import BlockManager
-from kvlab.recorder import recorded
+from kvlab.core.block_manager import BlockManager
+from kvlab.core.recorder import recorded
 
 m = recorded(BlockManager(num_blocks=64, block_size=4))
 for i in range(6):
@@ -40,10 +40,10 @@ m.free("g3")
 # Max-length suites against paged rooms on the same guests, as in Lab 03 but small: the paged
 # hotel finishes first and must hold its last frame while the suites play on.
 TWO_HOTELS = """\
-from kvlab.contiguous import ContiguousKVCache
-from kvlab.paged import PagedCache
-from kvlab.replay import replay
-from kvlab.workload import Request
+from kvlab.core.contiguous import ContiguousKVCache
+from kvlab.core.block_manager import PagedCache
+from kvlab.serving.replay import replay
+from kvlab.serving.workload import Request
 
 guests = [Request(20 + 9 * i, 12 + 5 * (i % 4)) for i in range(8)]
 suites = replay(ContiguousKVCache(num_slots=2, max_seq_len=128, policy="max"), guests, record=True)
@@ -53,8 +53,8 @@ rooms = replay(PagedCache(num_blocks=16, block_size=16), guests, record=True)
 # Prefix caching by hand: dave and alice leave full rooms cached; bob and carol find alice's two
 # (rooms 0 and 1, then on two key cards); erin's check-in overwrites dave's room 6.
 CACHED_HOTEL = """\
-from kvlab.accounting import CacheState
-from kvlab.trace import Trace
+from kvlab.core.accounting import CacheState
+from kvlab.core.trace import Trace
 
 cached = Trace("paged", 16, 4)
 story = [
@@ -75,7 +75,7 @@ for k, (event, guest, tables, rooms) in enumerate(story):
 NOTEBOOK = [
     SMALL_HOTEL
     + """\
-from kvlab.widgets import animate
+from kvlab.ui.widgets import animate
 
 small = animate(m.trace, title="browser test hotel", interval_ms=100)
 small""",
@@ -95,7 +95,7 @@ big = animate(big_manager.trace, title="2,000 rooms x 500 frames", interval_ms=5
 big""",
     TWO_HOTELS
     + """\
-from kvlab.widgets import compare
+from kvlab.ui.widgets import compare
 
 pair = compare({"max-length suites": suites.trace, "paged rooms": rooms.trace}, every=2,
                room_size=16, interval_ms=20)
@@ -139,13 +139,13 @@ def expected(source: str, name: str):
 
 
 def booked_rooms(data: dict, step: int) -> list[int]:
-    from kvlab.widgets.frames import frame_at, room_states
+    from kvlab.ui.widgets.frames import frame_at, room_states
 
     return [r for r, s in enumerate(room_states(data, frame_at(data, step))) if s.guest >= 0]
 
 
 def check_small_hotel(page) -> None:
-    from kvlab.widgets.frames import encode, frame_at, room_states
+    from kvlab.ui.widgets.frames import encode, frame_at, room_states
 
     data = encode(expected(SMALL_HOTEL, "m").trace)
     small = page.locator(".kvh").nth(0)
@@ -188,8 +188,8 @@ def hover(page, hotel, selector: str) -> str:
 
 def check_compare(page) -> None:
     """Two hotels: legend, layout, linked selection, steps, and the contiguous hotel's words."""
-    from kvlab.widgets import compare
-    from kvlab.widgets.frames import block_table_text
+    from kvlab.ui.widgets import compare
+    from kvlab.ui.widgets.frames import block_table_text
 
     scope: dict = {}
     exec(TWO_HOTELS, scope)
@@ -276,8 +276,8 @@ def check_compare(page) -> None:
 def check_cached_hotel(page) -> None:
     """Cached rooms in the palette's colour, with a tooltip that says whose tokens they keep and
     when they go; rooms on two key cards keep their count; the eviction is named."""
-    from kvlab.widgets.frames import cached_rooms, encode
-    from kvlab.widgets.palette import COLORS
+    from kvlab.ui.widgets.frames import cached_rooms, encode
+    from kvlab.ui.widgets.palette import COLORS
 
     data = encode(expected(CACHED_HOTEL, "cached"))
     hotel = page.locator(".kvh").nth(4)

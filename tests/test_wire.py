@@ -7,11 +7,11 @@ import pickle
 import pytest
 import torch
 
+from kvlab.core.block_manager import PagedCache
 from kvlab.grading.lab07 import CachedBlock
 from kvlab.grading.remote import JUDGE, LEARNER, Connection, LearnerExit, rebuild_error
 from kvlab.grading.wire import MAX_DEPTH, ProtocolError, check_opcodes
-from kvlab.paged import PagedCache
-from kvlab.scheduler import Scheduler, SequenceStatus
+from kvlab.serving.scheduler import Scheduler, SequenceStatus
 
 
 def learner_sends(value, back=None):
@@ -114,7 +114,9 @@ def test_an_error_the_learner_describes_is_never_one_that_ends_the_judge():
         error = rebuild_error({"mro": [(module, name)], "args": ["x"]})
         assert type(error) is Exception, name
     assert (
-        type(rebuild_error({"mro": [("kvlab.paged", "OutOfBlocks")], "args": []})).__name__
+        type(
+            rebuild_error({"mro": [("kvlab.core.block_manager", "OutOfBlocks")], "args": []})
+        ).__name__
         == "OutOfBlocks"
     )
 

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.workload import (
+from kvlab.serving.workload import (
     ALPACA_MEANS,
     SHAREGPT_MEANS,
     TRACE_RECIPES,
@@ -85,7 +85,7 @@ def test_request_validation_names_the_field():
 def test_committed_traces_are_what_the_recipes_generate():
     for name, recipe in TRACE_RECIPES.items():
         assert load_trace(name) == recipe(), (
-            f"assets/traces/{name}.csv is stale: python -m kvlab.workload"
+            f"assets/traces/{name}.csv is stale: python -m kvlab.serving.workload"
         )
         assert (TRACES_DIR / f"{name}.csv").exists()
 
@@ -99,7 +99,7 @@ def test_trace_round_trip(tmp_path):
 
 
 def test_documents_among_chats_mixes_long_prompts_into_a_poisson_stream():
-    from kvlab.workload import documents_among_chats
+    from kvlab.serving.workload import documents_among_chats
 
     day = documents_among_chats(500, seed=1)
     assert day == documents_among_chats(500, seed=1)  # seeded

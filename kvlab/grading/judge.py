@@ -27,6 +27,7 @@ from pathlib import Path
 
 import nbformat
 
+from kvlab.course.labgen import RAISES_TAG
 from kvlab.grading.limits import CheckTimeout, time_limit
 from kvlab.grading.registry import get_exercise
 from kvlab.grading.remote import (
@@ -37,8 +38,7 @@ from kvlab.grading.remote import (
     _RemoteMeta,
 )
 from kvlab.grading.report import CheckResult, Outcome, Status
-from kvlab.labgen import RAISES_TAG
-from kvlab.runtime import child_environ
+from kvlab.ops.runtime import child_environ
 
 CHECK_CELL = re.compile(
     r"""^\s*check\(\s*["'](\d\d\.[\w.]+)["']\s*,\s*([A-Za-z_]\w*)\s*\)\s*;?\s*$"""
@@ -60,7 +60,7 @@ class Cell:
 
 def lab_notebook(number: str) -> Path:
     """The instructor's copy of a lab: the generated learner notebook kvlab ships."""
-    from kvlab.labgen import LABS_DIR
+    from kvlab.course.labgen import LABS_DIR
 
     found = sorted(LABS_DIR.glob(f"{number}_*.ipynb"))
     if not found:
@@ -446,7 +446,7 @@ def sandboxed():
     gpu = torch is not None and torch.cuda.is_available()
     # CUDA reserves far more address space than it uses: no memory limit on a GPU machine
     limits = sandbox.Limits(memory_bytes=None if gpu else 8 << 30, wall_seconds=3600.0)
-    from kvlab.labgen import ROOT
+    from kvlab.course.labgen import ROOT
 
     # the course's data (traces, the tiny model) read-only beside the package, wherever the
     # checkout is (under /tmp, which the sandbox otherwise hides)

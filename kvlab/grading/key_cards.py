@@ -19,13 +19,13 @@ import functools
 import numbers
 import random
 
+from kvlab.core.block_manager import BlockManager
 from kvlab.grading.blame import explain_exception
 from kvlab.grading.class_driver import ClassDriver
 from kvlab.grading.expect import CheckFailed, plural, short
 from kvlab.grading.report import failure_details
 from kvlab.grading.slips import quietly
 from kvlab.grading.state_diff import Field, changes, moved, read
-from kvlab.paged import BlockManager
 
 NOT_COUNTED = "append_slot does not count the new token: add one to the guest's num_tokens"
 

@@ -18,7 +18,6 @@ import random
 
 import torch
 
-from kvlab.attention import TinyAttention, causal_attention, decode_attention
 from kvlab.grading import slips
 from kvlab.grading.blame import explain_exception
 from kvlab.grading.expect import (
@@ -33,6 +32,7 @@ from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise
 from kvlab.grading.slips import Slip
 from kvlab.models import LLAMA_3_8B, LLAMA_3_70B, OPT_13B, ModelSpec
+from kvlab.ops.attention import TinyAttention, causal_attention, decode_attention
 
 RETURNED_NONE = "your function returned None: end it with `return ...`"
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numbers
 import random
 
-from kvlab.accounting import split_waste
-from kvlab.contiguous import ArenaAllocator, ContiguousKVCache
+from kvlab.core.accounting import split_waste
+from kvlab.core.contiguous import ArenaAllocator, ContiguousKVCache
 from kvlab.grading import slips
 from kvlab.grading.blame import explain_exception
 from kvlab.grading.class_driver import ClassDriver
@@ -231,7 +231,7 @@ KVLAB_CACHE = (
 # why a call must be refused, and the fix when it was not
 NO_SUITE_LEFT = (
     "every suite is taken",
-    "raise kvlab.errors.OutOfMemory (a MemoryError) when no suite is free",
+    "raise kvlab.core.errors.OutOfMemory (a MemoryError) when no suite is free",
 )
 TWICE = ("an id can be checked in only once", "raise ValueError for an id already in the hotel")
 TOO_LONG = (

@@ -12,7 +12,7 @@ import math
 import numbers
 import random
 
-from kvlab.contiguous import ArenaAllocator, best_fit, external_fragmentation, first_fit
+from kvlab.core.contiguous import ArenaAllocator, best_fit, external_fragmentation, first_fit
 from kvlab.grading import slips
 from kvlab.grading.blame import explain_exception
 from kvlab.grading.expect import CheckFailed, call_without_mutation, plural, short

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 
+from kvlab.core.block_manager import BlockManager
 from kvlab.grading import slips
 from kvlab.grading.blame import explain_exception
 from kvlab.grading.expect import CheckFailed, call_without_mutation, plural, short
@@ -26,7 +27,6 @@ from kvlab.grading.key_cards import (
 from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise
 from kvlab.grading.slips import Slip, quietly
-from kvlab.paged import BlockManager
 
 manager = exercise("03.block_manager", "allocate, append_slot and free", expects="class")
 

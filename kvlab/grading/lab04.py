@@ -4,7 +4,7 @@ A wrong answer is compared with what the usual slips would compute (every bed of
 the last room skipped, the first guest's key card for every guest, a missing scale or one by the
 block size, a softmax over the heads, the wrong KV head, fp16 arithmetic, ...): a match names the
 mistake, and later checks broken by the same mistake say "the same problem". Lab 05 reuses the
-diagnosis, with hints in kernel terms; both build their cases with ``kvlab.testing.make_case``
+diagnosis, with hints in kernel terms; both build their cases with ``kvlab.ops.testing.make_case``
 (Lab 04's, here, can scale q and V up) and judge them with its tolerances.
 """
 
@@ -15,8 +15,6 @@ import math
 
 import torch
 
-from kvlab import testing
-from kvlab.attention import decode_attention, gather_kv, paged_decode_attention_ref
 from kvlab.grading.blame import explain_exception
 from kvlab.grading.expect import (
     CheckFailed,
@@ -28,7 +26,9 @@ from kvlab.grading.expect import (
 from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise
 from kvlab.grading.slips import Slip
-from kvlab.testing import FAR, NAN_ROOM, TOLERANCE, close
+from kvlab.ops import testing
+from kvlab.ops.attention import decode_attention, gather_kv, paged_decode_attention_ref
+from kvlab.ops.testing import FAR, NAN_ROOM, TOLERANCE, close
 
 paged = exercise("04.paged_attention", "decode attention through key cards")
 
@@ -288,9 +288,9 @@ NAMES = ("q", "k_cache", "v_cache", "block_tables", "seq_lens")
 
 
 def make_case(seq_lens, block_size, *, q_scale=1.0, v_scale=1.0, **options):
-    """``kvlab.testing.make_case`` with q and V multiplied by ``q_scale`` and ``v_scale`` (in
+    """``kvlab.ops.testing.make_case`` with q and V multiplied by ``q_scale`` and ``v_scale`` (in
     fp32, then stored in the case's dtype): scores and values large enough to show arithmetic
-    done in fp16. Without them, kvlab.testing's case itself."""
+    done in fp16. Without them, kvlab.ops.testing's case itself."""
     q, k_cache, v_cache, tables, lens = testing.make_case(seq_lens, block_size, **options)
     if q_scale != 1:
         q = (q.float() * q_scale).to(q.dtype)

@@ -27,7 +27,6 @@ import re
 
 import torch
 
-from kvlab.attention import decode_attention, gather_kv, paged_decode_attention_ref
 from kvlab.grading.blame import exception_chain, explain_exception
 from kvlab.grading.expect import CheckFailed, max_error, plural, preview
 from kvlab.grading.lab04 import (
@@ -42,10 +41,11 @@ from kvlab.grading.lab04 import (
 from kvlab.grading.limits import CheckTimeout, ChildCrashed, can_fork, in_child_process
 from kvlab.grading.registry import exercise
 from kvlab.grading.slips import Slip
-from kvlab.kernels import launch_paged_decode
-from kvlab.kernels.sizes import pow2
-from kvlab.runtime import kernel_mode
-from kvlab.testing import FAR, NAN_ROOM, SPARE_ROOM, TOLERANCE, close, make_case
+from kvlab.ops.attention import decode_attention, gather_kv, paged_decode_attention_ref
+from kvlab.ops.kernels import launch_paged_decode
+from kvlab.ops.kernels.sizes import pow2
+from kvlab.ops.runtime import kernel_mode
+from kvlab.ops.testing import FAR, NAN_ROOM, SPARE_ROOM, TOLERANCE, close, make_case
 
 # In the interpreter an unmasked load or store can corrupt the process: each check runs in a child.
 kernel = exercise(

@@ -1,7 +1,7 @@
 """``kvlab grade``: execute a notebook headlessly and score its exercises.
 
 The notebook runs in a fresh ``kvlab`` kernel of this Python (whatever kernel its metadata names),
-started exactly as JupyterLab starts a learner's: through :mod:`kvlab.jupyter_kernel`, in this
+started exactly as JupyterLab starts a learner's: through :mod:`kvlab.course.jupyter_kernel`, in this
 process's environment as the user set it (not the ``TRITON_INTERPRET`` that importing kvlab here
 may have added), with ``KVLAB_GRADE_LOG`` pointing at a file where every ``check(...)`` appends
 its result. Exercises of the lab whose check never ran (deleted cell, a crash before it) score
@@ -23,7 +23,7 @@ import nbformat
 from kvlab.grading.registry import get_exercise, load_lab
 from kvlab.grading.report import Status
 from kvlab.grading.runner import GRADE_LOG_VAR
-from kvlab.runtime import child_environ
+from kvlab.ops.runtime import child_environ
 
 _CHECK_CALL = re.compile(r"""\bcheck\(\s*["'](\d\d\.[\w.]+)["']""")
 _LAB_NAME = re.compile(r"^(\d\d)_")
@@ -95,7 +95,7 @@ def _kernel_manager(kernel_name: str | None, spec_dir: Path):
 
     if kernel_name is not None:
         return AsyncKernelManager(kernel_name=kernel_name)
-    from kvlab.jupyter_kernel import write_kernelspec
+    from kvlab.course.jupyter_kernel import write_kernelspec
 
     write_kernelspec(spec_dir / "kernels" / "kvlab-grade", python=sys.executable)
     specs = KernelSpecManager(kernel_dirs=[str(spec_dir / "kernels")])

@@ -759,7 +759,7 @@ def _known_exception(module: str, qualname: str):
 
 
 def rebuild_error(info, remote: bool = True) -> BaseException:
-    """The judge's side: an exception of the nearest class it knows (builtins, kvlab.errors),
+    """The judge's side: an exception of the nearest class it knows (builtins, kvlab.core.errors),
     carrying what the learner's side said of it."""
     if not isinstance(info, dict) or not isinstance(info.get("mro"), list):
         return ProtocolError("a malformed error")

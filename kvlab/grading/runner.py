@@ -33,7 +33,7 @@ from kvlab.grading.limits import (
 from kvlab.grading.registry import Check, get_exercise
 from kvlab.grading.remote import LearnerExit, Remote, RemoteDied, is_remote, origin
 from kvlab.grading.report import SAME_PROBLEM, CheckResult, Outcome, Status, failure_details
-from kvlab.runtime import TRITON_TOO_EARLY_DETAILS
+from kvlab.ops.runtime import TRITON_TOO_EARLY_DETAILS
 
 DEFAULT_TIMEOUT = float(os.environ.get("KVLAB_CHECK_TIMEOUT", "10"))
 GRADE_LOG_VAR = "KVLAB_GRADE_LOG"  # set by `kvlab grade`: results are appended there as JSON lines

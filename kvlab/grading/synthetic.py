@@ -6,7 +6,7 @@ file planted in kvlab's package, a poisoned message on the judge's channel, a fo
 answer equal to everything, an early exit, check cells turned into prints). Every cheat is
 built on the unsolved lab, so it earns nothing: a score above 0 is a cheat that worked.
 
-``kvlab bench grade`` grades it (kvlab/bench.py); its test grades a small part of it.
+``kvlab bench grade`` grades it (kvlab/perf/bench.py); its test grades a small part of it.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import nbformat
 
+from kvlab.course.labgen import LABS_DIR, RAISES_TAG, SOLUTIONS_DIR
 from kvlab.grading.judge import CHECK_CELL
 from kvlab.grading.registry import get_exercise
-from kvlab.labgen import LABS_DIR, RAISES_TAG, SOLUTIONS_DIR
 
 LABS = ("00", "01", "02", "03", "04", "05", "06", "07")
 HONEST = ("solution", "unsolved", "half", "wrong")

@@ -7,12 +7,12 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvlab.core.block_manager import PagedCache
 from kvlab.grading.expect import CheckFailed
 from kvlab.grading.lab06.views import cache_text
-from kvlab.paged import PagedCache
-from kvlab.scheduler import Sequence
-from kvlab.serve import Engine, make_cache
-from kvlab.workload import Request, sharegpt_like
+from kvlab.serving import Engine, make_cache
+from kvlab.serving.scheduler import Sequence
+from kvlab.serving.workload import Request, sharegpt_like
 
 # the lab's day, shrunk: 40 ShareGPT-like guests at an eighth of their length, 2 a step, in a
 # hotel of 32 rooms of 8 beds, which asks guests to leave often

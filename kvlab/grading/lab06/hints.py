@@ -222,7 +222,7 @@ SEQ_TO_SCHEDULER = (
     "scheduler.admit takes the Sequence itself, not its seq_id (the cache's calls take the seq_id)"
 )
 RETURN_STEP = "return the ScheduledStep you filled (out)"
-STEP_TYPE = "step returns a ScheduledStep (from kvlab.scheduler), filled with what it did"
+STEP_TYPE = "step returns a ScheduledStep (from kvlab.serving.scheduler), filled with what it did"
 SEQ_NOT_ID = "list the Sequence objects in the ScheduledStep, not their seq_ids"
 REPORTED = {
     "out.finished": "list every guest retired in this step in out.finished",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 from collections import deque
 
+from kvlab.core.block_manager import PagedCache
 from kvlab.grading import slips
 from kvlab.grading.blame import explain_exception, learner_frames, raised
 from kvlab.grading.expect import CheckFailed, short
@@ -26,9 +27,8 @@ from kvlab.grading.lab06.views import (
 from kvlab.grading.own_code import HANDOVER, call_own
 from kvlab.grading.registry import exercise
 from kvlab.grading.state_diff import Field, each, first_difference, read
-from kvlab.paged import PagedCache
-from kvlab.scheduler import Scheduler, Sequence, SequenceStatus
-from kvlab.serve import simulate
+from kvlab.serving import simulate
+from kvlab.serving.scheduler import Scheduler, Sequence, SequenceStatus
 
 WAITING, RUNNING, PREEMPTED, SWAPPED, FINISHED = SequenceStatus
 

@@ -7,7 +7,7 @@ import functools
 
 from kvlab.grading.lab06 import hints
 from kvlab.grading.slips import Slip
-from kvlab.scheduler import ScheduledStep, Scheduler, SequenceStatus
+from kvlab.serving.scheduler import ScheduledStep, Scheduler, SequenceStatus
 
 WAITING, RUNNING, PREEMPTED, SWAPPED, FINISHED = SequenceStatus
 

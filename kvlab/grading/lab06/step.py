@@ -16,6 +16,7 @@ small day with ``simulate(..., schedule=step)``, as the lab does, and compares i
 
 from __future__ import annotations
 
+from kvlab.core.block_manager import PagedCache
 from kvlab.grading import slips
 from kvlab.grading.blame import explain_exception, raised
 from kvlab.grading.expect import CheckFailed, short
@@ -26,9 +27,8 @@ from kvlab.grading.lab06.views import REPORT_KEYS, STEP, error_slip, show, state
 from kvlab.grading.own_code import call_own
 from kvlab.grading.registry import exercise
 from kvlab.grading.state_diff import first_difference, moved, read
-from kvlab.paged import PagedCache
-from kvlab.scheduler import ScheduledStep, Scheduler, Sequence
-from kvlab.serve import simulate
+from kvlab.serving import simulate
+from kvlab.serving.scheduler import ScheduledStep, Scheduler, Sequence
 
 step_ex = exercise("06.step", "one scheduler step: retire, decode, admit")
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from collections import deque
 
-from kvlab.contiguous import ContiguousKVCache
+from kvlab.core.block_manager import PagedCache
+from kvlab.core.contiguous import ContiguousKVCache
 from kvlab.grading.blame import learner_frames
 from kvlab.grading.expect import plural, short
 from kvlab.grading.lab06 import hints
 from kvlab.grading.state_diff import Field, each
-from kvlab.paged import PagedCache
-from kvlab.scheduler import Scheduler, Sequence, SequenceStatus
+from kvlab.serving.scheduler import Scheduler, Sequence, SequenceStatus
 
 
 class Odd:
@@ -186,7 +186,7 @@ def error_slip(error: Exception, step: bool = False) -> str | None:
     text = str(error)
     if isinstance(error, KeyError) and "Sequence(seq_id=" in text:
         return hints.PASS_ID
-    if isinstance(error, TypeError) and "must be a kvlab.scheduler.Sequence" in text:
+    if isinstance(error, TypeError) and "must be a kvlab.serving.scheduler.Sequence" in text:
         return hints.SEQ_TO_SCHEDULER
     if isinstance(error, AttributeError) and error.name == "free":
         if isinstance(error.obj, PagedCache | ContiguousKVCache):

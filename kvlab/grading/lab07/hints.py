@@ -197,11 +197,11 @@ EMPTY = (
     "raises IndexError)"
 )
 EMPTY_NONE = (
-    "an empty queue must raise OutOfBlocks (kvlab.paged.OutOfBlocks), not return None: "
+    "an empty queue must raise OutOfBlocks (kvlab.core.block_manager.OutOfBlocks), not return None: "
     "`if not free_queue: raise OutOfBlocks(...)` before taking anything"
 )
 EMPTY_VALUE = (
-    "an empty queue must raise OutOfBlocks (kvlab.paged.OutOfBlocks), not return a value: "
+    "an empty queue must raise OutOfBlocks (kvlab.core.block_manager.OutOfBlocks), not return a value: "
     "`if not free_queue: raise OutOfBlocks(...)` before taking anything"
 )
 RETURN_ROOM = "return the room number you took"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import random
 
-from kvlab.block_pool import ROOT_HASH, hash_block_tokens
+from kvlab.core.block_pool import ROOT_HASH, hash_block_tokens
 from kvlab.grading import slips
 from kvlab.grading.blame import raised
 from kvlab.grading.expect import CheckFailed, call_without_mutation, plural, short

@@ -7,10 +7,10 @@ from __future__ import annotations
 import inspect
 from typing import NamedTuple
 
-from kvlab.block_pool import ROOT_HASH, BlockPool, hash_block_tokens
+from kvlab.core.block_manager import BlockManager
+from kvlab.core.block_pool import ROOT_HASH, BlockPool, hash_block_tokens
 from kvlab.grading.lab07 import hints
 from kvlab.grading.slips import Slip
-from kvlab.paged import BlockManager
 
 
 def functions(*classes) -> tuple:

@@ -1,0 +1,8 @@
+"""The core: pure-Python bookkeeping of KV-cache memory, with no torch in sight.
+
+Accounts of where bytes go (``accounting``), traces of allocator calls (``trace``, ``recorder``),
+the free-block pool and the paged block manager (``block_pool``, ``block_manager``), prefix
+caches behind one protocol (``prefix_cache``), the contiguous baselines (``contiguous``), the
+names of the caches the course compares (``cache_kinds``), typed errors and argument checks.
+Everything above (serving, kernels, pictures, grading) is built on these.
+"""

@@ -1,0 +1,1 @@
+"""Course tooling: the `kvlab` Jupyter kernel, `kvlab doctor`, lab generation, JupyterLab defaults."""

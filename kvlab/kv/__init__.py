@@ -1,0 +1,1 @@
+"""K/V tensors: where the keys and values of paged and contiguous caches live in torch memory."""

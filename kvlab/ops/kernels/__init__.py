@@ -1,0 +1,44 @@
+"""Triton paged-attention kernels: decode attention that reads K/V rooms in place through block
+tables, and a kernel that writes new K/V through a slot mapping.
+
+``room_by_room`` is the kernel learners write in Lab 05; ``tiled`` is the fast one kvlab uses
+(tiles of several rooms, tensor cores, split-K), launched with the defaults in its
+``LAUNCH_DEFAULTS``; ``slots`` holds the address code (token -> key-card entry -> slot -> K/V
+offsets) that ``tiled`` and ``write`` share. ``import kvlab`` chooses Triton's interpreter when no
+CUDA GPU is visible, so the same code runs on CPU tensors (slowly: keep shapes small) and
+compiled on a GPU.
+"""
+
+from kvlab.ops.kernels.room_by_room import launch_paged_decode, paged_decode_kernel
+from kvlab.ops.kernels.tiled import (
+    LAUNCH_DEFAULTS,
+    LaunchConfig,
+    SplitPlan,
+    choose_splits,
+    launch_config,
+    merge_splits_kernel,
+    paged_decode_attention,
+    paged_decode_tiled_kernel,
+    plan_splits,
+    prepare_paged_decode,
+    tile_tokens,
+)
+from kvlab.ops.kernels.write import write_kv, write_kv_kernel
+
+__all__ = [
+    "LAUNCH_DEFAULTS",
+    "LaunchConfig",
+    "SplitPlan",
+    "choose_splits",
+    "launch_config",
+    "launch_paged_decode",
+    "merge_splits_kernel",
+    "paged_decode_attention",
+    "paged_decode_kernel",
+    "paged_decode_tiled_kernel",
+    "plan_splits",
+    "prepare_paged_decode",
+    "tile_tokens",
+    "write_kv",
+    "write_kv_kernel",
+]

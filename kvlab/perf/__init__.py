@@ -1,0 +1,1 @@
+"""Cost models and measurements: the roofline, the GPU catalogue, the planner and benchmarks."""

@@ -1,0 +1,936 @@
+"""Capacity and cost planning: how many requests a GPU serves at once, and what a token costs.
+
+Two questions a deployment asks, answered analytically and at once (no simulation):
+
+- :func:`kv_capacity`: how many KV blocks and token slots a number of bytes holds, and how many
+  requests of full length fit at once (the "Maximum concurrency for N tokens per request" of vLLM's
+  start-up log: blocks x block_size / N).
+- :func:`plan`: on a model and GPUs, for each of the four caches of Lab 06 (``"contiguous"``:
+  Orca-Max, ``"contiguous-pow2"``, ``"contiguous-oracle"``, ``"paged"``: vLLM), how many requests
+  run at once on a busy day, the tokens per second that allows, the cost per million generated
+  tokens and the GPUs a target load needs.
+
+How :func:`plan` gets there (each step a stated assumption; :func:`compare_with_simulation`
+checks the result against :func:`kvlab.serving.simulate` on the same set-up):
+
+1. Memory, as vLLM sizes it: ``KV bytes = num_gpus x memory x gpu_memory_utilization - weights
+   - overhead``. Weights are ``num_params x dtype_bytes`` unless given; the overhead (activations
+   of the profiling run, CUDA graphs, NCCL buffers, allocator slack) defaults to
+   :data:`DEFAULT_OVERHEAD_PER_GPU` per GPU, the 2 GB that Table 1 of the PagedAttention paper
+   leaves between 26 GB of weights and 12 GB of KV on a 40 GB A100 (vLLM logs show 0.5-2.5 GiB). With
+   tensor parallelism each GPU holds its share of the KV heads (at least one head: with more GPUs
+   than KV heads the heads are copied, as vLLM does).
+2. Concurrency under continuous batching with every request waiting (a saturated server). A
+   running request is seen for as many steps as it generates tokens, so by Little's law the mean
+   number running is ``memory / F``, where ``F`` is the *time-weighted* mean footprint: each
+   request's tokens booked, averaged over its own steps, weighted by its number of steps
+   (``E[output x mean booking] / E[output]``). Per cache:
+
+   - Orca-Max books ``max_seq_len`` for everyone: exactly ``token_slots // max_seq_len`` run.
+   - Orca-Pow2 books the output rounded up to a power of two plus the prompt, in a power-of-two
+     block (the paper's rule: :func:`kvlab.core.contiguous.booking_size`; at most ``max_seq_len``) and
+     Orca-Oracle the exact total, for the whole of the request's life, in one contiguous arena:
+     ``ARENA_PACKING x token_slots / F`` (:data:`ARENA_PACKING`: holes left between bookings,
+     external fragmentation).
+   - Paged holds ``ceil((prompt + generated) / block_size)`` blocks, growing: about prompt + half
+     the output + half a block; the pool fills to the last block: ``token_slots / F``.
+
+   ``F`` comes from a fixed sample (:data:`WORKLOAD_SAMPLE` requests, seed :data:`WORKLOAD_SEED`)
+   of kvlab's workload generator at that ``max_seq_len``, computed once and cached.
+3. Tokens per second from the roofline (:mod:`kvlab.perf.roofline`, the same cost the simulator uses:
+   :meth:`Plan.step_time`): a decode step of ``B`` running requests reads every weight once and
+   each request's K and V, ``max(FLOPs / peak FLOP/s, bytes / bandwidth)``; on ``num_gpus`` GPUs
+   (tensor parallel) weights and KV are split and bandwidth and FLOP/s add up, ignoring the
+   communication between them. ``decode_tokens_per_s = B / step`` is the upper bound;
+   ``tokens_per_s`` also pays, without overlap, the prefill of the ``B / E[output]`` requests
+   that start each step (``2 x params`` FLOPs per prompt token, plus attention): the conservative
+   figure that costs and GPU counts use. The simulator, which overlaps prefill with decode but
+   also recomputes preempted requests, lands close to or between the two. Both are bounds of
+   the hardware: real kernels reach a fraction of the peaks.
+4. Cost per million generated tokens: ``price x num_gpus / (tokens_per_s x 3600) x 1e6``; GPUs
+   for a target: ``ceil(target / tokens_per_s)`` replicas of ``num_gpus`` GPUs.
+
+Measured against :func:`kvlab.serving.simulate` (``compare_with_simulation``: steady state of a
+saturated day, a seed other than the planner's; plan defaults otherwise), planned / simulated - 1:
+
+=============================  ==========  ================================  ============
+set-up                         workload    concurrency (Max, Pow2, Oracle,   tokens/s
+                                           paged)                            (worst)
+=============================  ==========  ================================  ============
+OPT-13B, A100-40GB, 2k ctx     ShareGPT    0, +2.7, +0.1, -4.3 %             -2.2 %
+(13,056 slots)                 Alpaca      0, -3.5, -1.8, -3.3 %             -10.3 %
+Llama-3-8B, H100-80GB, 8k ctx  ShareGPT    0, +1.2, +1.4, +0.6 %             -5.3 %
+(450,896 slots)                Alpaca      0, -1.4, -0.5, +0.1 %             -5.7 %
+=============================  ==========  ================================  ============
+
+So concurrency within 5% and tokens/s within 11% (the planner below the simulator; measured
+again when Pow2 took the paper's rule); the stated
+tolerance is :data:`SIMULATION_TOLERANCE` (15%), which ``tests/test_planner.py`` checks on
+smaller days.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import numbers
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from kvlab.core.cache_kinds import CACHES, PAPER_NAMES
+from kvlab.core.contiguous import booking_size
+from kvlab.core.validate import positive_int
+from kvlab.models import PRESETS, ModelSpec, preset
+from kvlab.perf import gpus as gpu_catalogue
+from kvlab.perf.gpus import GiB, PricedGPU, with_price
+from kvlab.perf.roofline import GPU
+from kvlab.serving.workload import Request, alpaca_like, sharegpt_like
+
+POLICIES = tuple(CACHES)  # "contiguous", "contiguous-pow2", "contiguous-oracle", "paged"
+
+DEFAULT_OVERHEAD_PER_GPU = 2 * GiB  # activations, CUDA graphs, buffers: an assumption (above)
+# Share of a contiguous arena that variable-size bookings (pow2, oracle) keep booked when the
+# server is saturated: the rest are holes too small for the next request in line. An empirical
+# figure: kvlab.serving.simulate's first-fit arena measures 0.88-0.94 on ShareGPT- and Alpaca-like
+# days (Knuth's "fifty-percent rule": about one hole per two bookings at equilibrium).
+ARENA_PACKING = 0.90
+WORKLOAD_SAMPLE = 20_000  # requests drawn to measure a named workload's lengths
+WORKLOAD_SEED = 0
+SIMULATION_TOLERANCE = 0.15  # stated agreement with kvlab.serving.simulate (relative)
+
+WORKLOADS = {
+    "sharegpt": (sharegpt_like, "ShareGPT-like chats"),
+    "alpaca": (alpaca_like, "Alpaca-like instructions"),
+}
+
+
+# --- argument checks ------------------------------------------------------------------------
+
+
+def _number(name: str, value, *, minimum: float = 0.0, strict: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    ok = value > minimum if strict else value >= minimum
+    if not (ok and math.isfinite(value)):
+        relation = ">" if strict else ">="
+        raise ValueError(f"{name} must be a finite number {relation} {minimum:g}, got {value!r}")
+    return float(value)
+
+
+def _resolve_model(model) -> ModelSpec:
+    if isinstance(model, ModelSpec):
+        return model
+    if isinstance(model, str):
+        try:
+            return preset(model.strip())
+        except KeyError:
+            raise ValueError(f"unknown model {model!r}; presets are {', '.join(PRESETS)}") from None
+    raise TypeError(
+        f"model must be a kvlab.models.ModelSpec or a preset's name, got {type(model).__name__} "
+        f"{model!r}"
+    )
+
+
+def _resolve_gpu(gpu) -> PricedGPU:
+    if isinstance(gpu, PricedGPU):
+        return gpu
+    if isinstance(gpu, GPU):  # kvlab.perf.roofline's presets: the catalogue's cards, with no price
+        return with_price(gpu_catalogue.ROOFLINE_CARDS.get(gpu, gpu), None)
+    if isinstance(gpu, str):
+        return gpu_catalogue.lookup(gpu)
+    raise TypeError(
+        f"gpu must be a kvlab.perf.gpus.PricedGPU, a kvlab.perf.roofline.GPU or a preset's name, got "
+        f"{type(gpu).__name__} {gpu!r}"
+    )
+
+
+def _check_split(spec: ModelSpec, num_gpus: int) -> None:
+    """Tensor parallel splits every layer's heads evenly over the GPUs (KV heads may be copied
+    when there are more GPUs than KV heads), as vLLM requires."""
+    q, kv = spec.num_q_heads, spec.num_kv_heads
+    if num_gpus == 1 or (q % num_gpus == 0 and (kv % num_gpus == 0 or num_gpus % kv == 0)):
+        return
+    fits = [n for n in range(1, q + 1) if q % n == 0 and (kv % n == 0 or n % kv == 0)]
+    raise ValueError(
+        f"num_gpus={num_gpus} does not split {spec.name}'s {q} query heads and {kv} KV heads "
+        f"evenly (tensor parallel needs that): use one of {', '.join(map(str, fits[:8]))}"
+    )
+
+
+def _resolve_max_seq_len(spec: ModelSpec, max_seq_len, *, required: bool) -> int | None:
+    if max_seq_len is None:
+        if spec.max_context is None and required:
+            raise ValueError(
+                f"model {spec.name!r} has no max_context: pass max_seq_len (the longest request, "
+                "prompt + output, in tokens)"
+            )
+        return spec.max_context
+    max_seq_len = positive_int("max_seq_len", max_seq_len, minimum=2)
+    if spec.max_context is not None and max_seq_len > spec.max_context:
+        raise ValueError(
+            f"max_seq_len must be <= the model's context of {spec.max_context:,} tokens "
+            f"({spec.name}), got {max_seq_len:,}"
+        )
+    return max_seq_len
+
+
+# --- capacity -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a KV cache of ``kv_cache_bytes`` holds: whole blocks of ``block_size`` token slots."""
+
+    kv_cache_bytes: float
+    bytes_per_token: float  # K and V of one token over all layers (and GPUs)
+    block_size: int
+    num_blocks: int  # whole blocks that fit
+    max_seq_len: int | None
+
+    @property
+    def block_bytes(self) -> float:
+        return self.block_size * self.bytes_per_token
+
+    @property
+    def token_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def max_concurrency(self) -> float | None:
+        """Requests of ``max_seq_len`` tokens that fit at once (vLLM's start-up log figure)."""
+        return None if self.max_seq_len is None else self.token_slots / self.max_seq_len
+
+    def __str__(self) -> str:
+        line = f"# GPU blocks: {self.num_blocks:,} of {self.block_size} tokens ({self.token_slots:,} token slots)"
+        if self.max_seq_len is not None:
+            line += (
+                f"; Maximum concurrency for {self.max_seq_len} tokens per request: "
+                f"{self.max_concurrency:.2f}x"
+            )
+        return line
+
+
+def _capacity(kv_bytes: float, bytes_per_token: float, block_size: int, max_seq_len) -> Capacity:
+    num_blocks = int(kv_bytes // (block_size * bytes_per_token))
+    return Capacity(kv_bytes, bytes_per_token, block_size, num_blocks, max_seq_len)
+
+
+def kv_capacity(
+    model: ModelSpec | str,
+    kv_cache_bytes: float,
+    *,
+    block_size: int = 16,
+    max_seq_len: int | None = None,
+) -> Capacity:
+    """Blocks, token slots and full-length concurrency of ``kv_cache_bytes`` of KV memory.
+
+    ``model``: a :class:`~kvlab.models.ModelSpec` or a preset's name. ``max_seq_len`` defaults to
+    the model's context (``max_concurrency`` is None when neither is known). For example the
+    PagedAttention paper's OPT-13B with 12 GiB of KV: ``kv_capacity("OPT-13B", 12 * 2**30)``
+    holds 983 blocks = 15,728 token slots (800 KiB per token).
+    """
+    spec = _resolve_model(model)
+    kv_bytes = _number("kv_cache_bytes", kv_cache_bytes)
+    block_size = positive_int("block_size", block_size)
+    max_seq_len = _resolve_max_seq_len(spec, max_seq_len, required=False)
+    return _capacity(kv_bytes, spec.kv_bytes_per_token, block_size, max_seq_len)
+
+
+# --- workloads ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkloadStats:
+    """The length statistics of a workload that the planner needs (tokens).
+
+    ``footprint[cache]`` is the time-weighted mean of the token slots a running request has booked
+    in that cache (``E[output x its mean booking] / E[output]``); ``held_tokens`` the same for the
+    slots holding a token; ``context_tokens`` the K/V a running request reads per step.
+    """
+
+    name: str
+    description: str
+    num_requests: int
+    max_seq_len: int
+    block_size: int
+    mean_prompt: float
+    mean_output: float
+    footprint: Mapping[str, float]  # read-only
+    held_tokens: float
+    context_tokens: float
+    prefill_attended: float  # E[prompt x (prompt + 1) / 2]: attention positions of one prefill
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "sample_requests": self.num_requests,
+            "mean_prompt_len": self.mean_prompt,
+            "mean_output_len": self.mean_output,
+            "footprint_tokens": dict(self.footprint),
+            "held_tokens": self.held_tokens,
+            "context_tokens": self.context_tokens,
+        }
+
+
+def _blocks_cumsum(n, block_size: int):
+    """sum over t = 1..n of ceil(t / block_size), elementwise (n a NumPy integer array)."""
+    q, r = n // block_size, n % block_size
+    return block_size * q * (q + 1) // 2 + r * (q + 1)
+
+
+def _stats(name, description, prompts, outputs, max_seq_len, block_size) -> WorkloadStats:
+    import numpy as np
+
+    p = np.asarray(prompts, dtype=np.int64)
+    o = np.asarray(outputs, dtype=np.int64)
+    total = p + o
+    steps = float(o.sum())
+    footprint = {}
+    for cache, policy in CACHES.items():
+        if policy is None:
+            # a request holds prompt + g slots in its g-th step (g = 1..output), reads prompt + g - 1
+            booked = block_size * (
+                _blocks_cumsum(total, block_size) - _blocks_cumsum(p, block_size)
+            )
+        else:  # the whole booking for each of its steps
+            booked = o * [
+                booking_size(policy, a, b, max_seq_len)
+                for a, b in zip(prompts, outputs, strict=True)
+            ]
+        footprint[cache] = float(booked.sum() / steps)
+    return WorkloadStats(
+        name=name,
+        description=description,
+        num_requests=len(p),
+        max_seq_len=max_seq_len,
+        block_size=block_size,
+        mean_prompt=float(p.mean()),
+        mean_output=float(o.mean()),
+        footprint=MappingProxyType(footprint),
+        held_tokens=float((o * p + o * (o + 1) / 2).sum() / steps),
+        context_tokens=float((o * p + o * (o - 1) / 2).sum() / steps),
+        prefill_attended=float((p * (p + 1) / 2).mean()),
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _named_stats(name: str, max_seq_len: int, block_size: int) -> WorkloadStats:
+    generate, description = WORKLOADS[name]
+    sample = generate(WORKLOAD_SAMPLE, seed=WORKLOAD_SEED, max_total=max_seq_len)
+    prompts = [r.prompt_len for r in sample]
+    outputs = [r.output_len for r in sample]
+    return _stats(name, description, prompts, outputs, max_seq_len, block_size)
+
+
+def _workload_name(workload: str) -> str:
+    key = workload.strip().lower().removesuffix("_like").removesuffix("-like")
+    if key not in WORKLOADS:
+        raise ValueError(
+            f"unknown workload {workload!r}; named workloads are {', '.join(WORKLOADS)} "
+            "(or pass a list of kvlab.serving.workload.Request)"
+        )
+    return key
+
+
+def workload_stats(workload="sharegpt", *, max_seq_len: int = 2048, block_size: int = 16):
+    """:class:`WorkloadStats` of a named workload (``"sharegpt"``, ``"alpaca"``: a fixed sample
+    of kvlab's generator with every request within ``max_seq_len``; cached) or of a list of
+    :class:`~kvlab.serving.workload.Request` (a trace, e.g. ``kvlab.serving.workload.load_trace(...)``)."""
+    max_seq_len = positive_int("max_seq_len", max_seq_len, minimum=2)
+    block_size = positive_int("block_size", block_size)
+    if isinstance(workload, str):
+        return _named_stats(_workload_name(workload), max_seq_len, block_size)
+    if not isinstance(workload, list | tuple) or not workload:
+        raise TypeError(
+            f"workload must be one of {tuple(WORKLOADS)} or a non-empty list of "
+            f"kvlab.serving.workload.Request, got {workload!r:.80}"
+        )
+    for i, r in enumerate(workload):
+        if not isinstance(r, Request):
+            raise TypeError(
+                f"workload[{i}] must be a kvlab.serving.workload.Request, got {r!r:.80}"
+            )
+        if r.total_len > max_seq_len:
+            raise ValueError(
+                f"workload[{i}] needs {r.total_len} tokens, more than max_seq_len={max_seq_len}"
+            )
+    return _stats(
+        "trace",
+        f"a trace of {len(workload):,} requests",
+        [r.prompt_len for r in workload],
+        [r.output_len for r in workload],
+        max_seq_len,
+        block_size,
+    )
+
+
+# --- the step-time model --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanStepTime:
+    """The roofline cost of one step on the plan's GPUs (what :func:`kvlab.serving.simulate` takes
+    as ``step_time``): equal to :class:`kvlab.perf.roofline.StepTime` on one GPU with weights of
+    ``num_params x dtype_bytes``; on several, bandwidth and FLOP/s add up (no communication)."""
+
+    weights_bytes: float
+    kv_bytes_per_token: float  # read or written, all GPUs together
+    flops_per_token: float  # 2 x params
+    attention_flops_per_position: float  # 4 x layers x query heads x head_dim
+    hbm_bytes_per_s: float
+    peak_flops: float
+    pcie_bytes_per_s: float = 25e9
+
+    def compute_seconds(self, new_tokens: float, attended: float) -> float:
+        flops = self.flops_per_token * new_tokens + self.attention_flops_per_position * attended
+        return flops / self.peak_flops
+
+    def memory_seconds(self, kv_tokens: float) -> float:
+        return (self.weights_bytes + kv_tokens * self.kv_bytes_per_token) / self.hbm_bytes_per_s
+
+    def seconds(
+        self, new_tokens: int, attended: float, kv_tokens: int, swapped_tokens: int = 0
+    ) -> float:
+        """A step computing ``new_tokens`` tokens attending to ``attended`` positions in all,
+        reading and writing ``kv_tokens`` tokens of K and V (and swapping ``swapped_tokens``)."""
+        if min(new_tokens, attended, kv_tokens, swapped_tokens) < 0:
+            raise ValueError("new_tokens, attended, kv_tokens and swapped_tokens must be >= 0")
+        swap = swapped_tokens * self.kv_bytes_per_token / self.pcie_bytes_per_s
+        busy = max(self.compute_seconds(new_tokens, attended), self.memory_seconds(kv_tokens))
+        return busy + swap
+
+
+# --- the plan -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PolicyEstimate:
+    """One cache policy on the plan's set-up, on a saturated server."""
+
+    cache: str  # "contiguous", "contiguous-pow2", "contiguous-oracle" or "paged"
+    system: str  # the PagedAttention paper's name: "Orca (Max)", ..., "vLLM (paged)"
+    footprint_tokens: float  # token slots a running request has booked (time-weighted mean)
+    concurrency: float  # requests running at once (mean)
+    memory_holding_tokens: float  # share of the KV cache holding token states
+    step_seconds: float  # one decode step of the running batch
+    bound: str  # what limits a decode step: "memory" or "compute"
+    decode_tokens_per_s: float  # upper bound: decode steps only
+    tokens_per_s: float  # with each request's prefill paid (used for cost and GPUs)
+    tokens_per_s_per_request: float  # what one user sees: tokens_per_s / concurrency
+    cost_per_million_tokens: float | None  # dollars per million generated tokens (None: no price)
+    replicas_needed: int | None  # copies of the set-up for the target (None: no target)
+    gpus_needed: int | None
+
+
+# what limits a decode step, in words (Plan._verdict)
+_LIMITS = {"compute": "arithmetic (FLOP/s)", "memory": "memory bandwidth"}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A deployment's capacity and cost per cache policy; see :func:`plan`.
+
+    ``policies`` maps each cache to its :class:`PolicyEstimate`; :meth:`table` gives them as rows,
+    :attr:`summary` in words, :meth:`to_markdown` as a Markdown table, :meth:`to_dict` as JSON.
+    """
+
+    model: ModelSpec
+    gpu: PricedGPU  # at the price used
+    num_gpus: int
+    gpu_memory_utilization: float
+    weights_bytes: float
+    overhead_bytes: float
+    capacity: Capacity  # its kv_cache_bytes, block_size and max_seq_len are the plan's
+    workload: WorkloadStats
+    target_tokens_per_s: float | None
+    max_num_seqs: int | None
+    policies: dict[str, PolicyEstimate] = field(repr=False)
+    _step_time: PlanStepTime = field(repr=False)
+
+    @property
+    def kv_cache_bytes(self) -> float:
+        return self.capacity.kv_cache_bytes
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.capacity.max_seq_len
+
+    @property
+    def block_size(self) -> int:
+        return self.capacity.block_size
+
+    @property
+    def price_per_gpu_hour(self) -> float | None:
+        return self.gpu.price_per_hour
+
+    @property
+    def paged(self) -> PolicyEstimate:
+        return self.policies["paged"]
+
+    @property
+    def contiguous(self) -> PolicyEstimate:
+        return self.policies["contiguous"]
+
+    @property
+    def concurrency_gain(self) -> float:
+        """Requests at once, paged over max-length booking (Orca-Max)."""
+        return self.paged.concurrency / self.contiguous.concurrency
+
+    @property
+    def throughput_gain(self) -> float:
+        """Tokens per second (and so cost per token, inverted), paged over Orca-Max."""
+        return self.paged.tokens_per_s / self.contiguous.tokens_per_s
+
+    @property
+    def capped(self) -> bool:
+        """Whether ``max_num_seqs``, not memory, limits even max-length booking."""
+        return self.max_num_seqs is not None and self.contiguous.concurrency >= self.max_num_seqs
+
+    def step_time(self) -> PlanStepTime:
+        """The cost model behind the plan, for ``kvlab.serving.simulate(step_time=...)``."""
+        return self._step_time
+
+    def table(self) -> list[dict]:
+        """One row per cache policy (raw numbers; see :class:`PolicyEstimate` for units)."""
+        keys = (
+            "cache",
+            "system",
+            "concurrency",
+            "memory_holding_tokens",
+            "tokens_per_s",
+            "tokens_per_s_per_request",
+            "decode_tokens_per_s",
+            "cost_per_million_tokens",
+            "gpus_needed",
+        )
+        return [{k: getattr(est, k) for k in keys} for est in self.policies.values()]
+
+    @property
+    def setup(self) -> str:
+        """The set-up in a line: model, GPUs, workload, context."""
+        gpus = f"{self.num_gpus} x {self.gpu.name}" if self.num_gpus > 1 else self.gpu.name
+        return (
+            f"{self.model.name} on {gpus}, {self.workload.description}, requests up to "
+            f"{self.max_seq_len:,} tokens"
+        )
+
+    @property
+    def summary(self) -> str:
+        """The plan in words, for someone who will not read the table."""
+        paged, contiguous = self.paged, self.contiguous
+        cap = self.capacity
+        lines = [
+            self.setup + ".",
+            f"Memory: {_gib(self.kv_cache_bytes)} for the KV cache after {_gib(self.weights_bytes)} "
+            f"of weights and {_gib(self.overhead_bytes)} of overhead: {cap.token_slots:,} token "
+            f"slots, room for {cap.max_concurrency:.2f} requests of full length.",
+        ]
+        for est, label in ((paged, "Paged (vLLM)"), (contiguous, "Max-length booking (Orca)")):
+            line = (
+                f"{label}: about {est.concurrency:,.0f} "
+                f"{'request' if round(est.concurrency) == 1 else 'requests'} at once, "
+                f"{est.tokens_per_s:,.0f} "
+                f"generated tokens/s in all ({est.tokens_per_s_per_request:,.0f} per request; "
+                f"{est.memory_holding_tokens:.0%} of the KV memory holds tokens)"
+            )
+            if est.cost_per_million_tokens is not None:
+                line += f", ${est.cost_per_million_tokens:,.2f} per million generated tokens"
+            if est.gpus_needed is not None:
+                gpus = "GPU" if est.gpus_needed == 1 else "GPUs"
+                line += f", {est.gpus_needed:,} {gpus} for {self.target_tokens_per_s:,.0f} tokens/s"
+            lines.append(line + ".")
+        lines.append(self._verdict())
+        price = (
+            f"${self.price_per_gpu_hour:.2f} per GPU-hour (an assumption: edit it)"
+            if self.price_per_gpu_hour is not None
+            else "no price given"
+        )
+        lines.append(
+            f"Assumptions: {price}; tokens/s from the roofline (peak bandwidth and FLOP/s: real "
+            "kernels reach a fraction of them); every request waiting (a busy server)."
+        )
+        return "\n".join(lines)
+
+    def _verdict(self) -> str:
+        gain, speed = self.concurrency_gain, self.throughput_gain
+        if gain < 0.95:
+            return (
+                f"Paging serves fewer requests at once here ({gain:.2f}x): blocks of "
+                f"{self.block_size} tokens waste more than max-length booking on these requests; "
+                "use smaller blocks."
+            )
+        if gain < 1.05:
+            why = (
+                f"max_num_seqs={self.max_num_seqs} caps every cache, so the KV memory is mostly "
+                "idle"
+                if self.capped
+                else "the requests book nearly max_seq_len whatever the cache"
+            )
+            return f"Paging changes little on this set-up: {why}."
+        if speed < 1.05:
+            bound = self.paged.bound
+            return (
+                f"Paging serves {gain:.1f}x as many requests at once, but not more tokens per "
+                f"second: the GPUs' {_LIMITS[bound]} is already the limit with max-length booking, so the "
+                "extra requests share the same tokens/s (each is served more slowly) and a token "
+                "costs the same."
+            )
+        line = (
+            f"Paging serves {gain:.1f}x as many requests at once and {speed:.1f}x the tokens per "
+            "second on the same GPUs"
+        )
+        if self.price_per_gpu_hour:
+            line += f", so a token costs {1 - 1 / speed:.0%} less"
+        return line + "."
+
+    def _formatted_rows(self) -> tuple[list[str], list[list[str]]]:
+        header = ["cache", "system", "requests at once", "KV holding tokens", "tokens/s"]
+        header += ["each", "$ per M generated", "GPUs for target"]
+        rows = []
+        for est in self.policies.values():
+            rows.append(
+                [
+                    est.cache,
+                    est.system,
+                    f"{est.concurrency:,.1f}",
+                    f"{est.memory_holding_tokens:.0%}",
+                    f"{est.tokens_per_s:,.0f}",
+                    f"{est.tokens_per_s_per_request:,.1f}",
+                    "-"
+                    if est.cost_per_million_tokens is None
+                    else f"{est.cost_per_million_tokens:,.3f}",
+                    "-" if est.gpus_needed is None else f"{est.gpus_needed:,}",
+                ]
+            )
+        return header, rows
+
+    def to_markdown(self) -> str:
+        """The table in Markdown."""
+        header, rows = self._formatted_rows()
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        return "\n".join(lines)
+
+    def text_table(self) -> str:
+        """The table in plain aligned text."""
+        header, rows = self._formatted_rows()
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+        def fmt(row):
+            cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
+            cells += [c.rjust(w) for c, w in zip(row[2:], widths[2:], strict=True)]
+            return "  ".join(cells).rstrip()
+
+        return "\n".join([fmt(header), *(fmt(r) for r in rows)])
+
+    def __str__(self) -> str:
+        return self.summary + "\n\n" + self.text_table()
+
+    def to_dict(self) -> dict:
+        """Everything as plain JSON-able values."""
+        return {
+            "setup": self.setup,
+            "inputs": {
+                "model": self.model.name,
+                "gpu": self.gpu.name,
+                "num_gpus": self.num_gpus,
+                "gpu_memory_bytes": self.gpu.memory_bytes,
+                "hbm_bytes_per_s": self.gpu.hbm_bytes_per_s,
+                "peak_flops": self.gpu.peak_flops,
+                "gpu_memory_utilization": self.gpu_memory_utilization,
+                "weights_bytes": self.weights_bytes,
+                "overhead_bytes": self.overhead_bytes,
+                "workload": self.workload.name,
+                "max_seq_len": self.max_seq_len,
+                "block_size": self.block_size,
+                "price_per_gpu_hour": self.price_per_gpu_hour,
+                "target_tokens_per_s": self.target_tokens_per_s,
+                "max_num_seqs": self.max_num_seqs,
+            },
+            "capacity": {
+                "kv_cache_bytes": self.kv_cache_bytes,
+                "bytes_per_token": self.capacity.bytes_per_token,
+                "num_blocks": self.capacity.num_blocks,
+                "token_slots": self.capacity.token_slots,
+                "max_concurrency": self.capacity.max_concurrency,
+            },
+            "workload": self.workload.to_dict(),
+            "policies": [dataclasses.asdict(est) for est in self.policies.values()],
+            "concurrency_gain": self.concurrency_gain,
+            "throughput_gain": self.throughput_gain,
+            "summary": self.summary,
+        }
+
+
+def in_words(message: str, names: dict[str, str]) -> str:
+    """An error message with the API's argument names replaced by what a user typed (a command's
+    flags, a form's labels)."""
+    for name, said in names.items():
+        message = re.sub(rf"\b{name}\b", said, message)
+    return message
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:,.1f} GiB"
+
+
+def plan(
+    model: ModelSpec | str,
+    gpu: GPU | str,
+    *,
+    num_gpus: int = 1,
+    gpu_memory_utilization: float = 0.9,
+    weights_bytes: float | None = None,
+    overhead_bytes: float | None = None,
+    workload="sharegpt",
+    max_seq_len: int | None = None,
+    block_size: int = 16,
+    price_per_gpu_hour: float | None = None,
+    target_tokens_per_s: float | None = None,
+    max_num_seqs: int | None = None,
+) -> Plan:
+    """Capacity, throughput and cost of serving ``model`` on ``num_gpus`` x ``gpu``, per cache.
+
+    ``model``: a :class:`~kvlab.models.ModelSpec` or a preset's name ("Llama-3-8B"). ``gpu``: a
+    :class:`~kvlab.perf.gpus.PricedGPU`, any :class:`~kvlab.perf.roofline.GPU` or a catalogue name
+    ("H100-80GB"; see ``kvlab.perf.gpus.CATALOGUE``). ``num_gpus`` GPUs serve one copy of the model,
+    tensor parallel. ``weights_bytes`` defaults to ``num_params x dtype_bytes`` (give it for a
+    quantised model), ``overhead_bytes`` (all GPUs together) to ``num_gpus x``
+    :data:`DEFAULT_OVERHEAD_PER_GPU`. ``workload``: ``"sharegpt"``, ``"alpaca"`` or a list of
+    :class:`~kvlab.serving.workload.Request` (read as a distribution of lengths: the plan is for a busy
+    server with such requests always waiting, however few the list). ``max_seq_len`` (prompt +
+    output) defaults to the model's
+    context. ``price_per_gpu_hour`` overrides the catalogue's assumed price. ``target_tokens_per_s``
+    (generated tokens per second, all users together) sizes ``gpus_needed``. ``max_num_seqs`` caps
+    the requests running at once (vLLM's ``--max-num-seqs``; None: memory is the only limit).
+    Analytic: no simulation runs; the first call per workload and ``max_seq_len`` samples the
+    workload (a fraction of a second), later calls are instant. See the module docstring for the
+    model and :func:`compare_with_simulation` for the check.
+    """
+    spec = _resolve_model(model)
+    card = _resolve_gpu(gpu)
+    num_gpus = positive_int("num_gpus", num_gpus)
+    _check_split(spec, num_gpus)
+    util = _number("gpu_memory_utilization", gpu_memory_utilization)
+    if util > 1:
+        raise ValueError(
+            f"gpu_memory_utilization must be in (0, 1] (the share of each GPU's memory to use), "
+            f"got {gpu_memory_utilization!r}"
+        )
+    max_seq_len = _resolve_max_seq_len(spec, max_seq_len, required=True)
+    block_size = positive_int("block_size", block_size)
+    if price_per_gpu_hour is not None:
+        card = with_price(card, _number("price_per_gpu_hour", price_per_gpu_hour, strict=False))
+    price = card.price_per_hour
+    if target_tokens_per_s is not None:
+        target_tokens_per_s = _number("target_tokens_per_s", target_tokens_per_s)
+    if max_num_seqs is not None:
+        max_num_seqs = positive_int("max_num_seqs", max_num_seqs)
+
+    if weights_bytes is None:
+        if spec.num_params is None:
+            raise ValueError(
+                f"model {spec.name!r} has no num_params: pass weights_bytes (bytes of weights)"
+            )
+        weights = spec.num_params * spec.dtype_bytes
+    else:
+        weights = _number("weights_bytes", weights_bytes)
+    num_params = spec.num_params if spec.num_params is not None else weights / spec.dtype_bytes
+    if overhead_bytes is None:
+        overhead = num_gpus * DEFAULT_OVERHEAD_PER_GPU
+    else:
+        overhead = _number("overhead_bytes", overhead_bytes, strict=False)
+    memory = num_gpus * card.memory_bytes
+    usable = memory * util
+    where = f"{num_gpus} x {card.name}" if num_gpus > 1 else f"one {card.name}"
+    if weights >= memory:
+        raise ValueError(
+            f"weights_bytes = {_gib(weights)}: more than the GPU memory of {where} "
+            f"({_gib(memory)}); raise num_gpus or pick a larger GPU"
+        )
+    kv_bytes = usable - weights - overhead
+    if kv_bytes <= 0:
+        raise ValueError(
+            f"weights_bytes ({_gib(weights)}) and overhead_bytes ({_gib(overhead)}) leave no "
+            f"memory for the KV cache: {where} x gpu_memory_utilization {util:g} = "
+            f"{_gib(usable)}; raise num_gpus or gpu_memory_utilization, or pick a larger GPU"
+        )
+    # tensor parallel: each GPU keeps its share of the KV heads, at least one (copied beyond)
+    bytes_per_token = spec.kv_bytes_per_token * num_gpus / min(num_gpus, spec.num_kv_heads)
+    capacity = _capacity(kv_bytes, bytes_per_token, block_size, max_seq_len)
+    if capacity.token_slots < max_seq_len:
+        raise ValueError(
+            f"the KV cache ({_gib(kv_bytes)}) holds {capacity.token_slots:,} token slots, fewer "
+            f"than max_seq_len={max_seq_len:,}: a request of full length could never run (vLLM "
+            "refuses to start); lower max_seq_len or add memory"
+        )
+    stats = workload_stats(workload, max_seq_len=max_seq_len, block_size=block_size)
+
+    step_time = PlanStepTime(
+        weights_bytes=weights,
+        kv_bytes_per_token=bytes_per_token,
+        flops_per_token=2 * num_params,
+        attention_flops_per_position=4 * spec.num_layers * spec.num_q_heads * spec.head_dim,
+        hbm_bytes_per_s=num_gpus * card.hbm_bytes_per_s,
+        peak_flops=num_gpus * card.peak_flops,
+        pcie_bytes_per_s=num_gpus * 25e9,
+    )
+    slots = capacity.token_slots
+    policies = {}
+    for cache in POLICIES:
+        footprint = stats.footprint[cache]
+        if cache == "contiguous":
+            running = float(slots // max_seq_len)
+        elif cache == "paged":
+            running = slots / footprint
+        else:
+            running = max(1.0, ARENA_PACKING * slots / footprint)
+        if max_num_seqs is not None:
+            running = min(running, float(max_num_seqs))
+        policies[cache] = _estimate(
+            cache, footprint, running, stats, slots, step_time, price, num_gpus, target_tokens_per_s
+        )
+    return Plan(
+        model=spec,
+        gpu=card,
+        num_gpus=num_gpus,
+        gpu_memory_utilization=util,
+        weights_bytes=weights,
+        overhead_bytes=overhead,
+        capacity=capacity,
+        workload=stats,
+        target_tokens_per_s=target_tokens_per_s,
+        max_num_seqs=max_num_seqs,
+        policies=policies,
+        _step_time=step_time,
+    )
+
+
+def _estimate(cache, footprint, running, stats, slots, step_time, price, num_gpus, target):
+    ctx = stats.context_tokens
+    compute = step_time.compute_seconds(running, running * ctx)
+    memory = step_time.memory_seconds(running * ctx)
+    step = max(compute, memory)
+    # B / E[output] requests start per step; their prompts are computed on top (no overlap)
+    starts = running / stats.mean_output
+    prefill = starts * step_time.compute_seconds(stats.mean_prompt, stats.prefill_attended)
+    tokens_per_s = running / (step + prefill)
+    cost = None if price is None else price * num_gpus / (tokens_per_s * 3600) * 1e6
+    replicas = None if target is None else max(1, math.ceil(target / tokens_per_s - 1e-9))
+    return PolicyEstimate(
+        cache=cache,
+        system=PAPER_NAMES[cache],
+        footprint_tokens=footprint,
+        concurrency=running,
+        memory_holding_tokens=running * stats.held_tokens / slots,
+        step_seconds=step,
+        bound="memory" if memory >= compute else "compute",
+        decode_tokens_per_s=running / step,
+        tokens_per_s=tokens_per_s,
+        tokens_per_s_per_request=tokens_per_s / running,
+        cost_per_million_tokens=cost,
+        replicas_needed=replicas,
+        gpus_needed=None if replicas is None else replicas * num_gpus,
+    )
+
+
+# --- the check against the simulator --------------------------------------------------------
+
+
+def _steady_state(result, warmup: float) -> tuple[float, float, int]:
+    """Mean batch and tokens/s over the steps after ``warmup`` (a share) of the requests finished
+    and before the queue emptied: the saturated server, without the start and the drain."""
+    finished = sorted(seq.finish_time for seq in result.sequences)
+    start = finished[min(len(finished) - 1, int(warmup * len(finished)))]
+    ends = [*result.times[1:], result.end_time]
+    batch = seconds = 0.0
+    steps = 0
+    for t, t_end, b, waiting in zip(result.times, ends, result.batch, result.waiting, strict=True):
+        if t >= start and waiting > 0:
+            batch += b
+            seconds += t_end - t
+            steps += 1
+    if steps == 0:
+        raise ValueError(
+            "the simulated day never reached a steady state (the queue emptied before "
+            f"{warmup:.0%} of the requests finished): simulate more requests"
+        )
+    return batch / steps, batch / seconds, steps
+
+
+def compare_with_simulation(
+    p: Plan,
+    requests: list[Request] | None = None,
+    *,
+    num_requests: int | None = None,
+    seed: int = 1,
+    caches: tuple[str, ...] = POLICIES,
+    warmup: float = 0.2,
+) -> list[dict]:
+    """Run :func:`kvlab.serving.simulate` on the plan's set-up and put its figures beside the plan's.
+
+    Same memory (``capacity.token_slots``), ``max_seq_len``, ``block_size``, ``max_num_seqs`` and
+    step-time model (:meth:`Plan.step_time`); ``requests`` (all arriving at once) default to
+    ``num_requests`` fresh requests of the plan's named workload with ``seed`` (not the planner's
+    own sample), ``num_requests`` to enough for a steady state (30 x the largest concurrency,
+    at least 1,000). Figures are the steady state (after ``warmup`` of the requests finished,
+    while others still wait). Returns a row per cache with ``planned_*``, ``simulated_*`` and
+    ``*_error`` (planned / simulated - 1). Takes seconds for one GPU's worth of a 2048-token
+    context; large set-ups simulate many requests (pass ``num_requests`` to bound it).
+    """
+    from kvlab.serving import simulate
+
+    if not isinstance(p, Plan):
+        raise TypeError(f"p must be a kvlab.perf.planner.Plan, got {p!r:.80}")
+    for cache in caches:
+        if cache not in POLICIES:
+            raise ValueError(f"caches must be among {POLICIES}, got {cache!r}")
+    if not 0 <= warmup < 1:
+        raise ValueError(f"warmup must be a share in [0, 1), got {warmup!r}")
+    if requests is not None:
+        if not isinstance(requests, list | tuple) or not all(
+            isinstance(r, Request) for r in requests
+        ):
+            raise TypeError("requests must be a list of kvlab.serving.workload.Request")
+        requests = [Request(r.prompt_len, r.output_len, 0.0) for r in requests]
+    else:
+        if p.workload.name not in WORKLOADS:
+            raise ValueError("the plan's workload is a trace: pass the requests to simulate")
+        if num_requests is None:
+            most = max(p.policies[c].concurrency for c in caches)
+            num_requests = max(1000, math.ceil(30 * most))
+        num_requests = positive_int("num_requests", num_requests)
+        generate = WORKLOADS[p.workload.name][0]
+        requests = generate(num_requests, seed=seed, max_total=p.max_seq_len)
+    rows = []
+    for cache in caches:
+        result = simulate(
+            requests,
+            cache=cache,
+            kv_capacity_tokens=p.capacity.token_slots,
+            max_seq_len=p.max_seq_len,
+            block_size=p.block_size,
+            max_batch=p.max_num_seqs,
+            step_time=p.step_time(),
+        )
+        batch, tokens_per_s, steps = _steady_state(result, warmup)
+        est = p.policies[cache]
+        rows.append(
+            {
+                "cache": cache,
+                "requests": len(requests),
+                "steady_steps": steps,
+                "planned_concurrency": est.concurrency,
+                "simulated_concurrency": batch,
+                "concurrency_error": est.concurrency / batch - 1,
+                "planned_tokens_per_s": est.tokens_per_s,
+                "planned_decode_tokens_per_s": est.decode_tokens_per_s,
+                "simulated_tokens_per_s": tokens_per_s,
+                "tokens_per_s_error": est.tokens_per_s / tokens_per_s - 1,
+            }
+        )
+    return rows
