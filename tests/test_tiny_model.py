@@ -16,6 +16,7 @@ import torch
 import kvlab  # noqa: F401  (chooses Triton's interpreter before anything imports triton)
 from kvlab.attention import causal_attention
 from kvlab.contiguous import ContiguousKVCache
+from kvlab.course import files
 from kvlab.models import ModelSpec
 from kvlab.paged import PagedCache
 from kvlab.scheduler import Sequence
@@ -30,7 +31,7 @@ from kvlab.tiny import (
     load_model,
     tiny_model,
 )
-from kvlab.tiny.model import ASSETS_DIR, WEIGHTS_FILE, RMSNorm, rope
+from kvlab.tiny.model import WEIGHTS_FILE, RMSNorm, rope
 
 BLOCK_SIZE = 8  # small blocks: fewer tokens to write through the interpreted kernel
 # awkward prompt lengths in tokens (bytes): 1, one block, one block + 1, and a longer one
@@ -286,7 +287,7 @@ def test_a_step_the_executor_cannot_compute_names_the_sequence(first, n, samples
 
 
 def test_weights_are_small_and_load():
-    path = ASSETS_DIR / WEIGHTS_FILE
+    path = files.tiny_model_dir() / WEIGHTS_FILE
     assert path.stat().st_size <= 2 * 1024 * 1024
     model = load_model()
     assert all(p.dtype == torch.float32 and not p.requires_grad for p in model.parameters())

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import nbformat
 
+from kvlab.course import files
 from kvlab.grading.judge import CHECK_CELL
 from kvlab.grading.registry import get_exercise
-from kvlab.labgen import LABS_DIR, RAISES_TAG, SOLUTIONS_DIR
+from kvlab.labgen import RAISES_TAG
 
 LABS = ("00", "01", "02", "03", "04", "05", "06", "07")
 HONEST = ("solution", "unsolved", "half", "wrong")
@@ -150,8 +151,9 @@ def _wrong(name: str, exercise_id: str) -> str:
 
 def variant(lab: str, kind: str):
     """Lab ``lab`` as the submission ``kind``, and the points it should get."""
-    _, lab_nb = _notebook(LABS_DIR, lab)
-    _, solution = _notebook(SOLUTIONS_DIR, lab)
+    _, lab_nb = _notebook(files.labs_dir(), lab)
+    solutions = files.checkout_path("solutions", purpose="a synthetic class (kvlab bench grade)")
+    _, solution = _notebook(solutions, lab)
     solved = {c.id: c.source for c in solution.cells}
     exercises = _exercises(lab_nb)
     nb = copy.deepcopy(lab_nb)
