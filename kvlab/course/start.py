@@ -18,6 +18,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from kvlab.course import files
+from kvlab.lab_settings import write_overrides
 
 DEFAULT_DIR = "kvlab-labs"
 
@@ -209,6 +210,10 @@ def main(folder: str | Path = DEFAULT_DIR, lab: bool = True, port: int | None = 
             "kvlab start: JupyterLab is not installed here: pip install jupyterlab", file=sys.stderr
         )
         return 1
+    try:  # as `make lab` does: no news toast over the outputs, no update check
+        write_overrides(sys.prefix)
+    except OSError:
+        pass  # a read-only environment: JupyterLab's own defaults, which is fine
     argv = lab_command(target, labs[0].name, port)
     print(f"starting JupyterLab: {shlex.join(argv)}", flush=True)
     if os.name == "posix":  # JupyterLab takes this process over: Ctrl-C reaches it alone
