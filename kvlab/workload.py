@@ -272,5 +272,9 @@ def write_traces(directory: str | Path | None = None) -> list[Path]:
 
 
 if __name__ == "__main__":
-    for p in write_traces():
+    try:
+        written = write_traces()
+    except FileNotFoundError as e:  # run from a wheel: say so, no traceback
+        raise SystemExit(str(e)) from None
+    for p in written:
         print(f"wrote {p}")

@@ -186,6 +186,10 @@ def main(argv: list[str] | None = None) -> None:
         help="where to write the weights (default: the checkout's assets/tiny_model)",
     )
     args = parser.parse_args(argv)
+    try:
+        files.checkout_path(purpose=PURPOSE)  # before minutes of training, not after
+    except FileNotFoundError as e:
+        raise SystemExit(str(e)) from None
     _, record = train(
         steps=args.steps,
         batch_size=args.batch_size,
