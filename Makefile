@@ -19,7 +19,7 @@ KERNEL_SPEC := $(VENV)/share/jupyter/kernels/kvlab/kernel.json
 LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
 PIP := $(PY) -m pip install --disable-pip-version-check --progress-bar on
 
-.PHONY: install install-test lab test test-notebooks labs lint format clean browser triton-gpu
+.PHONY: install install-test lab test test-notebooks labs lint format clean browser triton-gpu wheel
 
 install: $(STAMP) $(KERNEL_SPEC) $(LAB_OVERRIDES)
 
@@ -96,6 +96,14 @@ test-notebooks: install-test $(KERNEL_SPEC)
 labs: install
 	$(VENV)/bin/kvlab labs
 
+# The whole course in one file: dist/kvlab-<version>-py3-none-any.whl (`pip install` it, then
+# `kvlab start`). Built offline with the environment's setuptools when it is recent enough.
+wheel: install
+	@rm -rf build dist/kvlab-*.whl
+	$(PY) -m pip wheel --disable-pip-version-check -q --no-deps -w dist \
+		$$($(PY) -c "import setuptools as s; print('--no-build-isolation' * (int(s.__version__.split('.')[0]) >= 68))" 2>/dev/null) .
+	@ls -lh dist/kvlab-*.whl
+
 lint: install-test
 	$(VENV)/bin/ruff check kvlab tests
 
@@ -103,4 +111,4 @@ format: install-test
 	$(VENV)/bin/ruff format kvlab tests
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build dist

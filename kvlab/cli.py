@@ -1,4 +1,4 @@
-"""The ``kvlab`` command: doctor, grade, labs, bench, kernel, plan."""
+"""The ``kvlab`` command: start, doctor, grade, labs, bench, kernel, plan."""
 
 from __future__ import annotations
 
@@ -8,8 +8,18 @@ import sys
 
 
 def _labs(args) -> int:
+    from kvlab.core import files
     from kvlab.course import labgen
 
+    needs = [args.solutions] if args.nbgrader else [args.solutions, args.out]
+    if files.checkout_root() is None and None in needs:
+        print(
+            "kvlab labs: this kvlab is installed from a wheel, which carries the labs but not "
+            "their solutions: run it in a git checkout, or pass --solutions DIR (and --out DIR); "
+            "`kvlab start` copies the labs for you to work on",
+            file=sys.stderr,
+        )
+        return 2
     args.solutions = args.solutions or labgen.SOLUTIONS_DIR
     args.out = args.out or labgen.LABS_DIR
 
@@ -78,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="kvlab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    start = sub.add_parser(
+        "start",
+        help="copy the labs into a folder (never over your edits) and open JupyterLab there",
+    )
+    start.add_argument("dir", nargs="?", default="kvlab-labs", help="where (./kvlab-labs)")
+    start.add_argument("--no-lab", action="store_true", help="only copy; do not start JupyterLab")
+    start.add_argument("--port", type=int, help="JupyterLab's port (default: Jupyter's, 8888)")
     doctor = sub.add_parser("doctor", help="check that this environment can run the course")
     doctor.add_argument(
         "--quick",
@@ -178,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "start":
+        from kvlab.course.start import main as start
+
+        return start(args.dir, lab=not args.no_lab, port=args.port)
     if args.command == "doctor":
         from kvlab.course.doctor import main as doctor
 

@@ -21,6 +21,7 @@ def test_doctor_passes_here_and_reports_versions():
     assert out.returncode == 0, out.stdout
     for word in (
         "Python 3.",
+        f"course files: {len(list((ROOT / 'labs').glob('*.ipynb')))} labs, 2 traces, the tiny model (this checkout",
         "torch 2.",
         "triton 3.",
         "kernels:",

@@ -1,9 +1,11 @@
 import subprocess
 import sys
 
-from conftest import LEARNER_ENV
+import nbformat
+import pytest
+from conftest import LEARNER_ENV, ROOT
 
-from kvlab.ops.runtime import configure_triton, kernel_mode
+from kvlab.ops.runtime import configure_triton, describe, kernel_mode, where_kernels_run
 
 
 def test_interpreter_is_chosen_without_a_gpu():
@@ -79,3 +81,38 @@ def test_a_grandchild_still_knows_kvlab_chose_the_interpreter():
     )
     code = f"import kvlab, subprocess, sys; subprocess.run([sys.executable, '-c', {grandchild!r}])"
     assert _python(code).stdout.split() == ["True", "None", "None"]
+
+
+def test_kernels_are_described_in_words():
+    assert where_kernels_run({"TRITON_INTERPRET": "1"}, has_cuda=False) == (
+        "kernels run in Triton's interpreter on the CPU (no CUDA GPU visible)"
+    )
+    assert where_kernels_run({}, has_cuda=True, device="NVIDIA H200") == (
+        "kernels are compiled and run on NVIDIA H200"
+    )
+    interpreted_on_gpu = where_kernels_run({"TRITON_INTERPRET": "1"}, has_cuda=True)
+    assert "interpreter (TRITON_INTERPRET=1 was set), not on the GPU" in interpreted_on_gpu
+    cannot = where_kernels_run({"TRITON_INTERPRET": "0"}, has_cuda=False)
+    assert cannot.startswith("kernels cannot run: TRITON_INTERPRET=0 asks for compiled kernels")
+
+
+def test_describe_is_one_line_with_the_versions():
+    import torch
+
+    import kvlab
+
+    line = describe()
+    assert "\n" not in line
+    assert line.startswith(f"kvlab {kvlab.__version__}, torch {torch.__version__}: kernels ")
+
+
+def _first_code_cell(path):
+    return next(c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "solutions").glob("*.ipynb")), ids=lambda p: p.stem)
+def test_every_lab_imports_kvlab_first_and_says_where_kernels_run(path):
+    """In a plain `python3` kernel kvlab must choose Triton's interpreter before Triton loads."""
+    lines = [line for line in _first_code_cell(path).source.splitlines() if line.strip()]
+    assert lines[0].startswith("import kvlab  # first"), path.name
+    assert lines[-1].startswith("print(kvlab.ops.runtime.describe())"), path.name

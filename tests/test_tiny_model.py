@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import kvlab  # noqa: F401  (chooses Triton's interpreter before anything imports triton)
+from kvlab.core import files
 from kvlab.core.block_manager import PagedCache
 from kvlab.core.contiguous import ContiguousKVCache
 from kvlab.models import ModelSpec
@@ -28,7 +29,7 @@ from kvlab.models.tiny import (
     load_model,
     tiny_model,
 )
-from kvlab.models.tiny.model import ASSETS_DIR, WEIGHTS_FILE, RMSNorm, rope
+from kvlab.models.tiny.model import WEIGHTS_FILE, RMSNorm, rope
 from kvlab.ops.attention import causal_attention
 from kvlab.serving.scheduler import Sequence
 
@@ -286,7 +287,7 @@ def test_a_step_the_executor_cannot_compute_names_the_sequence(first, n, samples
 
 
 def test_weights_are_small_and_load():
-    path = ASSETS_DIR / WEIGHTS_FILE
+    path = files.tiny_model_dir() / WEIGHTS_FILE
     assert path.stat().st_size <= 2 * 1024 * 1024
     model = load_model()
     assert all(p.dtype == torch.float32 and not p.requires_grad for p in model.parameters())

@@ -2,11 +2,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvlab.core import files
 from kvlab.serving.workload import (
     ALPACA_MEANS,
     SHAREGPT_MEANS,
     TRACE_RECIPES,
-    TRACES_DIR,
     Request,
     alpaca_like,
     load_trace,
@@ -87,15 +87,17 @@ def test_committed_traces_are_what_the_recipes_generate():
         assert load_trace(name) == recipe(), (
             f"assets/traces/{name}.csv is stale: python -m kvlab.serving.workload"
         )
-        assert (TRACES_DIR / f"{name}.csv").exists()
+        assert (files.traces_dir() / f"{name}.csv").exists()
 
 
 def test_trace_round_trip(tmp_path):
     requests = alpaca_like(30, seed=2, rate=3.0)
     save_trace(requests, tmp_path / "t.csv")
     assert load_trace(tmp_path / "t.csv") == requests
-    with pytest.raises(FileNotFoundError, match="named traces are"):
+    with pytest.raises(FileNotFoundError, match="no trace named 'nope'; named traces are"):
         load_trace("nope")
+    with pytest.raises(FileNotFoundError, match="no trace at .*gone.csv"):
+        load_trace(tmp_path / "gone.csv")
 
 
 def test_documents_among_chats_mixes_long_prompts_into_a_poisson_stream():

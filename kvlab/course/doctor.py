@@ -8,6 +8,7 @@ import platform
 import sys
 from dataclasses import dataclass
 
+from kvlab.core import files
 from kvlab.ops import runtime
 from kvlab.ops.runtime import INTERPRET_VAR, cuda_available, kernel_mode
 
@@ -33,12 +34,40 @@ def _major_minor(version: str) -> tuple[int, int]:
     return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
 
 
+def _or_make(fix: str, target: str) -> str:
+    """A fix, with the Makefile's way beside it in a git checkout (a wheel has no Makefile)."""
+    return f"{fix}  (or: make {target})" if files.checkout_root() else fix
+
+
 def check_python() -> Finding:
     v = sys.version_info
     text = f"Python {platform.python_version()} ({sys.executable})"
     if v < (3, 10):
-        return Finding(False, text, "use Python 3.11 (make lab PYTHON=python3.11)")
+        return Finding(False, text, _or_make("use Python 3.11", "lab PYTHON=python3.11"))
     return Finding(True, text)
+
+
+def check_course_files() -> Finding:
+    """The labs, traces and tiny model: a checkout's folders, or the bundle a wheel carries."""
+    where = files.course_root()
+    try:
+        labs = files.lab_notebooks()
+        traces = sorted(files.traces_dir().glob("*.csv"))
+        weights = files.tiny_model_dir() / "weights.pt"
+        if not weights.is_file():
+            raise FileNotFoundError(f"{weights} is missing")
+    except FileNotFoundError as e:
+        fix = (
+            "git checkout -- labs assets"
+            if files.checkout_root()
+            else "pip install --force-reinstall kvlab-*.whl"
+        )
+        return Finding(False, f"course files: {e}", fix)
+    how = "this checkout" if where[0] == "checkout" else "bundled in the package"
+    return Finding(
+        True,
+        f"course files: {len(labs)} labs, {len(traces)} traces, the tiny model ({how}: {where[1]})",
+    )
 
 
 def check_torch() -> Finding:
@@ -46,7 +75,7 @@ def check_torch() -> Finding:
         import torch
     except ImportError:
         return Finding(
-            False, "torch is not installed", "pip install torch==2.13.0  (or: make install)"
+            False, "torch is not installed", _or_make("pip install torch==2.13.0", "install")
         )
     build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build"
     return Finding(True, f"torch {torch.__version__} ({build})")
@@ -150,7 +179,7 @@ def check_jupyter() -> list[Finding]:
         Finding(True, f"JupyterLab {lab}")
         if lab
         else Finding(
-            False, "JupyterLab is not installed", "pip install 'jupyterlab>=4'  (or: make lab)"
+            False, "JupyterLab is not installed", _or_make("pip install 'jupyterlab>=4'", "lab")
         )
     ]
     missing = [
@@ -179,7 +208,7 @@ def check_jupyter() -> list[Finding]:
     return findings
 
 
-KERNEL_FIX = "kvlab kernel  (registers it for this environment; or: make install)"
+KERNEL_FIX = "kvlab kernel  (registers it for this environment; `kvlab start` does it too)"
 
 # Run in a fresh `kvlab` kernel: Triton imported before kvlab, as Lab 05 once did, then a launch.
 KERNEL_PROBE = """
@@ -205,7 +234,9 @@ def check_kernel_spec(has_cuda: bool) -> tuple[Finding, bool]:
         spec = KernelSpecManager().get_kernel_spec("kvlab")
     except ImportError:
         return Finding(
-            False, "Jupyter kernel 'kvlab': Jupyter is not installed", "make install"
+            False,
+            "Jupyter kernel 'kvlab': Jupyter is not installed",
+            _or_make("pip install jupyterlab ipykernel", "install"),
         ), False
     except NoSuchKernel:
         return Finding(False, "Jupyter kernel 'kvlab' is not registered", KERNEL_FIX), False
@@ -271,7 +302,7 @@ def diagnose(start_kernel: bool = True) -> list[Finding]:
     """Every finding; ``start_kernel=False`` skips starting the `kvlab` kernel (a few seconds)."""
     has_cuda = cuda_available()
     mode = check_kernel_mode(has_cuda)
-    findings = [check_python(), check_torch(), check_triton(), mode]
+    findings = [check_python(), check_course_files(), check_torch(), check_triton(), mode]
     if runtime.TRITON_TOO_EARLY:  # only ever in a notebook or script that imported Triton first
         findings.append(check_import_order())
     findings += [check_test_kernel(has_cuda), *check_jupyter()]

@@ -23,11 +23,14 @@ from pathlib import Path
 
 import nbformat
 
+from kvlab.core import files
+
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 CODE_STUB = ("# YOUR CODE HERE", "raise NotImplementedError")
 MARKDOWN_STUB = ("YOUR ANSWER HERE",)
 RAISES_TAG = "raises-exception"
-ROOT = Path(__file__).resolve().parents[2]
+# where labgen reads and writes: a checkout's folders (readers of the labs use kvlab.core.files)
+ROOT = files.PACKAGE_DIR.parent
 SOLUTIONS_DIR, LABS_DIR = ROOT / "solutions", ROOT / "labs"
 # Cell metadata that says something about a run, not about the content.
 _RUN_METADATA = ("collapsed", "scrolled", "execution", "widgets", "jupyter")

@@ -60,11 +60,12 @@ class Cell:
 
 def lab_notebook(number: str) -> Path:
     """The instructor's copy of a lab: the generated learner notebook kvlab ships."""
-    from kvlab.course.labgen import LABS_DIR
+    from kvlab.core import files
 
-    found = sorted(LABS_DIR.glob(f"{number}_*.ipynb"))
+    labs = files.labs_dir()
+    found = sorted(labs.glob(f"{number}_*.ipynb"))
     if not found:
-        raise FileNotFoundError(f"no Lab {number} in {LABS_DIR}")
+        raise FileNotFoundError(f"no Lab {number} in {labs}")
     return found[0]
 
 
@@ -446,11 +447,14 @@ def sandboxed():
     gpu = torch is not None and torch.cuda.is_available()
     # CUDA reserves far more address space than it uses: no memory limit on a GPU machine
     limits = sandbox.Limits(memory_bytes=None if gpu else 8 << 30, wall_seconds=3600.0)
-    from kvlab.course.labgen import ROOT
+    from kvlab.core import files
 
-    # the course's data (traces, the tiny model) read-only beside the package, wherever the
-    # checkout is (under /tmp, which the sandbox otherwise hides)
-    data = [path for path in (ROOT / "assets",) if path.is_dir()]
+    # the course's data (traces, the tiny model) read-only: a checkout's (it may lie under /tmp,
+    # which the sandbox otherwise hides); a wheel's bundle is inside the protected package
+    package = sandbox.kvlab_package_path()
+    where = files.course_root()
+    assets = where[1] / "assets" if where else None
+    data = [assets] if assets and assets.is_dir() and not assets.is_relative_to(package) else []
     return sandbox.launcher(
         limits,
         protected=[sandbox.kvlab_package_path()],

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import nbformat
 
-from kvlab.course.labgen import LABS_DIR, RAISES_TAG, SOLUTIONS_DIR
+from kvlab.core import files
+from kvlab.course.labgen import RAISES_TAG
 from kvlab.grading.judge import CHECK_CELL
 from kvlab.grading.registry import get_exercise
 
@@ -150,8 +151,9 @@ def _wrong(name: str, exercise_id: str) -> str:
 
 def variant(lab: str, kind: str):
     """Lab ``lab`` as the submission ``kind``, and the points it should get."""
-    _, lab_nb = _notebook(LABS_DIR, lab)
-    _, solution = _notebook(SOLUTIONS_DIR, lab)
+    _, lab_nb = _notebook(files.labs_dir(), lab)
+    solutions = files.checkout_path("solutions", purpose="a synthetic class (kvlab bench grade)")
+    _, solution = _notebook(solutions, lab)
     solved = {c.id: c.source for c in solution.cells}
     exercises = _exercises(lab_nb)
     nb = copy.deepcopy(lab_nb)

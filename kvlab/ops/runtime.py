@@ -10,6 +10,7 @@ explicit setting always wins.
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import sys
 import warnings
@@ -102,6 +103,49 @@ def configure_triton(environ: dict | None = None, has_cuda: bool | None = None) 
 def kernel_mode(environ: dict | None = None) -> str:
     env = os.environ if environ is None else environ
     return "interpreter" if env.get(INTERPRET_VAR, "0") not in ("", "0") else "compiled"
+
+
+def where_kernels_run(
+    environ: dict | None = None, has_cuda: bool | None = None, device: str | None = None
+) -> str:
+    """Where Triton's kernels run in this process, in words: each lab's first cell prints it, so
+    a learner in any kernel (Colab, a hub, VS Code) sees at once what to expect."""
+    env = os.environ if environ is None else environ
+    if environ is None and TRITON_TOO_EARLY:
+        return (
+            "kernels cannot run: Triton was imported before kvlab (restart, `import kvlab` first)"
+        )
+    if environ is None and importlib.util.find_spec("triton") is None:
+        return "Triton is not installed (Linux only): Lab 05's kernels cannot run here"
+    has_cuda = cuda_available() if has_cuda is None else has_cuda
+    setting = f"{INTERPRET_VAR}={env.get(INTERPRET_VAR)}"
+    if kernel_mode(env) == "interpreter":
+        if has_cuda:
+            return f"kernels run in Triton's interpreter ({setting} was set), not on the GPU"
+        return "kernels run in Triton's interpreter on the CPU (no CUDA GPU visible)"
+    if not has_cuda:
+        return (
+            f"kernels cannot run: {setting} asks for compiled kernels, but no CUDA GPU is visible"
+        )
+    if device is None:
+        import torch
+
+        device = torch.cuda.get_device_name(0)
+    return f"kernels are compiled and run on {device}"
+
+
+def describe() -> str:
+    """One line: kvlab's and torch's versions, and where kernels run (the labs' first cells)."""
+    import kvlab
+
+    line = f"kvlab {kvlab.__version__}"
+    try:
+        import torch
+
+        line += f", torch {torch.__version__}"
+    except ImportError:
+        pass
+    return f"{line}: {where_kernels_run()}"
 
 
 def child_environ() -> dict[str, str]:

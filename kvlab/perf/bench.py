@@ -18,9 +18,8 @@ import time
 from functools import partial
 from pathlib import Path
 
+from kvlab.core import files
 from kvlab.core.block_manager import BlockManager
-
-BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _rate(fn, n: int, repeats: int = 5) -> float:
@@ -332,7 +331,15 @@ def main(
     if requests is not None and (name != "serve" or requests < 1):
         print(f"kvlab bench {name}: --requests takes a count >= 1, for serve only")
         return 2
-    path = Path(out) if out else BENCH_DIR / f"{name}.json"
+    try:
+        path = (
+            Path(out)
+            if out
+            else files.checkout_path("benchmarks", f"{name}.json", purpose=f"kvlab bench {name}")
+        )
+    except FileNotFoundError as e:
+        print(f"kvlab bench {name}: {e}, or pass --out PATH")
+        return 2
     try:
         if name == "attention-sweep":
             options = {} if budget_s is None else {"budget_s": budget_s}

@@ -15,9 +15,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvlab.core import files
 from kvlab.core.validate import non_negative_number, positive_int
-
-TRACES_DIR = Path(__file__).resolve().parents[2] / "assets" / "traces"
 
 SHAREGPT_MEANS = (161.31, 337.99)  # prompt, output tokens (paper, Table 1 / Fig. 11)
 ALPACA_MEANS = (19.31, 58.45)
@@ -241,12 +240,15 @@ def save_trace(requests: list[Request], path: str | Path) -> None:
 
 
 def load_trace(name_or_path: str | Path) -> list[Request]:
-    """Load a trace by name (``"sharegpt_like"``) from ``assets/traces`` or from a CSV path."""
+    """Load a trace by name (``"sharegpt_like"``: the course's ``assets/traces``, bundled in a
+    wheel) or from a CSV path."""
     path = Path(name_or_path)
+    known = ", ".join(sorted(TRACE_RECIPES))
     if path.suffix != ".csv":
-        path = TRACES_DIR / f"{name_or_path}.csv"
+        if name_or_path not in TRACE_RECIPES:
+            raise FileNotFoundError(f"no trace named {name_or_path!r}; named traces are {known}")
+        path = files.traces_dir() / f"{name_or_path}.csv"
     if not path.exists():
-        known = ", ".join(sorted(TRACE_RECIPES))
         raise FileNotFoundError(f"no trace at {path}; named traces are {known}")
     with open(path, newline="") as f:
         return [
@@ -255,7 +257,12 @@ def load_trace(name_or_path: str | Path) -> list[Request]:
         ]
 
 
-def write_traces(directory: str | Path = TRACES_DIR) -> list[Path]:
+def write_traces(directory: str | Path | None = None) -> list[Path]:
+    """Rewrite the recorded traces (by default the checkout's ``assets/traces``)."""
+    if directory is None:
+        directory = files.checkout_path(
+            "assets", "traces", purpose="python -m kvlab.serving.workload"
+        )
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     written = []
@@ -267,5 +274,9 @@ def write_traces(directory: str | Path = TRACES_DIR) -> list[Path]:
 
 
 if __name__ == "__main__":
-    for p in write_traces():
+    try:
+        written = write_traces()
+    except FileNotFoundError as e:  # run from a wheel: say so, no traceback
+        raise SystemExit(str(e)) from None
+    for p in written:
         print(f"wrote {p}")

@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvlab.core import files
 from kvlab.models import ModelSpec
 
-ASSETS_DIR = Path(__file__).resolve().parents[3] / "assets" / "tiny_model"
 WEIGHTS_FILE = "weights.pt"
 CONFIG_FILE = "config.json"
 
@@ -225,9 +225,9 @@ class TinyLlama(nn.Module):
 
 
 def load_model(directory: str | Path | None = None) -> TinyLlama:
-    """The trained model from ``assets/tiny_model`` (weights stored in fp16, loaded as fp32), in
-    eval mode with gradients off."""
-    directory = ASSETS_DIR if directory is None else Path(directory)
+    """The trained model from the course's ``assets/tiny_model`` (bundled in a wheel), or from
+    ``directory``; weights stored in fp16, loaded as fp32, in eval mode with gradients off."""
+    directory = files.tiny_model_dir() if directory is None else Path(directory)
     weights = directory / WEIGHTS_FILE
     if not weights.exists():
         raise FileNotFoundError(

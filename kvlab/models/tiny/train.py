@@ -28,9 +28,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kvlab.models.tiny.model import ASSETS_DIR, TinyConfig, TinyLlama, save_model
+from kvlab.core import files
+from kvlab.models.tiny.model import TinyConfig, TinyLlama, save_model
 
-REPO = Path(__file__).resolve().parents[3]
+PURPOSE = "python -m kvlab.models.tiny.train (it reads solutions/ and README.md)"
+
+
+def checkout_out() -> Path:
+    """Where retrained weights go: the checkout's ``assets/tiny_model``."""
+    return files.checkout_path("assets", "tiny_model", purpose=PURPOSE)
 
 
 def _docstrings(path: Path) -> list[str]:
@@ -41,9 +47,11 @@ def _docstrings(path: Path) -> list[str]:
     return [d for d in (ast.get_docstring(n) for n in nodes) if d]
 
 
-def corpus_text(repo: Path = REPO) -> str:
+def corpus_text(repo: Path | None = None) -> str:
     """The training text: solution notebooks' markdown, the README, kvlab's docstrings (this
-    package's own excluded, so editing it does not change the corpus), in a fixed order."""
+    package's own excluded, so editing it does not change the corpus), in a fixed order. Read
+    from the checkout (``repo``), since a wheel carries no solutions."""
+    repo = files.checkout_path(purpose=PURPOSE) if repo is None else Path(repo)
     parts = []
     for notebook in sorted((repo / "solutions").glob("*.ipynb")):
         cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
@@ -91,11 +99,13 @@ def train(
     seed: int = 0,
     threads: int = 2,
     config: TinyConfig | None = None,
-    out: Path | None = ASSETS_DIR,
+    out: Path | None | str = "checkout",
     log_every: int = 100,
 ) -> tuple[TinyLlama, dict]:
-    """Train from scratch; save to ``out`` (None: do not save). Returns the model and the record
-    written to ``config.json``."""
+    """Train from scratch; save to ``out`` (``"checkout"``: the checkout's ``assets/tiny_model``;
+    None: do not save). Returns the model and the record written to ``config.json``."""
+    if out == "checkout":
+        out = checkout_out()
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     config = config or TinyConfig()
@@ -170,15 +180,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=ASSETS_DIR, help="where to write the weights")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="where to write the weights (default: the checkout's assets/tiny_model)",
+    )
     args = parser.parse_args(argv)
+    try:
+        files.checkout_path(purpose=PURPOSE)  # before minutes of training, not after
+    except FileNotFoundError as e:
+        raise SystemExit(str(e)) from None
     _, record = train(
         steps=args.steps,
         batch_size=args.batch_size,
         lr=args.lr,
         seed=args.seed,
         threads=args.threads,
-        out=args.out,
+        out=args.out or "checkout",
     )
     print(json.dumps(record["results"], indent=2))
 
