@@ -60,7 +60,7 @@ def test_binder_folder_is_what_repo2docker_reads():
     assert os.access(post_build, os.X_OK), "git must keep postBuild executable"
     # repo2docker runs postBuild as a program and does not stop the build on an error by itself
     assert text.startswith("#!/bin/bash\n") and "\nset -euo pipefail\n" in text
-    for step in ("-e .", "kvlab kernel", "python -m kvlab.lab_settings"):
+    for step in ("-e .", "kvlab kernel", "python -m kvlab.course.lab_settings"):
         assert step in text, step
     # the Python that Binder installs satisfies the package
     runtime = (BINDER / "runtime.txt").read_text().strip()
@@ -154,7 +154,7 @@ def test_postbuild_registers_the_labs_kernel_in_the_environment(binder_build):
     spec = listed["kernelspecs"][metadata["name"]]  # the kernel the labs' metadata name
     assert Path(spec["resource_dir"]) == venv / "share" / "jupyter" / "kernels" / "kvlab"
     assert spec["spec"]["display_name"] == metadata["display_name"]
-    assert spec["spec"]["argv"][:3] == [str(python), "-m", "kvlab.jupyter_kernel"]
+    assert spec["spec"]["argv"][:3] == [str(python), "-m", "kvlab.course.jupyter_kernel"]
     # the editable install is of the copied checkout, and JupyterLab's defaults are in the venv
     where = in_venv(binder_build, "-c", "import kvlab; print(kvlab.__file__)")
     assert where.startswith(str(binder_build["repo"])), where
