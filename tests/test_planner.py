@@ -198,6 +198,7 @@ def test_vllm_start_up_log_pr_12569():
 
 def test_gpu_catalogue():
     assert set(gpus.CATALOGUE) >= {"A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB", "L4-24GB"}
+    assert gpus.lookup("Tesla T4") is gpus.lookup("t4") is gpus.CATALOGUE["T4-16GB"]
     for g in gpus.CATALOGUE.values():
         assert g.memory_bytes > 0 and g.hbm_bytes_per_s > 0 and g.price_per_hour > 0
     l4 = gpus.lookup("l4")

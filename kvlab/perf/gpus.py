@@ -84,6 +84,10 @@ CATALOGUE: dict[str, PricedGPU] = {
         *ROOFLINE_CARDS.values(),
         # an L4's "24 GB" leaves 23,034 MiB to CUDA (ECC): a 6% smaller KV cache than 24 GiB
         PricedGPU("L4-24GB", 300e9, 121e12, 23_034 * 2**20, price_per_hour=0.80),
+        # Colab's and Kaggle's GPU. T4 data sheet: 320 GB/s GDDR6, 16 GB, 65 TFLOP/s fp16 tensor
+        # cores (Turing, sm_75: no bf16; Triton's kernels use no tensor cores there, see
+        # docs/hubs.md); CUDA sees 15,360 MiB of it
+        PricedGPU("T4-16GB", 320e9, 65e12, 15_360 * 2**20, price_per_hour=0.35),
     )
 }
 # other spellings people type (and kvlab.perf.roofline's names)
@@ -93,6 +97,8 @@ ALIASES = {
     "h100-sxm": "H100-80GB",
     "h200": "H200-141GB",
     "l4": "L4-24GB",
+    "t4": "T4-16GB",
+    "tesla t4": "T4-16GB",
 }
 
 
