@@ -10,6 +10,9 @@ settings.register_profile("kvlab", derandomize=True, deadline=None, database=Non
 settings.load_profile("kvlab")
 
 ROOT = Path(__file__).resolve().parent.parent
+# The tests sit in folders named after kvlab's layers; what several of them share (a notebook
+# runner, a browser driver, the compile-only driver, fake classes) is importable by name from here.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 VENV_BIN = Path(sys.executable).parent
 
 # The environment as the user's shell gave it, read before any test imports kvlab (which sets

@@ -65,7 +65,7 @@ Llama-3-8B, H100-80GB, 8k ctx  ShareGPT    0, +1.2, +1.4, +0.6 %             -5.
 
 So concurrency within 5% and tokens/s within 11% (the planner below the simulator; measured
 again when Pow2 took the paper's rule); the stated
-tolerance is :data:`SIMULATION_TOLERANCE` (15%), which ``tests/test_planner.py`` checks on
+tolerance is :data:`SIMULATION_TOLERANCE` (15%), which ``tests/perf/test_planner.py`` checks on
 smaller days.
 """
 

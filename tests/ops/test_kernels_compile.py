@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).with_name("gpu_compile.py")
+SCRIPT = Path(__file__).parents[1] / "support" / "gpu_compile.py"
 TRITON_GPU_DIR = os.environ.get("KVLAB_TRITON_GPU_DIR", ".venv/triton-3.6.0")
 # shared memory one program may use (the opt-in maximum per block)
 MAX_SHARED = {90: 232_448, 80: 166_912, 75: 65_536}

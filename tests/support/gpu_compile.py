@@ -5,9 +5,9 @@ in a driver that names a target architecture, turns every ``kernel[grid](...)`` 
 kvlab's own launchers into a compile-only warm-up, and prints one JSON line per compiled kernel.
 Run it in a process of its own (``TRITON_INTERPRET`` must be off before any kernel is defined):
 
-    python tests/gpu_compile.py 90      # sm_90: H100 / H200, every kernel and launch option
-    python tests/gpu_compile.py 80      # sm_80: A100, the defaults of every dtype and head size
-    python tests/gpu_compile.py 75      # sm_75: T4 (no bf16 tensor cores), the same
+    python tests/support/gpu_compile.py 90      # sm_90: H100 / H200, every kernel and launch option
+    python tests/support/gpu_compile.py 80      # sm_80: A100, the defaults of every dtype and head size
+    python tests/support/gpu_compile.py 75      # sm_75: T4 (no bf16 tensor cores), the same
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import os
 import sys
 
 os.environ["TRITON_INTERPRET"] = "0"
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import torch  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402

@@ -20,7 +20,7 @@ from kvlab.ops.kernels import launch_paged_decode, paged_decode_attention, paged
 from kvlab.ops.runtime import kernel_mode
 from kvlab.ops.testing import NAN_ROOM, SPARE_ROOM, close, make_case
 
-ROOT = pathlib.Path(__file__).parents[1]
+ROOT = pathlib.Path(__file__).parents[2]
 NOTEBOOK = ROOT / "solutions" / "05_triton_kernel.ipynb"
 INTERPRETER = kernel_mode() == "interpreter"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

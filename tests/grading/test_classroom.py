@@ -365,7 +365,7 @@ def test_a_grader_that_raises_dies_or_hangs_costs_one_row(tmp_path):
 
 
 def classroom_fakes_grader():
-    import classroom_fakes  # beside this file: the spawned process imports it by name
+    import classroom_fakes  # in tests/support (conftest puts it on sys.path): the spawned process imports it by name
 
     return classroom_fakes.by_first_cell
 

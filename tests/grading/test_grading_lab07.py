@@ -19,7 +19,7 @@ from kvlab.course.labgen import RAISES_TAG, make_lab
 from kvlab.grading import Status, key_cards, lab03, run_checks
 from kvlab.grading import lab07 as checks
 
-ROOT = pathlib.Path(__file__).parents[1]
+ROOT = pathlib.Path(__file__).parents[2]
 NOTEBOOK = ROOT / "solutions" / "07_sharing.ipynb"
 CELLS = cell_sources(NOTEBOOK)
 HEADER = CELLS["lab07-imports"] + "\n"  # what the lab's imports cell brings into scope

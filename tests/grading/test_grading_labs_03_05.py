@@ -20,7 +20,7 @@ from kvlab.course.labgen import strip_solution
 from kvlab.grading import Status, run_checks
 from kvlab.grading.report import NO_DIAGNOSIS, SAME_PROBLEM
 
-ROOT = pathlib.Path(__file__).parents[1]
+ROOT = pathlib.Path(__file__).parents[2]
 
 
 def failed(result) -> list[str]:

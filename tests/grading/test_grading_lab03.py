@@ -12,7 +12,7 @@ from grading_notebook import cell_sources, edited, failures, folded, hints, neut
 from kvlab.core.block_manager import BlockManager as KvlabBlockManager
 from kvlab.grading import Status, key_cards, lab03, run_checks
 
-ROOT = pathlib.Path(__file__).parents[1]
+ROOT = pathlib.Path(__file__).parents[2]
 CELLS = cell_sources(ROOT / "solutions" / "03_paged_allocator.ipynb")
 HEADER = "from kvlab.core.block_manager import BlockManager as ReferenceBlockManager\n"
 HEADER += "from kvlab.core.block_manager import OutOfBlocks\n"  # what the lab's first cell imports

@@ -13,7 +13,7 @@ from kvlab.grading.report import NO_DIAGNOSIS, SAME_PROBLEM
 from kvlab.ops.attention import TinyAttention
 from kvlab.perf.roofline import describe_measured_rates
 
-ROOT = pathlib.Path(__file__).parents[1]
+ROOT = pathlib.Path(__file__).parents[2]
 
 
 def failed(result) -> list[str]:
@@ -124,7 +124,7 @@ def test_kvlab_answer_reached_through_the_spec_is_not_the_learners():
         result = run_checks("00.kv_bytes", handover)
         assert result.passed == 0
         assert (
-            "hands the work to kvlab's `kvlab.models.ModelSpec.kv_bytes"
+            "hands the work to kvlab's `kvlab.models.specs.ModelSpec.kv_bytes"
             in result.outcomes[0].details[0]
         )
     assert run_checks("00.kv_bytes", good_kv_bytes).ok  # the guard leaves ModelSpec as it was

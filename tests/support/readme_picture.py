@@ -6,7 +6,7 @@ the same 40 guests. The notebook here is the solution's own import cell and the 
 to the step the static SVG picks (the moment both hotels together hold the most tokens), the mouse
 rests on a paged room so its tooltip shows, and headless Chromium photographs the output.
 
-    .venv/bin/python tests/readme_picture.py [--out assets/hotel_floor_plan.png]
+    .venv/bin/python tests/support/readme_picture.py [--out assets/hotel_floor_plan.png]
 
 Needs what the browser test needs: Debian's chromium and Playwright (never ``playwright install``).
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from jupyter_browser import jupyter_lab, launch, run_all, why_not
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "solutions" / "03_paged_allocator.ipynb"
 
 

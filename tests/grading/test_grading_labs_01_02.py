@@ -15,7 +15,7 @@ from kvlab.grading.lab01 import random_day
 from kvlab.grading.lab02 import random_floors
 from kvlab.grading.report import NO_DIAGNOSIS, SAME_PROBLEM
 
-ROOT = pathlib.Path(__file__).parents[1]
+ROOT = pathlib.Path(__file__).parents[2]
 
 
 def failed(result) -> list[str]:

@@ -17,7 +17,7 @@ from kvlab.grading.expect import CheckFailed
 from kvlab.ops.attention import decode_attention, paged_decode_attention_ref
 from kvlab.ops.testing import FAR, TOLERANCE
 
-ROOT = pathlib.Path(__file__).parents[1]
+ROOT = pathlib.Path(__file__).parents[2]
 NOTEBOOK = ROOT / "solutions" / "04_paged_attention.ipynb"
 FP16_CHECK = "fp16: head_dim 40, and 4,096 tokens with large scores"
 
