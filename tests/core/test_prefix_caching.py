@@ -11,7 +11,7 @@ copy-on-write shows up as another prefix in some slot.
 import operator
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -775,39 +775,55 @@ def test_a_block_filled_twice_does_not_hide_the_rest_of_the_prefix(kind):
 
 class ShadowExecutor:
     """Computes nothing, but keeps what each slot holds and checks what each step reads: the
-    engine computes positions [num_computed, num_tokens - 1) and attends to every earlier one."""
+    engine computes positions [num_computed, num_computed + num_scheduled) and attends to every
+    earlier one. Like a model's executor it keeps the K/V of a sequence preempted by swapping
+    (``can_swap``): what its slots hold is copied out (and checked) before they are released,
+    and written back into its new slots past the cached prefix, as
+    :class:`kvlab.models.tiny.executor.TinyExecutor` does. An executor that holds K/V but
+    declares ``can_swap = False`` loses them under ``preemption="swap"``: the scheduler keeps
+    ``num_computed`` and nobody writes those positions back."""
 
-    timed = can_swap = False
+    timed = False
+    can_swap = True
 
     def __init__(self, cache):
         self.manager, self.slots, self.reads = cache.manager, {}, 0
+        self.swapped, self.swap_ins = {}, []  # swap_ins: (seq_id, first, stop) written back
+
+    def _check(self, seq, pos: int) -> None:
+        got = self.slots.get(self.manager.slot(seq.seq_id, pos))
+        assert got == tuple(seq.token_ids[: pos + 1]), (seq.seq_id, pos)
+        self.reads += 1
 
     def execute(self, step):
         for seq in step.scheduled:
-            start, stop = seq.num_computed, seq.num_tokens - 1
+            start, stop = seq.num_computed, seq.num_computed + seq.num_scheduled
             for pos in range(start):
-                got = self.slots.get(self.manager.slot(seq.seq_id, pos))
-                assert got == tuple(seq.token_ids[: pos + 1]), (seq.seq_id, pos)
-                self.reads += 1
+                self._check(seq, pos)
             for pos in range(start, stop):
                 self.slots[self.manager.slot(seq.seq_id, pos)] = tuple(seq.token_ids[: pos + 1])
         return None
 
+    def swap_out(self, seq):
+        for pos in range(seq.num_computed):
+            self._check(seq, pos)
+        slot = self.manager.slot
+        self.swapped[seq.seq_id] = [
+            self.slots[slot(seq.seq_id, pos)] for pos in range(seq.num_computed)
+        ]
 
-@both
-@settings(max_examples=40, deadline=None)
-@given(
-    turns=st.lists(st.tuples(st.integers(1, 6), st.integers(1, 5)), min_size=2, max_size=8),
-    num_blocks=st.integers(4, 14),
-    block_size=st.sampled_from([1, 2, 3, 4]),
-    mode=st.sampled_from(["recompute", "swap"]),
-)
-def test_the_engine_never_reads_k_v_that_was_not_computed(
-    turns, num_blocks, block_size, mode, kind
-):
-    """A chat: each request's prompt is the previous prompt, its answer and a new question, so
-    answers (whose last token is never computed) come back in later prompts. Every hit must hold
-    computed K/V, under memory pressure and both kinds of preemption."""
+    def swap_in(self, seq):
+        held = self.swapped.pop(seq.seq_id)
+        for pos in range(seq.num_cached_tokens, len(held)):
+            self.slots[self.manager.slot(seq.seq_id, pos)] = held[pos]
+        first = seq.num_cached_tokens
+        self.swap_ins.append((seq.seq_id, first, max(first, len(held))))
+
+
+def serve_a_chat(kind, turns, num_blocks, block_size, mode, executor_class=ShadowExecutor):
+    """A chat through the engine: each request's prompt is the previous prompt, its answer and a
+    new question (``turns``: (question, answer) lengths), one request per step. Returns the
+    engine, its executor and the sequences."""
     from kvlab.serving.engine import Engine
 
     history, requests, token = [], [], 0
@@ -821,7 +837,7 @@ def test_the_engine_never_reads_k_v_that_was_not_computed(
     total = max(len(p) + len(r) for p, r, _ in requests)
     num_blocks = max(num_blocks, -(-total // block_size) + 1)
     cache = paged(num_blocks, block_size, kind)
-    executor = ShadowExecutor(cache)
+    executor = executor_class(cache)
     engine = Engine(cache, executor, preemption=mode)
     sequences = []
     for i, (prompt, reply, arrival) in enumerate(requests):
@@ -829,12 +845,63 @@ def test_the_engine_never_reads_k_v_that_was_not_computed(
         sequences.append(seq)
         engine.add(seq)
     engine.run(max_steps=10_000)
+    return engine, executor, sequences
+
+
+# A swapped-out request comes back with its prefix cached but for one block evicted meanwhile:
+# that block's K/V come back only by the swap-in (found by the property test below).
+SWAP_PAST_THE_PREFIX = {"turns": [(1, 4), (1, 3), (1, 3)], "num_blocks": 4, "block_size": 2}
+
+
+@both
+@settings(max_examples=200, deadline=None)
+@given(
+    turns=st.lists(st.tuples(st.integers(1, 6), st.integers(1, 5)), min_size=2, max_size=8),
+    num_blocks=st.integers(4, 14),
+    block_size=st.sampled_from([1, 2, 3, 4]),
+    mode=st.sampled_from(["recompute", "swap"]),
+)
+@example(**SWAP_PAST_THE_PREFIX, mode="swap")
+def test_the_engine_never_reads_k_v_that_was_not_computed(
+    turns, num_blocks, block_size, mode, kind
+):
+    """A chat whose answers (whose last token is never computed) come back in later prompts.
+    Every hit must hold computed K/V, under memory pressure and both kinds of preemption."""
+    engine, executor, sequences = serve_a_chat(kind, turns, num_blocks, block_size, mode)
+    scheduler, cache = engine.scheduler, engine.cache
     assert all(seq.finish_time is not None for seq in sequences)
     cache.manager.check_invariants()
     stats = cache.prefix_cache_stats
     assert stats.hits <= stats.queries
-    scheduler = engine.scheduler
     assert scheduler.recompute_tokens >= 0 and scheduler.swapped_in_tokens >= 0
+    swapped_in = sum(stop - first for _, first, stop in executor.swap_ins)
+    assert swapped_in == scheduler.swapped_in_tokens
+
+
+@both
+def test_a_swapped_in_sequence_reads_what_its_swap_in_wrote(kind):
+    """r2 is swapped out holding 10 computed tokens; while it waits one of its blocks, (8, 9),
+    is handed to another request. Readmitted, it finds 8 tokens cached, and positions 8 and 9
+    come back only by the swap-in, into a fresh block: the engine must tell the executor, and
+    read them after it. (With an executor that keeps no K/V for swapping, they are lost.)"""
+    engine, executor, _ = serve_a_chat(kind, **SWAP_PAST_THE_PREFIX, mode="swap")
+    assert engine.scheduler.num_preemptions == 1
+    assert executor.swap_ins == [("r2", 8, 10)]
+    assert engine.scheduler.swapped_in_tokens == 2
+    engine.cache.manager.check_invariants()
+
+
+@both
+def test_the_shadow_executor_catches_a_swap_in_that_writes_nothing(kind):
+    """The check above is not blind: an executor that forgets what it swapped out is caught
+    reading the unwritten slot (position 8 of r2)."""
+
+    class Forgetful(ShadowExecutor):
+        def swap_in(self, seq):
+            self.swapped.pop(seq.seq_id)
+
+    with pytest.raises(AssertionError, match=r"\('r2', 8\)"):
+        serve_a_chat(kind, **SWAP_PAST_THE_PREFIX, mode="swap", executor_class=Forgetful)
 
 
 @both
