@@ -104,7 +104,9 @@ class Executor(Protocol):
     (``timed = True``) or None (the clock then counts steps)."""
 
     timed: bool
-    can_swap: bool  # True: also a Swapper
+    # True: also a Swapper. False: it holds no K/V to lose (a cost model), so a swap is bookkeeping;
+    # an executor that keeps K/V must swap, or "swap" preemption silently drops what it computed
+    can_swap: bool
 
     def execute(self, step: ScheduledStep) -> float | None: ...
 
