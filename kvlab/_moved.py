@@ -74,7 +74,15 @@ class _Alias(importlib.abc.Loader):
 
     def exec_module(self, module):
         # the import system hands back whatever sys.modules holds under the old name
-        sys.modules[module.__name__] = importlib.import_module(self.target)
+        real = sys.modules[module.__name__] = importlib.import_module(self.target)
+        if hasattr(real, "__path__"):
+            # A package's submodules already loaded get their old names too. Otherwise a later
+            # `import kvlab.serve.simulate` would load it anew under the old name and then set the
+            # package's attribute `simulate`, which the package binds to a function, to the module.
+            old, new = module.__name__, self.target
+            for name, loaded in list(sys.modules.items()):
+                if name.startswith(new + "."):
+                    sys.modules.setdefault(old + name[len(new) :], loaded)
 
     def get_code(self, fullname):
         return importlib.util.find_spec(self.target).loader.get_code(self.target)

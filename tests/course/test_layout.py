@@ -111,6 +111,24 @@ def test_names_imported_the_old_way_are_the_same_objects():
     assert sharegpt_like is importlib.import_module("kvlab.serving.workload").sharegpt_like
 
 
+def test_old_submodule_paths_leave_a_package_s_functions_alone():
+    """kvlab.serving binds `simulate` (and kvlab.models.tiny `generate`) to a function named like
+    its module; importing the module by its old path must not rebind it."""
+    code = (
+        "import kvlab.serve.simulate, kvlab.tiny.generate, kvlab.serving, kvlab.models.tiny\n"
+        "from kvlab.serving import simulate\n"
+        "from kvlab.models.tiny import generate\n"
+        "import importlib, sys\n"
+        "module = importlib.import_module('kvlab.serve.simulate')\n"
+        "print(callable(simulate), callable(generate), module is sys.modules['kvlab.serving.simulate'])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True", "True"]
+    from kvlab.serving import simulate
+
+    assert callable(simulate)  # after this session's imports of every old path
+
+
 def test_names_that_never_existed_still_fail_plainly():
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("kvlab.no_such_module")
