@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-import nbformat
+from kvlab._nbformat import nbformat
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 CODE_STUB = ("# YOUR CODE HERE", "raise NotImplementedError")

@@ -25,8 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import nbformat
-
+from kvlab._nbformat import nbformat
 from kvlab.grading.limits import CheckTimeout, time_limit
 from kvlab.grading.registry import get_exercise
 from kvlab.grading.remote import (

@@ -15,8 +15,7 @@ import copy
 from dataclasses import dataclass
 from pathlib import Path
 
-import nbformat
-
+from kvlab._nbformat import nbformat
 from kvlab.grading.judge import CHECK_CELL
 from kvlab.grading.registry import get_exercise
 from kvlab.labgen import LABS_DIR, RAISES_TAG, SOLUTIONS_DIR
