@@ -21,9 +21,8 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-import nbformat
-
 from kvlab.core import files
+from kvlab.course.nbformat_quick import nbformat
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 CODE_STUB = ("# YOUR CODE HERE", "raise NotImplementedError")

@@ -468,7 +468,23 @@ def _kill_tree(process) -> None:
             child.kill()
         except Exception:
             pass
+    _wait_ended(children, timeout=5)
     process.join(5)
+
+
+def _wait_ended(processes, timeout: float) -> None:
+    """Wait until killed processes have ended (gone, or a zombie for their parent to reap): on a
+    busy machine a signalled process can take a while to be scheduled and die."""
+    deadline = time.monotonic() + timeout
+
+    def running(p) -> bool:
+        try:
+            return p.status() != "zombie"
+        except Exception:  # gone
+            return False
+
+    while any(running(p) for p in processes) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _clean(run: _Run) -> None:

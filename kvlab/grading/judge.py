@@ -25,9 +25,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import nbformat
-
 from kvlab.course.labgen import RAISES_TAG
+from kvlab.course.nbformat_quick import nbformat
 from kvlab.grading.limits import CheckTimeout, time_limit
 from kvlab.grading.registry import get_exercise
 from kvlab.grading.remote import (

@@ -18,8 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import nbformat
-
+from kvlab.course.nbformat_quick import nbformat
 from kvlab.grading.registry import get_exercise, load_lab
 from kvlab.grading.report import Status
 from kvlab.grading.runner import GRADE_LOG_VAR

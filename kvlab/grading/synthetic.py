@@ -15,10 +15,9 @@ import copy
 from dataclasses import dataclass
 from pathlib import Path
 
-import nbformat
-
 from kvlab.core import files
 from kvlab.course.labgen import RAISES_TAG
+from kvlab.course.nbformat_quick import nbformat
 from kvlab.grading.judge import CHECK_CELL
 from kvlab.grading.registry import get_exercise
 

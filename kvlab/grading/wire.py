@@ -128,6 +128,8 @@ def _device(name) -> str:
 
 def build_storages(table: dict) -> dict:
     """Storages from ``{key: (device, bytes)}``, each a uint8 tensor over its bytes."""
+    if isinstance(table, dict) and not table:
+        return {}  # no tensor in the message: no need to import torch (two seconds) for it
     import torch
 
     built = {}

@@ -8,8 +8,7 @@ import subprocess
 import sys
 import time
 
-import nbformat
-
+from kvlab.course.nbformat_quick import nbformat
 from kvlab.grading.notebook import ExerciseScore, NotebookGrade
 
 
