@@ -9,9 +9,13 @@ TORCH_SPEC ?= torch==2.13.0
 # SYSTEM_SITE=1 builds the venv on top of the base Python's packages (e.g. its CUDA torch).
 SYSTEM_SITE ?=
 LAB_PORT ?= 8888
+# Test processes side by side (pytest-xdist): both cores of the course's machines; 0 runs in one.
+TEST_JOBS ?= 2
 # The GPU machine's Triton, beside ours, only to compile the kernels for sm_90 without a GPU (tests).
 TRITON_GPU_VERSION ?= 3.6.0
 TRITON_GPU_DIR := $(VENV)/triton-$(TRITON_GPU_VERSION)
+# Triton's cache for that compile test, kept between runs (keyed by the kernels' source and Triton)
+TRITON_COMPILE_CACHE ?= $(VENV)/.cache/triton-compile
 FIRST_LAB := $(firstword $(sort $(wildcard labs/00_*.ipynb)))
 STAMP := $(VENV)/.kvlab-installed
 TEST_STAMP := $(VENV)/.kvlab-test-installed
@@ -83,15 +87,19 @@ $(TRITON_GPU_DIR)/.installed: | install-test
 # Two runs: the package's tests, then every solution notebook through the registered `kvlab`
 # kernel exactly as JupyterLab runs it. Nothing here sets TRITON_INTERPRET: the kernel decides
 # (the first run imports kvlab, which sets it in that process, so notebooks get their own run).
+# Each run uses TEST_JOBS processes: test files (single tests where tests/conftest.py says so) and
+# notebooks are handed to whichever is free, the longest first.
 test: install-test browser triton-gpu
 	$(VENV)/bin/ruff check kvlab tests
 	$(VENV)/bin/ruff format --check kvlab tests
-	KVLAB_TRITON_GPU_DIR=$(TRITON_GPU_DIR) $(PY) -m pytest tests -p no:cacheprovider --durations=15 $(PYTEST_ARGS)
+	KVLAB_TRITON_GPU_DIR=$(TRITON_GPU_DIR) KVLAB_TRITON_COMPILE_CACHE=$(TRITON_COMPILE_CACHE) \
+		$(PY) -m pytest tests -p no:cacheprovider -p no:nbval \
+		-n $(TEST_JOBS) --dist loadscope --durations=15 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-notebooks
 
 test-notebooks: install-test $(KERNEL_SPEC)
 	$(PY) -m pytest solutions --nbval-lax --nbval-kernel-name kvlab --nbval-cell-timeout=90 \
-		-p no:cacheprovider $(NBVAL_ARGS)
+		-p no:cacheprovider -n $(TEST_JOBS) --dist loadfile $(NBVAL_ARGS)
 
 labs: install
 	$(VENV)/bin/kvlab labs

@@ -24,6 +24,7 @@ from kvlab.grading.wire import ProtocolError
 
 JUDGE, LEARNER = "judge", "learner"
 MUTABLE = (list, dict, set, collections.deque, collections.OrderedDict)
+ATOMIC = frozenset((type(None), bool, int, float, str, bytes))  # exact types: pickled as they are
 
 
 class RemoteDied(Exception):
@@ -80,6 +81,8 @@ class Connection:
     # --- encoding --------------------------------------------------------------------------
     def _special(self, storages: dict, by_reference: bool, target=None):
         def special(obj):
+            if type(obj) in ATOMIC:  # pickle asks for every object: most are these, always plain
+                return None
             first = obj is target
             if wire.is_tensor(obj):
                 return wire.tensor_id(obj, storages)

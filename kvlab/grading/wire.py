@@ -81,9 +81,14 @@ def storage_key(tensor) -> int:
 
 
 def storage_bytes(tensor) -> bytes:
-    """The tensor's whole storage, as bytes (on the CPU)."""
+    """The tensor's whole storage, as bytes (on the CPU). Read through a uint8 view, not
+    ``bytes(storage)``, which calls Python for every byte (seconds for a cache of a few MB)."""
+    import torch
+
     storage = tensor.untyped_storage()
-    return bytes(storage.cpu()) if storage.device.type != "cpu" else bytes(storage)
+    flat = torch.empty(0, dtype=torch.uint8, device=storage.device)
+    flat.set_(storage, 0, (storage.nbytes(),), (1,))
+    return flat.cpu().numpy().tobytes()
 
 
 def tensor_id(tensor, storages: dict) -> tuple:
@@ -318,10 +323,28 @@ MAX_DEPTH = 64  # containers inside containers: C code hashes and compares them 
 _MARK = object()
 
 
+# Small messages already found safe: the verdict is the bytes' own (the same bytes, the same
+# opcodes), and a judge asks the learner's code the same small things many times over (Lab 06's
+# day is tens of thousands of calls).
+_SAFE_SEEN: dict[bytes, None] = {}
+_SAFE_SEEN_MAX_BYTES, _SAFE_SEEN_MAX = 256, 8192
+
+
 def check_opcodes(data: bytes) -> None:
     """Refuse a learner's pickle with an opcode outside :data:`SAFE_OPCODES`, or containers
     nested deeper than :data:`MAX_DEPTH` (a tuple nested a million deep crashes the reader when
     it is hashed). A small stack machine follows each value's depth."""
+    small = type(data) is bytes and len(data) <= _SAFE_SEEN_MAX_BYTES
+    if small and data in _SAFE_SEEN:
+        return
+    _check_opcodes(data)
+    if small:
+        if len(_SAFE_SEEN) >= _SAFE_SEEN_MAX:
+            _SAFE_SEEN.clear()
+        _SAFE_SEEN[data] = None
+
+
+def _check_opcodes(data: bytes) -> None:
     import pickletools
 
     stack: list = []

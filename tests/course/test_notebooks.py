@@ -40,7 +40,8 @@ def record_times(name: str, grades: dict) -> None:
 
 @pytest.fixture(scope="module")
 def course():
-    """Every lab and solution, graded by the judge (the default), two at a time."""
+    """Every lab and solution, graded by the judge (the default), two at a time: each notebook
+    once, for every test here that reads a course notebook's grade."""
     return grade("labs", "solutions", jobs=2)
 
 
@@ -75,6 +76,15 @@ def test_labs_run_top_to_bottom_and_score_zero(course):
             continue
         assert g["total"] > 0 and g["passed"] == 0, path
         assert {e["status"] for e in g["exercises"]} == {"not implemented"}, path
+    # the unsolved lab that tests/test_judge.py hands in with cheats: none scores more than this
+    assert scores(grades["labs/01_contiguous_cache.ipynb"]) == {
+        "01.waste_split": (0, 6),
+        "01.max_length_cache": (0, 10),
+    }
+
+
+def scores(g: dict) -> dict:
+    return {e["id"]: (e["passed"], e["total"]) for e in g["exercises"]}
 
 
 def test_solutions_get_full_marks(course):
@@ -88,6 +98,14 @@ def test_solutions_get_full_marks(course):
             continue
         assert g["passed"] == g["total"] > 0, path
         assert {e["status"] for e in g["exercises"]} == {"passed"}, path
+    # a solution is judged as the lab with the solution's exercise cells handed in (the honest
+    # code of tests/test_judge.py's cheats), and the report says what the sandbox did
+    assert scores(grades["solutions/01_contiguous_cache.ipynb"]) == {
+        "01.waste_split": (6, 6),
+        "01.max_length_cache": (10, 10),
+    }
+    notes = "\n".join(grades["solutions/00_why_kv_cache.ipynb"]["notes"])
+    assert "network:" in notes and "limits:" in notes, notes
 
 
 def _notebook(tmp_path, sources, name="00_submission.ipynb"):

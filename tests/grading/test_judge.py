@@ -55,13 +55,8 @@ def scores(found) -> dict[str, tuple[int, int]]:
 # --- honest work ---------------------------------------------------------------------------
 
 
-def test_a_solved_lab_gets_full_marks_and_an_unsolved_one_none(tmp_path):
-    ids = exercise_cells("01")
-    solved = judge(submission(tmp_path, "01", solved=ids))
-    assert scores(solved) == {"01.waste_split": (6, 6), "01.max_length_cache": (10, 10)}
-    assert solved.error_cells == []
-    blank = judge(_lab("01")[0])
-    assert scores(blank) == {"01.waste_split": (0, 6), "01.max_length_cache": (0, 10)}
+# A solved and an unsolved Lab 01 (full marks, none), and what the report says of the sandbox, are
+# read from the course's own grading: tests/test_notebooks.py grades every lab and solution once.
 
 
 WRONG_KV_BYTES = """def kv_bytes_per_token(spec):
@@ -258,12 +253,6 @@ def test_the_package_stays_as_it_was_and_no_process_outlives_the_submission(tmp_
     judge(submission(tmp_path, "01", {"lab01-07": OUTLIVE.format(marker=late)}))
     time.sleep(6)
     assert not late.exists()
-
-
-def test_the_report_says_what_the_sandbox_did(tmp_path):
-    found = judge(submission(tmp_path, "00", solved=exercise_cells("00")))
-    text = "\n".join(found.notes)
-    assert "network:" in text and "limits:" in text, text
 
 
 def test_kvlabs_own_objects_asked_to_do_the_work_are_refused_across_the_channel(tmp_path):

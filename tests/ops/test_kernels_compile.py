@@ -12,12 +12,19 @@ import json
 import os
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
 SCRIPT = Path(__file__).parents[1] / "support" / "gpu_compile.py"
 TRITON_GPU_DIR = os.environ.get("KVLAB_TRITON_GPU_DIR", ".venv/triton-3.6.0")
+# KVLAB_TRITON_COMPILE_CACHE=DIR (`make test`: in the venv) keeps Triton's own cache between runs,
+# a folder per Triton and target. Triton keys each kernel by its source and what it calls, the
+# constants and options, the target, and Triton itself (its code hashed, ptxas's version): an
+# unchanged kernel is read back as it was compiled, a changed one compiles. Unset, every run
+# compiles from scratch.
+COMPILE_CACHE = os.environ.get("KVLAB_TRITON_COMPILE_CACHE")
 # shared memory one program may use (the opt-in maximum per block)
 MAX_SHARED = {90: 232_448, 80: 166_912, 75: 65_536}
 # compiled with the GPU machine's Triton too (every arch is compiled with ours)
@@ -31,7 +38,9 @@ KERNELS = {
 
 def _start(tmp_path, arch, name, pythonpath=None):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / f"{name}-{arch}")  # compile from scratch, every time
+    triton = Path(pythonpath).name if pythonpath else f"triton-{version('triton')}"
+    cache = Path(COMPILE_CACHE) if COMPILE_CACHE else tmp_path  # tmp_path: from scratch
+    env["TRITON_CACHE_DIR"] = str(cache / f"{triton}-sm{arch}")
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     return subprocess.Popen(
