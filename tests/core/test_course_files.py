@@ -87,3 +87,22 @@ def test_here_the_course_is_this_checkout():
     assert [p.name for p in files.lab_notebooks()] == sorted(
         p.name for p in (ROOT / "labs").glob("*.ipynb")
     )
+
+
+def test_the_graders_sandbox_sees_a_checkouts_assets_only(tmp_path):
+    """The judge shows a submission the checkout's assets and its package, not pyproject.toml or
+    solutions/: the traces and the tiny model are still found there (a checkout under /tmp)."""
+    root = tmp_path / "repo"
+    package = root / "kvlab"
+    package.mkdir(parents=True)
+    (root / "assets" / "traces").mkdir(parents=True)
+    (root / "assets" / "tiny_model").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError):
+        files.traces_dir(package)  # a folder named assets is not enough
+    (root / "assets" / "traces" / "sharegpt_like.csv").write_text("prompt_len,output_len\n")
+    (root / "assets" / "tiny_model" / "config.json").write_text("{}")
+    assert files.course_root(package) is None
+    assert files.traces_dir(package) == root / "assets" / "traces"
+    assert files.tiny_model_dir(package) == root / "assets" / "tiny_model"
+    with pytest.raises(FileNotFoundError):
+        files.labs_dir(package)  # only assets are read from beside the package

@@ -56,7 +56,7 @@ def scores(found) -> dict[str, tuple[int, int]]:
 
 
 # A solved and an unsolved Lab 01 (full marks, none), and what the report says of the sandbox, are
-# read from the course's own grading: tests/test_notebooks.py grades every lab and solution once.
+# read from the course's own grading: tests/course/test_notebooks.py grades every lab and solution once.
 
 
 WRONG_KV_BYTES = """def kv_bytes_per_token(spec):
