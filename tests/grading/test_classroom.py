@@ -491,8 +491,21 @@ OUTLIVED = """
 import ctypes, subprocess, sys, time, psutil
 ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 code = subprocess.call(sys.argv[1:])
+def left():  # what is still running (a process ending on its own is given 10 s: a busy machine)
+    alive = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != "zombie":
+                alive.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
 time.sleep(2)
-left = [p for p in psutil.Process().children(recursive=True) if p.status() != "zombie"]
+for _ in range(80):
+    if not left():
+        break
+    time.sleep(0.1)
+left = left()
 print("outlived:", [" ".join(p.cmdline())[:80] for p in left], file=sys.stderr)
 for p in left:
     p.kill()
