@@ -58,11 +58,15 @@ def _plan(args) -> int:
             price_per_gpu_hour=args.price,
             target_tokens_per_s=args.target,
             max_num_seqs=args.max_num_seqs,
+            min_tokens_per_user=args.min_tokens_per_user,
+            users=args.users,
+            gpu_memory_gib=args.gpu_memory_gib,
         )
     except (ValueError, TypeError) as e:
         print(f"kvlab plan: error: {in_words(str(e), PLAN_FLAGS)}", file=sys.stderr)
         return 2
     try:
+        # the summary ends with the `vllm serve` command that realises the plan
         print(json.dumps(result.to_dict(), indent=2) if args.json else result, flush=True)
     except BrokenPipeError:  # `kvlab plan ... | head`: the reader left, which is fine
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -78,6 +82,9 @@ PLAN_FLAGS = {
     "price_per_gpu_hour": "--price",
     "target_tokens_per_s": "--target",
     "max_num_seqs": "--max-num-seqs",
+    "min_tokens_per_user": "--min-tokens-per-user",
+    "users": "--users",
+    "gpu_memory_gib": "--gpu-memory-gib",
     "weights_bytes": "weights",
     "overhead_bytes": "overhead",
 }
@@ -177,7 +184,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--price", type=float, help="dollars per GPU-hour (default: catalogue's)")
     plan.add_argument("--target", type=float, help="generated tokens/s to size GPUs for")
-    plan.add_argument("--max-num-seqs", type=int, help="cap on requests running at once")
+    plan.add_argument(
+        "--max-num-seqs",
+        type=int,
+        help="cap on requests running at once (default: vLLM's, 1024 on GPUs of 70 GiB or more "
+        "other than the A100, else 256; 0: no cap)",
+    )
+    plan.add_argument(
+        "--min-tokens-per-user",
+        type=float,
+        metavar="S",
+        help="cap the requests at once so that each gets at least S generated tokens/s",
+    )
+    plan.add_argument(
+        "--users", type=int, metavar="N", help="size GPUs for N requests at once (each at >= S)"
+    )
+    plan.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        metavar="X",
+        help="a GPU not in the catalogue: --gpu's bandwidth, FLOP/s and price with X GiB of memory "
+        "(or the total your vLLM log prints)",
+    )
     plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     labs = sub.add_parser("labs", help="write learner notebooks from the solutions")

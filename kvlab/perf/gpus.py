@@ -5,9 +5,13 @@ does (``StepTime(spec, gpu)``). The catalogue below is what :func:`kvlab.perf.pl
 up in; :mod:`kvlab.perf.roofline` keeps its own presets (and ``GPUS``, which ``kvlab bench`` matches
 devices against) unchanged.
 
-Memory is the product's nominal size, its "GB" read as GiB (an "A100-40GB" has 40 GiB of HBM);
-CUDA reports a little less on some parts (a vLLM start-up log shows 39.56 GiB on an A100-40GB).
-Put what ``torch.cuda.mem_get_info()`` says into ``memory_bytes`` for an exact plan.
+One convention for memory, the same as :mod:`kvlab.perf.roofline`'s: ``memory_bytes`` is in bytes
+and printed in GiB (2**30 bytes, :data:`GiB`); a card's figure is the total ``nvidia-smi`` reports
+for it (``memory.total``: 40,960 MiB on an A100-40GB, 81,559 MiB on an H100 80GB HBM3, 143,771 MiB
+on an H200, 23,034 MiB on an L4). Bandwidth is in bytes per second as data sheets give it (decimal
+GB/s). CUDA hands a program about half a GiB less than nvidia-smi's total (a vLLM start-up log
+shows 39.56 GiB on an A100-40GB): for an exact plan give the total that your own vLLM log or
+``torch.cuda.mem_get_info()`` prints, with :func:`with_memory` (``kvlab plan --gpu-memory-gib``).
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from dataclasses import dataclass
 from kvlab.perf import roofline
 from kvlab.perf.roofline import GPU
 
-GiB = 2**30
+GiB = roofline.GiB
+MiB = roofline.MiB
 
 
 def _positive(name: str, value) -> float:
@@ -68,14 +73,14 @@ def with_price(gpu: GPU, price_per_hour: float | None) -> PricedGPU:
 # US dollars as of early 2026, rounded, between the large clouds and the GPU clouds. Real prices
 # vary by provider, region, commitment and month (spot and reserved are far cheaper): edit them.
 #
-# ROOFLINE_CARDS: kvlab.perf.roofline's presets as the catalogue's cards (memory in GiB, priced).
+# ROOFLINE_CARDS: kvlab.perf.roofline's presets as the catalogue's cards (the same figures, priced).
 ROOFLINE_CARDS: dict[GPU, PricedGPU] = {
-    gpu: PricedGPU(name, gpu.hbm_bytes_per_s, gpu.peak_flops, memory_gib * GiB, price)
-    for name, gpu, memory_gib, price in (
-        ("A100-40GB", roofline.A100_40GB, 40, 1.50),
-        ("A100-80GB", roofline.A100_80GB, 80, 1.80),
-        ("H100-80GB", roofline.H100_SXM, 80, 2.90),
-        ("H200-141GB", roofline.H200, 141, 3.70),
+    gpu: PricedGPU(name, gpu.hbm_bytes_per_s, gpu.peak_flops, gpu.memory_bytes, price)
+    for name, gpu, price in (
+        ("A100-40GB", roofline.A100_40GB, 1.50),
+        ("A100-80GB", roofline.A100_80GB, 1.80),
+        ("H100-80GB", roofline.H100_SXM, 2.90),
+        ("H200-141GB", roofline.H200, 3.70),
     )
 }
 CATALOGUE: dict[str, PricedGPU] = {
@@ -83,11 +88,11 @@ CATALOGUE: dict[str, PricedGPU] = {
     for g in (
         *ROOFLINE_CARDS.values(),
         # an L4's "24 GB" leaves 23,034 MiB to CUDA (ECC): a 6% smaller KV cache than 24 GiB
-        PricedGPU("L4-24GB", 300e9, 121e12, 23_034 * 2**20, price_per_hour=0.80),
+        PricedGPU("L4-24GB", 300e9, 121e12, 23_034 * MiB, price_per_hour=0.80),
         # Colab's and Kaggle's GPU. T4 data sheet: 320 GB/s GDDR6, 16 GB, 65 TFLOP/s fp16 tensor
         # cores (Turing, sm_75: no bf16; Triton's kernels use no tensor cores there, see
         # docs/hubs.md); CUDA sees 15,360 MiB of it
-        PricedGPU("T4-16GB", 320e9, 65e12, 15_360 * 2**20, price_per_hour=0.35),
+        PricedGPU("T4-16GB", 320e9, 65e12, 15_360 * MiB, price_per_hour=0.35),
     )
 }
 # other spellings people type (and kvlab.perf.roofline's names)
@@ -113,3 +118,22 @@ def lookup(name: str) -> PricedGPU:
     if key in ALIASES:
         return CATALOGUE[ALIASES[key]]
     raise ValueError(f"unknown gpu {name!r}; presets are {', '.join(CATALOGUE)}")
+
+
+def with_memory(gpu: GPU, memory_gib: float, *, name: str | None = None) -> PricedGPU:
+    """The same GPU with ``memory_gib`` GiB of memory (a card not in the catalogue, or the total
+    your vLLM log prints): bandwidth, FLOP/s and price are kept. Named ``"<name> (<X> GiB)"``
+    unless ``name`` is given. ``kvlab plan --gpu H100-80GB --gpu-memory-gib 94`` uses this."""
+    if not isinstance(gpu, GPU):
+        raise TypeError(f"gpu must be a kvlab.perf.roofline.GPU, got {gpu!r}")
+    memory_gib = _positive("memory_gib", memory_gib)
+    if memory_gib > MAX_MEMORY_GIB:
+        raise ValueError(
+            f"memory_gib must be at most {MAX_MEMORY_GIB:,} GiB (one GPU), got {memory_gib:g}"
+        )
+    priced = gpu if isinstance(gpu, PricedGPU) else with_price(gpu, None)
+    label = name or f"{priced.name} ({memory_gib:g} GiB)"
+    return dataclasses.replace(priced, name=label, memory_bytes=memory_gib * GiB)
+
+
+MAX_MEMORY_GIB = 4096  # no single GPU comes near (an H200 has 140 GiB, a B200 about 180)

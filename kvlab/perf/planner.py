@@ -101,6 +101,39 @@ WORKLOAD_SAMPLE = 20_000  # requests drawn to measure a named workload's lengths
 WORKLOAD_SEED = 0
 SIMULATION_TOLERANCE = 0.15  # stated agreement with kvlab.serving.simulate (relative)
 
+# vLLM's default max_num_seqs when none is given (vllm/engine/arg_utils.py,
+# EngineArgs._set_default_args, vLLM main at commit 99d7eb5d6a5, the v0.11 series; the same for
+# `vllm serve` and the LLM class): 1024 on a GPU with at least 70 GiB that is not an A100 (H100,
+# H200, MI300X), else 256. Older V0 engines used 256 everywhere.
+VLLM_MAX_NUM_SEQS_LARGE_GPU = 1024
+VLLM_MAX_NUM_SEQS = 256
+VLLM_LARGE_GPU_MEMORY = 70 * GiB
+# The block sizes vLLM's --block-size accepted (its BlockSize type: Literal[1, 8, 16, 32, 64, 128]
+# in vllm/config.py up to the 0.9 series; 0.10-0.11 added 256 for hybrid models, and the newest
+# versions take any positive size, which the attention kernels then accept or refuse).
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
+# The realistic end of a cost range: a share of the roofline's tokens/s. An assumption, grounded
+# in what the course measured: its paged-attention kernel reaches 68-85% of an H200's peak
+# bandwidth at batches of 8-32 (benchmarks/attention.json; a plain copy 89%), one kernel at its
+# best; a whole step adds the other kernels, sampling, the scheduler and, with tensor parallel,
+# communication. Half the roofline is a round figure below that (edit it, or measure your own).
+REALISTIC_FRACTION = 0.5
+# Below this many generated tokens per second a user waits on the text (people read about 4-5
+# words a second, 5-7 tokens): the plan flags it.
+SLOW_TOKENS_PER_USER = 10.0
+# Sane maxima for what a user types (larger is a typo, and prints absurd GPU counts)
+MAX_TARGET_TOKENS_PER_S = 1e9  # a billion generated tokens per second
+MAX_PRICE_PER_GPU_HOUR = 1000.0  # dollars
+MAX_USERS = 100_000_000
+MAX_TOKENS_PER_USER = 10_000.0
+# Hugging Face repositories of the presets, for Plan.vllm_command()
+HF_REPOS = {
+    "OPT-13B": "facebook/opt-13b",
+    "Llama-3-8B": "meta-llama/Meta-Llama-3-8B-Instruct",
+    "Llama-3-70B": "meta-llama/Meta-Llama-3-70B-Instruct",
+    "Mistral-7B": "mistralai/Mistral-7B-Instruct-v0.3",
+}
+
 WORKLOADS = {
     "sharegpt": (sharegpt_like, "ShareGPT-like chats"),
     "alpaca": (alpaca_like, "Alpaca-like instructions"),
@@ -118,6 +151,38 @@ def _number(name: str, value, *, minimum: float = 0.0, strict: bool = True) -> f
         relation = ">" if strict else ">="
         raise ValueError(f"{name} must be a finite number {relation} {minimum:g}, got {value!r}")
     return float(value)
+
+
+def _at_most(name: str, value: float, most: float, unit: str) -> float:
+    if value > most:
+        raise ValueError(f"{name} must be at most {most:,.0f} {unit}, got {value:g}")
+    return value
+
+
+def vllm_default_max_num_seqs(gpu: GPU) -> int:
+    """The ``max_num_seqs`` vLLM picks when none is given: 1024 on a GPU of at least 70 GiB that is
+    not an A100, else 256 (see :data:`VLLM_MAX_NUM_SEQS_LARGE_GPU`)."""
+    large = gpu.memory_bytes >= VLLM_LARGE_GPU_MEMORY and "a100" not in gpu.name.lower()
+    return VLLM_MAX_NUM_SEQS_LARGE_GPU if large else VLLM_MAX_NUM_SEQS
+
+
+def _check_block_size(block_size, max_seq_len: int) -> int:
+    if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral):
+        raise TypeError(
+            f"block_size must be an int, one of {', '.join(map(str, VLLM_BLOCK_SIZES))} "
+            f"(tokens per KV block), got {block_size!r}"
+        )
+    if block_size not in VLLM_BLOCK_SIZES:
+        raise ValueError(
+            f"block_size must be one of {', '.join(map(str, VLLM_BLOCK_SIZES))} (the sizes vLLM "
+            f"allows on GPUs; 16 is its default), got {block_size!r}"
+        )
+    if block_size > max_seq_len:
+        raise ValueError(
+            f"block_size must be at most max_seq_len={max_seq_len:,} (a block longer than the "
+            f"longest request is never filled), got {block_size}"
+        )
+    return int(block_size)
 
 
 def _resolve_model(model) -> ModelSpec:
@@ -424,6 +489,12 @@ class PolicyEstimate:
     cost_per_million_tokens: float | None  # dollars per million generated tokens (None: no price)
     replicas_needed: int | None  # copies of the set-up for the target (None: no target)
     gpus_needed: int | None
+    # the realistic end of each range: the roofline's tokens/s x REALISTIC_FRACTION
+    cost_per_million_tokens_realistic: float | None = None
+    gpus_needed_realistic: int | None = None
+    # copies (and GPUs) for Plan.users requests at once (None: no users given)
+    replicas_for_users: int | None = None
+    gpus_for_users: int | None = None
 
 
 # what limits a decode step, in words (Plan._verdict)
@@ -450,6 +521,12 @@ class Plan:
     max_num_seqs: int | None
     policies: dict[str, PolicyEstimate] = field(repr=False)
     _step_time: PlanStepTime = field(repr=False)
+    # where max_num_seqs came from: "vllm-default", "given", "min-tokens-per-user" or "none"
+    max_num_seqs_source: str = "given"
+    engine_max_num_seqs: int | None = None  # the cap before min_tokens_per_user lowered it
+    min_tokens_per_user: float | None = None
+    speed_cap: int | None = None  # most requests at once at min_tokens_per_user (0: none reach it)
+    users: int | None = None
 
     @property
     def kv_cache_bytes(self) -> float:
@@ -476,9 +553,25 @@ class Plan:
         return self.policies["contiguous"]
 
     @property
+    def oracle(self) -> PolicyEstimate:
+        """The best contiguous booking (Orca-Oracle: each request books its exact length)."""
+        return self.policies["contiguous-oracle"]
+
+    @property
     def concurrency_gain(self) -> float:
         """Requests at once, paged over max-length booking (Orca-Max)."""
         return self.paged.concurrency / self.contiguous.concurrency
+
+    @property
+    def concurrency_gain_vs_max_length(self) -> float:
+        """The same as :attr:`concurrency_gain`: paged over max-length booking."""
+        return self.concurrency_gain
+
+    @property
+    def concurrency_gain_vs_oracle(self) -> float:
+        """Requests at once, paged over the best contiguous booking (Orca-Oracle): the fair
+        comparison (about 2x), since every engine in use pages already."""
+        return self.paged.concurrency / self.oracle.concurrency
 
     @property
     def throughput_gain(self) -> float:
@@ -486,9 +579,35 @@ class Plan:
         return self.paged.tokens_per_s / self.contiguous.tokens_per_s
 
     @property
+    def throughput_gain_vs_oracle(self) -> float:
+        """Tokens per second, paged over the best contiguous booking."""
+        return self.paged.tokens_per_s / self.oracle.tokens_per_s
+
+    @property
     def capped(self) -> bool:
         """Whether ``max_num_seqs``, not memory, limits even max-length booking."""
         return self.max_num_seqs is not None and self.contiguous.concurrency >= self.max_num_seqs
+
+    @property
+    def tokens_per_user(self) -> float:
+        """Generated tokens per second each request gets, paged (the roofline's figure)."""
+        return self.paged.tokens_per_s_per_request
+
+    @property
+    def slow_for_users(self) -> bool:
+        """Whether each paged request gets fewer than :data:`SLOW_TOKENS_PER_USER` tokens/s."""
+        return self.tokens_per_user < SLOW_TOKENS_PER_USER
+
+    def speed_at(self, concurrency: float) -> float:
+        """Generated tokens per second each request gets with ``concurrency`` running (the plan's
+        step-time model, each request's prefill paid). Falls as ``concurrency`` grows."""
+        return _speed_at(self._step_time, self.workload, _number("concurrency", concurrency))
+
+    def max_requests_for_speed(self, min_tokens_per_user: float) -> int:
+        """The most requests at once that each still get ``min_tokens_per_user`` tokens/s under
+        the plan's step-time model (0 when not even one request alone does)."""
+        speed = _number("min_tokens_per_user", min_tokens_per_user)
+        return _max_requests_for_speed(self._step_time, self.workload, speed)
 
     def step_time(self) -> PlanStepTime:
         """The cost model behind the plan, for ``kvlab.serving.simulate(step_time=...)``."""
@@ -505,10 +624,43 @@ class Plan:
             "tokens_per_s_per_request",
             "decode_tokens_per_s",
             "cost_per_million_tokens",
+            "cost_per_million_tokens_realistic",
             "gpus_needed",
+            "gpus_needed_realistic",
+            "gpus_for_users",
         )
         return [{k: getattr(est, k) for k in keys} for est in self.policies.values()]
 
+    # --- what vLLM needs to run it ---------------------------------------------------------------
+    def vllm_flags(self) -> dict[str, str]:
+        """The ``vllm serve`` flags that realise this plan, flag -> value (strings).
+
+        ``--max-num-seqs`` is the plan's cap; without one, the number of KV blocks (each running
+        request holds at least one, so memory binds first). ``--kv-cache-dtype fp8`` appears when
+        the model's KV cache is fp8 (a ``kv_cache_dtype`` of the spec starting with ``"fp8"``).
+        """
+        flags = {
+            "--tensor-parallel-size": str(self.num_gpus),
+            "--gpu-memory-utilization": f"{self.gpu_memory_utilization:g}",
+            "--max-model-len": str(self.max_seq_len),
+            "--max-num-seqs": str(self.max_num_seqs or self.capacity.num_blocks),
+            "--block-size": str(self.block_size),
+        }
+        kv_dtype = getattr(self.model, "kv_cache_dtype", None) or getattr(
+            self.model, "kv_dtype", None
+        )
+        if isinstance(kv_dtype, str) and kv_dtype.lower().startswith("fp8"):
+            flags["--kv-cache-dtype"] = kv_dtype.lower()
+        return flags
+
+    def vllm_command(self) -> str:
+        """``vllm serve MODEL`` with :meth:`vllm_flags` (MODEL: the preset's Hugging Face
+        repository, else the spec's name)."""
+        repo = getattr(self.model, "hf_repo", None) or HF_REPOS.get(self.model.name)
+        flags = " ".join(f"{flag} {value}" for flag, value in self.vllm_flags().items())
+        return f"vllm serve {repo or self.model.name} {flags}"
+
+    # --- in words --------------------------------------------------------------------------------
     @property
     def setup(self) -> str:
         """The set-up in a line: model, GPUs, workload, context."""
@@ -518,10 +670,111 @@ class Plan:
             f"{self.max_seq_len:,} tokens"
         )
 
+    def cost_range(self, est: PolicyEstimate | None = None) -> str | None:
+        """``"$a-$b"`` per million generated tokens (the roofline bound, then
+        :data:`REALISTIC_FRACTION` of it); None without a price."""
+        est = est or self.paged
+        if est.cost_per_million_tokens is None:
+            return None
+        return f"${est.cost_per_million_tokens:,.3f}–${est.cost_per_million_tokens_realistic:,.3f}"
+
+    def _cap_line(self) -> str | None:
+        cap, source = self.max_num_seqs, self.max_num_seqs_source
+        if source == "none":
+            return "No cap on requests at once (max_num_seqs 0): memory is the only limit."
+        if source == "vllm-default":
+            return (
+                f"At most {cap:,} requests at once: vLLM's default max_num_seqs here (it picks "
+                f"{VLLM_MAX_NUM_SEQS_LARGE_GPU:,} on GPUs of 70 GiB or more other than the A100, "
+                f"{VLLM_MAX_NUM_SEQS} on the rest)."
+            )
+        if source == "min-tokens-per-user":
+            return (
+                f"At most {cap:,} requests at once, so that each gets at least "
+                f"{self.min_tokens_per_user:,.0f} tokens/s (at the roofline; more at once would "
+                "slow every user below it)."
+            )
+        return f"At most {cap:,} requests at once (max_num_seqs given)."
+
+    def _speed_line(self) -> str | None:
+        want = self.min_tokens_per_user
+        if want is not None and self.speed_cap == 0:
+            alone = self.speed_at(1)
+            return (
+                f"No number of requests at once gives each user {want:,.0f} tokens/s here: one "
+                f"request alone gets {alone:,.1f} tokens/s, because every token reads all "
+                f"{_gib(self.weights_bytes)} of weights. Use more GPUs per copy (tensor parallel), "
+                "faster GPUs or a smaller (or FP8) model; the plan below is not capped for speed."
+            )
+        if self.slow_for_users:
+            hint = self.max_requests_for_speed(20)
+            fix = (
+                f" At 20 tokens/s each, at most {hint:,} requests fit at once "
+                "(min_tokens_per_user=20)."
+                if hint
+                else " Not even one request alone reaches 20 tokens/s here."
+            )
+            return (
+                f"Too slow for a person: each request gets {self.tokens_per_user:,.1f} tokens/s "
+                f"paged, below {SLOW_TOKENS_PER_USER:.0f} tokens/s (people read about 5 to 7 "
+                f"tokens a second).{fix}"
+            )
+        return None
+
+    def _users_line(self) -> str | None:
+        if self.users is None:
+            return None
+        speed = (
+            f" at {self.min_tokens_per_user:,.0f} tokens/s or more each"
+            if self.min_tokens_per_user and self.speed_cap
+            else ""
+        )
+        if self.min_tokens_per_user and self.speed_cap == 0:
+            return (
+                f"{self.users:,} users at {self.min_tokens_per_user:,.0f} tokens/s each: not "
+                "reachable on this set-up, at any number of GPUs (see above)."
+            )
+        parts = [
+            f"{_gpus_words(est.gpus_for_users)} {label}"
+            for est, label in (
+                (self.paged, "paged"),
+                (self.oracle, "with the best contiguous booking"),
+                (self.contiguous, "with max-length booking"),
+            )
+        ]
+        copies = self.paged.replicas_for_users
+        return (
+            f"For {self.users:,} users at once{speed}: {parts[0]} ({copies:,} "
+            f"{'copy' if copies == 1 else 'copies'} of {self.num_gpus}), {parts[1]}, {parts[2]} "
+            "(at the roofline)."
+        )
+
+    def _cost_line(self) -> str | None:
+        paged = self.paged
+        if paged.cost_per_million_tokens is None and paged.gpus_needed is None:
+            return None
+        bits = []
+        if paged.cost_per_million_tokens is not None:
+            bits.append(
+                f"{self.cost_range(paged)} per million generated tokens paged "
+                f"({self.cost_range(self.contiguous)} with max-length booking)"
+            )
+        if paged.gpus_needed is not None:
+            bits.append(
+                f"{paged.gpus_needed:,}–{paged.gpus_needed_realistic:,} GPUs paged for "
+                f"{self.target_tokens_per_s:,.0f} tokens/s"
+            )
+        return (
+            "Ranges: "
+            + "; ".join(bits)
+            + f". The first figure is the roofline's (data-sheet bandwidth and FLOP/s), the second "
+            f"a realistic engine at {REALISTIC_FRACTION:.0%} of it (the course's own paged "
+            "attention kernel reaches 68–85% of an H200's bandwidth, alone and at its best)."
+        )
+
     @property
     def summary(self) -> str:
         """The plan in words, for someone who will not read the table."""
-        paged, contiguous = self.paged, self.contiguous
         cap = self.capacity
         lines = [
             self.setup + ".",
@@ -529,7 +782,14 @@ class Plan:
             f"of weights and {_gib(self.overhead_bytes)} of overhead: {cap.token_slots:,} token "
             f"slots, room for {cap.max_concurrency:.2f} requests of full length.",
         ]
-        for est, label in ((paged, "Paged (vLLM)"), (contiguous, "Max-length booking (Orca)")):
+        for line in (self._speed_line(), self._cap_line()):
+            if line:
+                lines.append(line)
+        for est, label in (
+            (self.paged, "Paged (vLLM)"),
+            (self.oracle, "Best contiguous booking (Orca, oracle)"),
+            (self.contiguous, "Max-length booking (Orca)"),
+        ):
             line = (
                 f"{label}: about {est.concurrency:,.0f} "
                 f"{'request' if round(est.concurrency) == 1 else 'requests'} at once, "
@@ -538,12 +798,15 @@ class Plan:
                 f"{est.memory_holding_tokens:.0%} of the KV memory holds tokens)"
             )
             if est.cost_per_million_tokens is not None:
-                line += f", ${est.cost_per_million_tokens:,.2f} per million generated tokens"
+                line += f", {self.cost_range(est)} per million generated tokens"
             if est.gpus_needed is not None:
                 gpus = "GPU" if est.gpus_needed == 1 else "GPUs"
                 line += f", {est.gpus_needed:,} {gpus} for {self.target_tokens_per_s:,.0f} tokens/s"
             lines.append(line + ".")
-        lines.append(self._verdict())
+        for line in (self._users_line(), self._verdict(), self._cost_line()):
+            if line:
+                lines.append(line)
+        lines.append(f"To run it: {self.vllm_command()}")
         price = (
             f"${self.price_per_gpu_hour:.2f} per GPU-hour (an assumption: edit it)"
             if self.price_per_gpu_hour is not None
@@ -551,17 +814,25 @@ class Plan:
         )
         lines.append(
             f"Assumptions: {price}; tokens/s from the roofline (peak bandwidth and FLOP/s: real "
-            "kernels reach a fraction of them); every request waiting (a busy server)."
+            f"engines reach a fraction of them, {REALISTIC_FRACTION:.0%} assumed for the ranges); "
+            "every request waiting (a busy server)."
         )
         return "\n".join(lines)
 
     def _verdict(self) -> str:
+        """The bottom line: against the best contiguous booking first, then max-length booking,
+        then what a team still decides (every engine in use pages already)."""
         gain, speed = self.concurrency_gain, self.throughput_gain
+        levers = (
+            " vLLM, SGLang, TensorRT-LLM and TGI all page already: what a team still chooses is "
+            "max_num_seqs (requests at once), gpu_memory_utilization, the context length, FP8 "
+            "weights or KV cache, and prefix caching."
+        )
         if gain < 0.95:
             return (
                 f"Paging serves fewer requests at once here ({gain:.2f}x): blocks of "
                 f"{self.block_size} tokens waste more than max-length booking on these requests; "
-                "use smaller blocks."
+                "use smaller blocks." + levers
             )
         if gain < 1.05:
             why = (
@@ -570,42 +841,59 @@ class Plan:
                 if self.capped
                 else "the requests book nearly max_seq_len whatever the cache"
             )
-            return f"Paging changes little on this set-up: {why}."
-        if speed < 1.05:
-            bound = self.paged.bound
-            return (
-                f"Paging serves {gain:.1f}x as many requests at once, but not more tokens per "
-                f"second: the GPUs' {_LIMITS[bound]} is already the limit with max-length booking, so the "
-                "extra requests share the same tokens/s (each is served more slowly) and a token "
-                "costs the same."
-            )
+            return f"Paging changes little on this set-up: {why}." + levers
+        oracle = self.concurrency_gain_vs_oracle
         line = (
-            f"Paging serves {gain:.1f}x as many requests at once and {speed:.1f}x the tokens per "
-            "second on the same GPUs"
+            f"Paging fits {oracle:.1f}x as many requests at once as the best contiguous booking "
+            "(an oracle that knows every answer's length in advance, which no system can), and "
+            f"{gain:.1f}x as many as booking every request its full {self.max_seq_len:,} tokens"
         )
-        if self.price_per_gpu_hour:
-            line += f", so a token costs {1 - 1 / speed:.0%} less"
-        return line + "."
+        paged = self.paged
+        if self.max_num_seqs is not None and paged.concurrency >= self.max_num_seqs:
+            free = 1 - paged.concurrency * paged.footprint_tokens / self.capacity.token_slots
+            line += (
+                f" (capped at {self.max_num_seqs:,} at once: {free:.0%} of the KV memory stays "
+                "free for longer requests or a prefix cache)"
+            )
+        if speed < 1.05:
+            line += (
+                f". It gives no more tokens per second: the GPUs' {_LIMITS[paged.bound]} is "
+                "already the limit with max-length booking, so the extra requests share the same "
+                "tokens/s (each is served more slowly) and a token costs the same"
+            )
+        else:
+            line += (
+                f"; that is {self.throughput_gain_vs_oracle:.1f}x and {speed:.1f}x the tokens per "
+                "second on the same GPUs"
+            )
+            if self.price_per_gpu_hour:
+                line += f", so a token costs {1 - 1 / speed:.0%} less than with max-length booking"
+        return line + "." + levers
 
     def _formatted_rows(self) -> tuple[list[str], list[list[str]]]:
         header = ["cache", "system", "requests at once", "KV holding tokens", "tokens/s"]
         header += ["each", "$ per M generated", "GPUs for target"]
+        if self.users is not None:
+            header.append(f"GPUs for {self.users:,} users")
         rows = []
         for est in self.policies.values():
-            rows.append(
-                [
-                    est.cache,
-                    est.system,
-                    f"{est.concurrency:,.1f}",
-                    f"{est.memory_holding_tokens:.0%}",
-                    f"{est.tokens_per_s:,.0f}",
-                    f"{est.tokens_per_s_per_request:,.1f}",
-                    "-"
-                    if est.cost_per_million_tokens is None
-                    else f"{est.cost_per_million_tokens:,.3f}",
-                    "-" if est.gpus_needed is None else f"{est.gpus_needed:,}",
-                ]
-            )
+            row = [
+                est.cache,
+                est.system,
+                f"{est.concurrency:,.1f}",
+                f"{est.memory_holding_tokens:.0%}",
+                f"{est.tokens_per_s:,.0f}",
+                f"{est.tokens_per_s_per_request:,.1f}",
+                "-"
+                if est.cost_per_million_tokens is None
+                else f"{est.cost_per_million_tokens:,.3f}–{est.cost_per_million_tokens_realistic:,.3f}",
+                "-"
+                if est.gpus_needed is None
+                else f"{est.gpus_needed:,}–{est.gpus_needed_realistic:,}",
+            ]
+            if self.users is not None:
+                row.append("-" if est.gpus_for_users is None else f"{est.gpus_for_users:,}")
+            rows.append(row)
         return header, rows
 
     def to_markdown(self) -> str:
@@ -639,6 +927,7 @@ class Plan:
                 "gpu": self.gpu.name,
                 "num_gpus": self.num_gpus,
                 "gpu_memory_bytes": self.gpu.memory_bytes,
+                "gpu_memory_gib": self.gpu.memory_bytes / GiB,
                 "hbm_bytes_per_s": self.gpu.hbm_bytes_per_s,
                 "peak_flops": self.gpu.peak_flops,
                 "gpu_memory_utilization": self.gpu_memory_utilization,
@@ -650,6 +939,9 @@ class Plan:
                 "price_per_gpu_hour": self.price_per_gpu_hour,
                 "target_tokens_per_s": self.target_tokens_per_s,
                 "max_num_seqs": self.max_num_seqs,
+                "max_num_seqs_source": self.max_num_seqs_source,
+                "min_tokens_per_user": self.min_tokens_per_user,
+                "users": self.users,
             },
             "capacity": {
                 "kv_cache_bytes": self.kv_cache_bytes,
@@ -662,8 +954,20 @@ class Plan:
             "policies": [dataclasses.asdict(est) for est in self.policies.values()],
             "concurrency_gain": self.concurrency_gain,
             "throughput_gain": self.throughput_gain,
+            "concurrency_gain_vs_oracle": self.concurrency_gain_vs_oracle,
+            "throughput_gain_vs_oracle": self.throughput_gain_vs_oracle,
+            "tokens_per_user": self.tokens_per_user,
+            "slow_for_users": self.slow_for_users,
+            "speed_cap": self.speed_cap,
+            "realistic_fraction": REALISTIC_FRACTION,
+            "vllm_flags": self.vllm_flags(),
+            "vllm_command": self.vllm_command(),
             "summary": self.summary,
         }
+
+
+def _gpus_words(n: int) -> str:
+    return f"{n:,} GPU" if n == 1 else f"{n:,} GPUs"
 
 
 def in_words(message: str, names: dict[str, str]) -> str:
@@ -692,6 +996,9 @@ def plan(
     price_per_gpu_hour: float | None = None,
     target_tokens_per_s: float | None = None,
     max_num_seqs: int | None = None,
+    min_tokens_per_user: float | None = None,
+    users: int | None = None,
+    gpu_memory_gib: float | None = None,
 ) -> Plan:
     """Capacity, throughput and cost of serving ``model`` on ``num_gpus`` x ``gpu``, per cache.
 
@@ -706,13 +1013,24 @@ def plan(
     output) defaults to the model's
     context. ``price_per_gpu_hour`` overrides the catalogue's assumed price. ``target_tokens_per_s``
     (generated tokens per second, all users together) sizes ``gpus_needed``. ``max_num_seqs`` caps
-    the requests running at once (vLLM's ``--max-num-seqs``; None: memory is the only limit).
+    the requests running at once (vLLM's ``--max-num-seqs``); None takes vLLM's own default for the
+    GPU (:func:`vllm_default_max_num_seqs`: 1024 or 256), 0 means no cap (memory is the only
+    limit). ``min_tokens_per_user`` (tokens/s each request must get) lowers the cap to the most
+    requests at once that still leave each that speed under the plan's step-time model
+    (:meth:`Plan.max_requests_for_speed`); ``users`` (that many requests at once, each at that
+    speed, or at whatever the plan gives) sizes ``gpus_for_users``. ``gpu_memory_gib`` replaces
+    the GPU's memory (a card not in the catalogue, or the total your vLLM log prints): its
+    bandwidth, FLOP/s and price stay those of ``gpu`` (:func:`kvlab.perf.gpus.with_memory`).
     Analytic: no simulation runs; the first call per workload and ``max_seq_len`` samples the
     workload (a fraction of a second), later calls are instant. See the module docstring for the
     model and :func:`compare_with_simulation` for the check.
     """
     spec = _resolve_model(model)
     card = _resolve_gpu(gpu)
+    if gpu_memory_gib is not None:
+        memory_gib = _number("gpu_memory_gib", gpu_memory_gib)
+        _at_most("gpu_memory_gib", memory_gib, gpu_catalogue.MAX_MEMORY_GIB, "GiB (one GPU)")
+        card = gpu_catalogue.with_memory(card, memory_gib)
     num_gpus = positive_int("num_gpus", num_gpus)
     _check_split(spec, num_gpus)
     util = _number("gpu_memory_utilization", gpu_memory_utilization)
@@ -722,40 +1040,71 @@ def plan(
             f"got {gpu_memory_utilization!r}"
         )
     max_seq_len = _resolve_max_seq_len(spec, max_seq_len, required=True)
-    block_size = positive_int("block_size", block_size)
+    block_size = _check_block_size(block_size, max_seq_len)
     if price_per_gpu_hour is not None:
-        card = with_price(card, _number("price_per_gpu_hour", price_per_gpu_hour, strict=False))
+        price = _number("price_per_gpu_hour", price_per_gpu_hour, strict=False)
+        card = with_price(
+            card,
+            _at_most("price_per_gpu_hour", price, MAX_PRICE_PER_GPU_HOUR, "dollars per GPU-hour"),
+        )
     price = card.price_per_hour
     if target_tokens_per_s is not None:
-        target_tokens_per_s = _number("target_tokens_per_s", target_tokens_per_s)
-    if max_num_seqs is not None:
-        max_num_seqs = positive_int("max_num_seqs", max_num_seqs)
+        target_tokens_per_s = _at_most(
+            "target_tokens_per_s",
+            _number("target_tokens_per_s", target_tokens_per_s),
+            MAX_TARGET_TOKENS_PER_S,
+            "generated tokens/s",
+        )
+    if max_num_seqs is None:
+        max_num_seqs, cap_source = vllm_default_max_num_seqs(card), "vllm-default"
+    elif positive_int("max_num_seqs", max_num_seqs, minimum=0) == 0:
+        max_num_seqs, cap_source = None, "none"
+    else:
+        cap_source = "given"
+    if min_tokens_per_user is not None:
+        min_tokens_per_user = _at_most(
+            "min_tokens_per_user",
+            _number("min_tokens_per_user", min_tokens_per_user),
+            MAX_TOKENS_PER_USER,
+            "tokens/s",
+        )
+    if users is not None:
+        users = positive_int("users", users)
+        _at_most("users", users, MAX_USERS, "requests at once")
 
+    # the weights and overhead in words: the argument's name only where the user passed it
     if weights_bytes is None:
         if spec.num_params is None:
             raise ValueError(
                 f"model {spec.name!r} has no num_params: pass weights_bytes (bytes of weights)"
             )
         weights = spec.num_params * spec.dtype_bytes
+        weights_said = (
+            f"{spec.name}'s weights ({spec.num_params / 1e9:.3g}B parameters x "
+            f"{spec.dtype_bytes} bytes = {_gib(weights)})"
+        )
     else:
         weights = _number("weights_bytes", weights_bytes)
+        weights_said = f"weights_bytes = {_gib(weights)}"
     num_params = spec.num_params if spec.num_params is not None else weights / spec.dtype_bytes
     if overhead_bytes is None:
         overhead = num_gpus * DEFAULT_OVERHEAD_PER_GPU
+        overhead_said = f"the assumed overhead of {_gib(DEFAULT_OVERHEAD_PER_GPU)} per GPU"
     else:
         overhead = _number("overhead_bytes", overhead_bytes, strict=False)
+        overhead_said = f"overhead_bytes = {_gib(overhead)}"
     memory = num_gpus * card.memory_bytes
     usable = memory * util
     where = f"{num_gpus} x {card.name}" if num_gpus > 1 else f"one {card.name}"
     if weights >= memory:
         raise ValueError(
-            f"weights_bytes = {_gib(weights)}: more than the GPU memory of {where} "
+            f"{weights_said}: more than the GPU memory of {where} "
             f"({_gib(memory)}); raise num_gpus or pick a larger GPU"
         )
     kv_bytes = usable - weights - overhead
     if kv_bytes <= 0:
         raise ValueError(
-            f"weights_bytes ({_gib(weights)}) and overhead_bytes ({_gib(overhead)}) leave no "
+            f"{weights_said} and {overhead_said} leave no "
             f"memory for the KV cache: {where} x gpu_memory_utilization {util:g} = "
             f"{_gib(usable)}; raise num_gpus or gpu_memory_utilization, or pick a larger GPU"
         )
@@ -779,6 +1128,13 @@ def plan(
         peak_flops=num_gpus * card.peak_flops,
         pcie_bytes_per_s=num_gpus * 25e9,
     )
+    speed_cap = None
+    if min_tokens_per_user is not None:
+        speed_cap = _max_requests_for_speed(step_time, stats, min_tokens_per_user)
+    engine_cap = max_num_seqs
+    if speed_cap:  # 0: no number of requests reaches the speed; the plan says so
+        if max_num_seqs is None or speed_cap < max_num_seqs:
+            max_num_seqs, cap_source = speed_cap, "min-tokens-per-user"
     slots = capacity.token_slots
     policies = {}
     for cache in POLICIES:
@@ -792,7 +1148,16 @@ def plan(
         if max_num_seqs is not None:
             running = min(running, float(max_num_seqs))
         policies[cache] = _estimate(
-            cache, footprint, running, stats, slots, step_time, price, num_gpus, target_tokens_per_s
+            cache,
+            footprint,
+            running,
+            stats,
+            slots,
+            step_time,
+            price,
+            num_gpus,
+            target_tokens_per_s,
+            None if speed_cap == 0 else users,
         )
     return Plan(
         model=spec,
@@ -807,10 +1172,43 @@ def plan(
         max_num_seqs=max_num_seqs,
         policies=policies,
         _step_time=step_time,
+        max_num_seqs_source=cap_source,
+        engine_max_num_seqs=engine_cap,
+        min_tokens_per_user=min_tokens_per_user,
+        speed_cap=speed_cap,
+        users=users,
     )
 
 
-def _estimate(cache, footprint, running, stats, slots, step_time, price, num_gpus, target):
+def _step_parts(step_time: PlanStepTime, stats: WorkloadStats) -> tuple[float, float, float, float]:
+    """A step of B running requests, prefill of the B / E[output] that start included, takes
+    ``max(c x B, m0 + m x B) + p x B`` seconds: returns (c, m0, m, p)."""
+    ctx = stats.context_tokens
+    c = step_time.compute_seconds(1, ctx)
+    m0 = step_time.memory_seconds(0)
+    m = step_time.memory_seconds(ctx) - m0
+    p = step_time.compute_seconds(stats.mean_prompt, stats.prefill_attended) / stats.mean_output
+    return c, m0, m, p
+
+
+def _speed_at(step_time: PlanStepTime, stats: WorkloadStats, running: float) -> float:
+    """Generated tokens per second that each of ``running`` requests gets (prefill paid)."""
+    c, m0, m, p = _step_parts(step_time, stats)
+    return 1 / (max(c * running, m0 + m * running) + p * running)
+
+
+def _max_requests_for_speed(step_time: PlanStepTime, stats: WorkloadStats, speed: float) -> int:
+    """The most requests at once (an int) that each still get ``speed`` tokens/s; 0 if not even one
+    does. Each request's speed falls as the batch grows, so this solves T(B) <= 1 / speed."""
+    c, m0, m, p = _step_parts(step_time, stats)
+    budget = 1 / speed
+    if budget <= m0:
+        return 0
+    most = min(budget / (c + p), (budget - m0) / (m + p))
+    return max(0, math.floor(most + 1e-9))
+
+
+def _estimate(cache, footprint, running, stats, slots, step_time, price, num_gpus, target, users):
     ctx = stats.context_tokens
     compute = step_time.compute_seconds(running, running * ctx)
     memory = step_time.memory_seconds(running * ctx)
@@ -821,6 +1219,9 @@ def _estimate(cache, footprint, running, stats, slots, step_time, price, num_gpu
     tokens_per_s = running / (step + prefill)
     cost = None if price is None else price * num_gpus / (tokens_per_s * 3600) * 1e6
     replicas = None if target is None else max(1, math.ceil(target / tokens_per_s - 1e-9))
+    realistic = tokens_per_s * REALISTIC_FRACTION
+    replicas_real = None if target is None else max(1, math.ceil(target / realistic - 1e-9))
+    user_copies = None if users is None else max(1, math.ceil(users / running - 1e-9))
     return PolicyEstimate(
         cache=cache,
         system=PAPER_NAMES[cache],
@@ -835,6 +1236,10 @@ def _estimate(cache, footprint, running, stats, slots, step_time, price, num_gpu
         cost_per_million_tokens=cost,
         replicas_needed=replicas,
         gpus_needed=None if replicas is None else replicas * num_gpus,
+        cost_per_million_tokens_realistic=None if cost is None else cost / REALISTIC_FRACTION,
+        gpus_needed_realistic=None if replicas_real is None else replicas_real * num_gpus,
+        replicas_for_users=user_copies,
+        gpus_for_users=None if user_copies is None else user_copies * num_gpus,
     )
 
 

@@ -4,6 +4,14 @@ A step is limited by whichever takes longer, computing (FLOPs / peak FLOP/s) or 
 (bytes / HBM bandwidth). Its arithmetic intensity (FLOPs per byte) against the GPU's ridge point
 (peak FLOP/s / bandwidth) tells which. Decoding one token per sequence reads every weight and the
 whole KV cache to do about one multiply-add per byte read, far below any GPU's ridge point.
+
+Units, the same in :mod:`kvlab.perf.gpus`: bandwidth in bytes per second (decimal, as data sheets
+give it: 2.039e12 is 2,039 GB/s), FLOP/s as counted, and memory in bytes, written in GiB (2**30
+bytes). A preset's ``memory_bytes`` is the total that ``nvidia-smi`` reports for the card
+(``memory.total``, in MiB: 81,559 MiB = 79.65 GiB on an H100 80GB HBM3): the product's "80GB" is
+neither 80e9 bytes nor 80 GiB. CUDA hands a program about half a GiB less (vLLM's start-up log
+prints 39.56 GiB of an A100-40GB's 40 GiB); :func:`kvlab.perf.planner.plan` takes a measured figure
+where one is known.
 """
 
 from __future__ import annotations
@@ -31,11 +39,15 @@ class GPU:
         return min(self.peak_flops, self.hbm_bytes_per_s * intensity)
 
 
-# Vendor data sheets (SXM parts, dense bf16).
-A100_40GB = GPU("A100-40GB", 1.555e12, 312e12, 40e9)  # the PagedAttention paper's OPT-13B GPU
-A100_80GB = GPU("A100-80GB", 2.0e12, 312e12, 80e9)
-H100_SXM = GPU("H100 SXM", 3.35e12, 989e12, 80e9)
-H200 = GPU("H200", 4.8e12, 989e12, 141e9)
+MiB = 2**20
+GiB = 2**30
+
+# Bandwidth and FLOP/s: vendor data sheets (SXM parts, dense bf16); memory: nvidia-smi's total.
+# The A100 80GB SXM's data sheet gives 2,039 GB/s (the 80GB PCIe card 1,935 GB/s; the 40GB 1,555).
+A100_40GB = GPU("A100-40GB", 1.555e12, 312e12, 40_960 * MiB)  # the paper's OPT-13B GPU
+A100_80GB = GPU("A100-80GB", 2.039e12, 312e12, 81_920 * MiB)
+H100_SXM = GPU("H100 SXM", 3.35e12, 989e12, 81_559 * MiB)  # "NVIDIA H100 80GB HBM3"
+H200 = GPU("H200", 4.8e12, 989e12, 143_771 * MiB)
 # (bench matches a device to the first name here: an A100 of unknown size is taken for 80 GB)
 GPUS = {g.name: g for g in (A100_80GB, H100_SXM, H200, A100_40GB)}
 

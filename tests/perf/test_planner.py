@@ -17,10 +17,13 @@ from kvlab.perf.planner import (
     ARENA_PACKING,
     DEFAULT_OVERHEAD_PER_GPU,
     POLICIES,
+    REALISTIC_FRACTION,
     SIMULATION_TOLERANCE,
+    SLOW_TOKENS_PER_USER,
     compare_with_simulation,
     kv_capacity,
     plan,
+    vllm_default_max_num_seqs,
     workload_stats,
 )
 from kvlab.perf.roofline import GPUS, H100_SXM, StepTime
@@ -42,6 +45,7 @@ def toy_plan(model=TOY, **kw):
         workload=TOY_DAY,
         max_seq_len=1024,
         target_tokens_per_s=1e6,
+        max_num_seqs=0,  # no cap: memory decides (vLLM's default would cap the toy GPU at 256)
     )
     return plan(model, TOY_GPU, **{**args, **kw})
 
@@ -115,6 +119,7 @@ def test_bandwidth_bound_cost_and_gpus_by_hand():
         gpu_memory_utilization=0.5,
         overhead_bytes=0.5 * GiB,
         workload=TOY_DAY,
+        max_num_seqs=0,
     )
     assert bare.contiguous.cost_per_million_tokens is None and bare.contiguous.gpus_needed is None
     assert toy_plan(price_per_gpu_hour=7.2).contiguous.cost_per_million_tokens == pytest.approx(
@@ -129,10 +134,10 @@ def test_tensor_parallel_splits_weights_and_kv_and_adds_bandwidth():
     assert p.overhead_bytes == 2 * DEFAULT_OVERHEAD_PER_GPU
     assert p.capacity.bytes_per_token == OPT_13B.kv_bytes_per_token == 819_200
     st = p.step_time()
-    assert st.hbm_bytes_per_s == 2 * 2.0e12 and st.peak_flops == 2 * 312e12
+    assert st.hbm_bytes_per_s == 2 * 2.039e12 and st.peak_flops == 2 * 312e12
     # the decode bound is B / ((weights + B x context x KV bytes) / summed bandwidth)
     b, ctx = p.paged.concurrency, p.workload.context_tokens
-    step = (25.8e9 + b * ctx * 819_200) / 4.0e12
+    step = (25.8e9 + b * ctx * 819_200) / 4.078e12
     assert p.paged.decode_tokens_per_s == pytest.approx(b / step)
     # cost counts both GPUs of a copy; the target is met in whole copies
     q = plan("OPT-13B", "A100-80GB", num_gpus=2, target_tokens_per_s=10_000)
@@ -264,7 +269,7 @@ def test_table_summary_and_markdown():
         "requests at once",
         "per million generated tokens",
         "GPUs for 100,000 tokens/s",
-        "Paging serves",
+        "Paging fits",
         "$2.90 per GPU-hour (an assumption",
     ):
         assert words in text
@@ -304,7 +309,7 @@ def test_plan_is_instant_once_the_workload_is_sampled():
             ("Llama-3-70B", "H100-80GB"),
             {},
             ValueError,
-            "weights_bytes = 131.5 GiB: more than the GPU memory",
+            r"Llama-3-70B's weights \(70.6B parameters x 2 bytes = 131.5 GiB\): more than the GPU",
         ),
         (("Llama-3-8B", "L4-24GB"), {"weights_bytes": 22 * GiB}, ValueError, "leave no memory"),
         (("Llama-3-8B", "H100-80GB"), {"weights_bytes": 0}, ValueError, "weights_bytes must be"),
@@ -313,13 +318,45 @@ def test_plan_is_instant_once_the_workload_is_sampled():
         (("Llama-3-8B", "H100-80GB"), {"gpu_memory_utilization": 1.5}, ValueError, r"\(0, 1\]"),
         (("Llama-3-8B", "H100-80GB"), {"num_gpus": 0}, ValueError, "num_gpus must be >= 1"),
         (("Llama-3-8B", "H100-80GB"), {"num_gpus": 1.5}, TypeError, "num_gpus must be an int"),
-        (("Llama-3-8B", "H100-80GB"), {"block_size": 0}, ValueError, "block_size must be >= 1"),
+        (
+            ("Llama-3-8B", "H100-80GB"),
+            {"block_size": 0},
+            ValueError,
+            "block_size must be one of 1, 8",
+        ),
+        (("Llama-3-8B", "H100-80GB"), {"block_size": 100_000}, ValueError, "32, 64, 128 .*100000"),
+        (("Llama-3-8B", "H100-80GB"), {"block_size": 16.0}, TypeError, "block_size must be an int"),
+        (
+            ("Llama-3-8B", "H100-80GB"),
+            {"block_size": 64, "max_seq_len": 32},
+            ValueError,
+            "block_size must be at most max_seq_len=32",
+        ),
+        (
+            ("Llama-3-8B", "H100-80GB"),
+            {"target_tokens_per_s": 1e300},
+            ValueError,
+            "at most 1,000,0",
+        ),
+        (("Llama-3-8B", "H100-80GB"), {"price_per_gpu_hour": 1e308}, ValueError, "at most 1,000 d"),
+        (("Llama-3-8B", "H100-80GB"), {"users": 0}, ValueError, "users must be >= 1"),
+        (("Llama-3-8B", "H100-80GB"), {"users": 10**12}, ValueError, "users must be at most"),
+        (("Llama-3-8B", "H100-80GB"), {"min_tokens_per_user": 0}, ValueError, "min_tokens_per"),
+        (("Llama-3-8B", "H100-80GB"), {"min_tokens_per_user": 1e6}, ValueError, "at most 10,000"),
+        (("Llama-3-8B", "H100-80GB"), {"gpu_memory_gib": -1}, ValueError, "gpu_memory_gib must"),
+        (("Llama-3-8B", "H100-80GB"), {"gpu_memory_gib": 1e9}, ValueError, "gpu_memory_gib must"),
+        (
+            ("Llama-3-8B", "L4-24GB"),
+            {"gpu_memory_utilization": 0.6},
+            ValueError,
+            r"Llama-3-8B's weights .* and the assumed overhead of 2.0 GiB per GPU leave no memory",
+        ),
         (("Llama-3-8B", "H100-80GB"), {"max_seq_len": 1}, ValueError, "max_seq_len must be >= 2"),
         (("OPT-13B", "A100-40GB"), {"max_seq_len": 4096}, ValueError, "context of 2,048"),
         (("Llama-3-8B", "H100-80GB"), {"workload": "wiki"}, ValueError, "sharegpt, alpaca"),
         (("Llama-3-8B", "H100-80GB"), {"price_per_gpu_hour": -1}, ValueError, "price_per_gpu"),
         (("Llama-3-8B", "H100-80GB"), {"target_tokens_per_s": 0}, ValueError, "target_tokens"),
-        (("Llama-3-8B", "H100-80GB"), {"max_num_seqs": 0}, ValueError, "max_num_seqs"),
+        (("Llama-3-8B", "H100-80GB"), {"max_num_seqs": -1}, ValueError, "max_num_seqs must be >="),
         (("OPT-13B", "A100-40GB"), {"gpu_memory_utilization": 0.68}, ValueError, "fewer than"),
         (
             (ModelSpec("x", 2, 2, 2, 64), "L4-24GB"),
@@ -413,7 +450,11 @@ def test_cli_entry_point():
         env=LEARNER_ENV,
         timeout=120,
     )
-    assert bad.returncode == 2 and "weights = 131.5 GiB: more than the GPU memory" in bad.stderr
+    assert (
+        bad.returncode == 2
+        and "weights (70.6B parameters x 2 bytes = 131.5 GiB): more" in bad.stderr
+    )
+    assert "weights_bytes" not in bad.stderr  # an argument the user never passed
 
 
 def test_cli_output_piped_into_head_ends_quietly():
@@ -433,3 +474,181 @@ def test_cli_output_piped_into_head_ends_quietly():
         timeout=120,
     )
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+
+
+# --- what a leader decides (issue 25) ------------------------------------------------------------
+
+
+def test_vllm_default_max_num_seqs_is_the_planners_default():
+    # vLLM (vllm/engine/arg_utils.py, EngineArgs._set_default_args): 1024 on a GPU of >= 70 GiB
+    # other than an A100, else 256
+    defaults = {name: vllm_default_max_num_seqs(g) for name, g in gpus.CATALOGUE.items()}
+    assert defaults == {
+        "A100-40GB": 256,
+        "A100-80GB": 256,  # an A100, however large
+        "H100-80GB": 1024,
+        "H200-141GB": 1024,
+        "L4-24GB": 256,
+        "T4-16GB": 256,
+    }
+    assert vllm_default_max_num_seqs(gpus.with_memory(gpus.lookup("L4"), 80)) == 1024
+    p = plan("Llama-3-8B", "H100-80GB")
+    assert p.max_num_seqs == 1024 and p.max_num_seqs_source == "vllm-default"
+    opt = plan("OPT-13B", "A100-40GB")
+    assert opt.max_num_seqs == 256 and "vLLM's default max_num_seqs" in opt.summary
+    # 0: no cap; memory alone decides, and the 70B on 8 H200s runs far more than 1,024 paged
+    free = plan("Llama-3-70B", "H200-141GB", num_gpus=8, max_num_seqs=0)
+    capped = plan("Llama-3-70B", "H200-141GB", num_gpus=8)
+    assert free.max_num_seqs is None and free.paged.concurrency > 5000
+    assert capped.paged.concurrency == 1024 and "No cap" in free.summary
+
+
+def test_the_bottom_line_compares_with_the_oracle_first():
+    p = plan("Llama-3-8B", "H100-80GB", price_per_gpu_hour=2.90)
+    assert 1.5 < p.concurrency_gain_vs_oracle < 2.5  # the paper's "about 2x"
+    assert p.concurrency_gain_vs_oracle == pytest.approx(p.paged.concurrency / p.oracle.concurrency)
+    assert p.concurrency_gain > 10 and p.concurrency_gain_vs_max_length == p.concurrency_gain
+    verdict = p._verdict()
+    oracle_at = verdict.index("best contiguous booking")
+    assert oracle_at < verdict.index("its full 8,192 tokens")
+    assert f"{p.concurrency_gain_vs_oracle:.1f}x" in verdict[: verdict.index("booking")]
+    assert "vLLM, SGLang, TensorRT-LLM and TGI all page already" in verdict
+    for lever in ("max_num_seqs", "gpu_memory_utilization", "context length", "FP8", "prefix"):
+        assert lever in verdict
+    blob = json.loads(json.dumps(p.to_dict()))
+    assert blob["concurrency_gain_vs_oracle"] == pytest.approx(p.concurrency_gain_vs_oracle)
+    assert blob["concurrency_gain"] == pytest.approx(p.concurrency_gain)  # old keys stay
+    # at a short context max-length booking wastes less: the second figure shrinks, not the first
+    short = plan("OPT-13B", "A100-40GB")
+    assert 3 < short.concurrency_gain < 6 and 1.5 < short.concurrency_gain_vs_oracle < 2.5
+
+
+def test_costs_are_a_range():
+    p = plan("Llama-3-8B", "H100-80GB", price_per_gpu_hour=2.90, target_tokens_per_s=100_000)
+    for est in p.policies.values():
+        assert est.cost_per_million_tokens_realistic == pytest.approx(
+            est.cost_per_million_tokens / REALISTIC_FRACTION
+        )
+        assert est.gpus_needed_realistic == math.ceil(
+            100_000 / (est.tokens_per_s * REALISTIC_FRACTION)
+        )
+    low, high = p.paged.cost_per_million_tokens, p.paged.cost_per_million_tokens_realistic
+    assert f"{low:,.3f}–{high:,.3f}" in p.text_table()
+    assert p.cost_range() == f"${low:,.3f}–${high:,.3f}" and p.cost_range() in p.summary
+    assert "50% of it" in p.summary and "68–85%" in p.summary  # the fraction and its source
+    assert plan("Llama-3-8B", H100_SXM).cost_range() is None  # no price, no range
+
+
+def test_the_fewest_tokens_per_user_caps_the_batch_by_hand():
+    # The toy's step with B requests (each reads 199.5 tokens of K/V, 1 of 200 starting a step):
+    #   memory: 2**30 / 1e12 + B x 199.5 x 1,024 / 1e12 = 1.073741824 ms + B x 0.204288 us
+    #   compute: B x (2**30 + 1,024 x 199.5) / 1e15 = B x 1.074 us
+    #   prefill: B / 200 x (2**30 x 100 + 1,024 x 5,050) / 1e15 = B x 0.5369 us
+    # 500 tokens/s each -> a step of at most 2 ms: memory allows (2 - 1.0737) / (0.2043 +
+    # 0.5369) us = 1,249.7, compute 2 / (1.0740 + 0.5369) us = 1,241.5: at most 1,241 at once
+    p = toy_plan(min_tokens_per_user=500, users=3000)
+    assert p.speed_cap == 1241 and p.max_num_seqs == 1241
+    assert p.max_num_seqs_source == "min-tokens-per-user"
+    assert p.speed_at(1241) >= 500 > p.speed_at(1242)
+    assert p.paged.concurrency == 1241 and p.paged.tokens_per_s_per_request >= 500
+    assert p.contiguous.concurrency == 512  # memory binds it first, below the speed cap
+    # 3,000 users at once: 3 copies paged (1,241 each), 6 with max-length booking (512 each)
+    assert (p.paged.replicas_for_users, p.contiguous.gpus_for_users) == (3, 6)
+    assert "For 3,000 users at once at 500 tokens/s or more each: 3 GPUs paged" in p.summary
+    assert "At most 1,241 requests at once, so that each gets at least 500 tokens/s" in p.summary
+    # a given max_num_seqs below the speed cap stays
+    assert toy_plan(min_tokens_per_user=500, max_num_seqs=100).max_num_seqs == 100
+    # 1,000 tokens/s: even the weights alone take 1.07 ms per token, so no batch reaches it
+    none = toy_plan(min_tokens_per_user=1000, users=10)
+    assert none.speed_cap == 0 and none.max_requests_for_speed(1000) == 0
+    assert "No number of requests at once gives each user 1,000 tokens/s" in none.summary
+    assert none.paged.gpus_for_users is None and "not reachable" in none.summary
+
+
+def test_a_plan_too_slow_for_a_person_says_so():
+    # the 70B on 8 H200s with no cap: ~5,200 requests at once at ~7 tokens/s each
+    slow = plan("Llama-3-70B", "H200-141GB", num_gpus=8, max_num_seqs=0)
+    assert slow.tokens_per_user < SLOW_TOKENS_PER_USER and slow.slow_for_users
+    assert "Too slow for a person" in slow.summary and "min_tokens_per_user=20" in slow.summary
+    fast = plan("Llama-3-70B", "H200-141GB", num_gpus=8, max_num_seqs=0, min_tokens_per_user=20)
+    assert fast.tokens_per_user >= 20 and not fast.slow_for_users
+    assert fast.max_num_seqs == slow.max_requests_for_speed(20) < slow.paged.concurrency
+    assert "Too slow" not in fast.summary
+    assert json.loads(json.dumps(fast.to_dict()))["inputs"]["min_tokens_per_user"] == 20
+
+
+@dataclasses.dataclass(frozen=True)
+class _FP8Spec(ModelSpec):
+    kv_cache_dtype: str = "fp8"
+
+
+def test_the_vllm_flags_that_realise_a_plan():
+    p = plan("Llama-3-70B", "H200-141GB", num_gpus=8, gpu_memory_utilization=0.85)
+    assert p.vllm_flags() == {
+        "--tensor-parallel-size": "8",
+        "--gpu-memory-utilization": "0.85",
+        "--max-model-len": "8192",
+        "--max-num-seqs": "1024",
+        "--block-size": "16",
+    }
+    assert p.vllm_command().startswith("vllm serve meta-llama/Meta-Llama-3-70B-Instruct --tensor")
+    assert p.vllm_command() in p.summary
+    capped = plan("Llama-3-8B", "H100-80GB", min_tokens_per_user=60, block_size=32)
+    assert capped.vllm_flags()["--max-num-seqs"] == str(capped.speed_cap)
+    assert capped.vllm_flags()["--block-size"] == "32"
+    fp8 = dataclasses.replace(LLAMA_3_8B, name="llama-fp8kv")
+    fp8 = _FP8Spec(**{f.name: getattr(fp8, f.name) for f in dataclasses.fields(ModelSpec)})
+    assert plan(fp8, "H100-80GB").vllm_flags()["--kv-cache-dtype"] == "fp8"
+    assert "--kv-cache-dtype" not in p.vllm_flags()
+    blob = json.loads(json.dumps(p.to_dict()))
+    assert blob["vllm_flags"]["--max-num-seqs"] == "1024" and blob["vllm_command"].startswith(
+        "vllm"
+    )
+
+
+def test_one_memory_convention_and_a_gpu_of_any_memory():
+    # every size in bytes from nvidia-smi's MiB total; the roofline's presets and the catalogue agree
+    assert H100_SXM.memory_bytes == 81_559 * 2**20 == gpus.lookup("H100-80GB").memory_bytes
+    for card, gpu in gpus.ROOFLINE_CARDS.items():
+        assert (gpu.memory_bytes, gpu.hbm_bytes_per_s) == (card.memory_bytes, card.hbm_bytes_per_s)
+    assert gpus.lookup("A100-80GB").hbm_bytes_per_s == 2.039e12  # SXM data sheet
+    assert gpus.lookup("A100-40GB").memory_bytes == 40 * GiB
+    big = plan("Llama-3-8B", "H100-80GB", gpu_memory_gib=94)
+    assert big.gpu.name == "H100-80GB (94 GiB)" and big.gpu.memory_bytes == 94 * GiB
+    assert big.gpu.hbm_bytes_per_s == H100_SXM.hbm_bytes_per_s and big.price_per_gpu_hour == 2.90
+    assert big.kv_cache_bytes == pytest.approx(94 * GiB * 0.9 - LLAMA_3_8B.num_params * 2 - 2 * GiB)
+    assert "H100-80GB (94 GiB)" in big.setup
+
+
+def test_cli_sizes_for_users_at_a_speed(capsys):
+    argv = ["plan", "--model", "Llama-3-70B", "--gpu", "H200", "--gpus", "8"]
+    assert cli_main([*argv, "--min-tokens-per-user", "20", "--users", "5000", "--json"]) == 0
+    blob = json.loads(capsys.readouterr().out)
+    assert blob["inputs"]["max_num_seqs_source"] == "vllm-default"  # 1,024 is below the speed cap
+    assert blob["tokens_per_user"] >= 20 and blob["policies"][-1]["gpus_for_users"] == 40
+    assert cli_main([*argv, "--max-num-seqs", "0", "--min-tokens-per-user", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "so that each gets at least 20 tokens/s" in out and "vllm serve meta-llama/" in out
+    assert "--max-num-seqs 1875" in out
+    assert (
+        cli_main(["plan", "--model", "Llama-3-8B", "--gpu", "H100", "--gpu-memory-gib", "94"]) == 0
+    )
+    assert "H100-80GB (94 GiB)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (["--target", "1e300"], "--target must be at most 1,000,000,000 generated tokens/s"),
+        (["--price", "1e308"], "--price must be at most 1,000 dollars per GPU-hour"),
+        (["--block-size", "100000"], "--block-size must be one of 1, 8, 16, 32, 64, 128"),
+        (["--max-seq-len", "8"], "--block-size must be at most --max-seq-len=8"),
+        (["--gpu-memory-gib", "0"], "--gpu-memory-gib must be a finite number > 0"),
+        (["--min-tokens-per-user", "-5"], "--min-tokens-per-user must be a finite number > 0"),
+        (["--users", "0"], "--users must be >= 1"),
+    ],
+)
+def test_cli_bad_input_exits_2_naming_the_flag(capsys, flags, said):
+    assert cli_main(["plan", "--model", "Llama-3-8B", "--gpu", "H100-80GB", *flags]) == 2
+    captured = capsys.readouterr()
+    assert said in captured.err and captured.out == ""
