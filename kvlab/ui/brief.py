@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvlab.perf.planner import Plan, _gib
+from kvlab.perf.planner import REALISTIC_FRACTION, SLOW_TOKENS_PER_USER, Plan, _gib
 
 STORY = """\
 **The hotel.** Every request a model serves keeps a running memory of its conversation on the GPU, the
@@ -33,8 +33,14 @@ to one prompt) can share rooms instead of holding copies, which frees more memor
 
 **What it does not buy.** A single request is not faster: one guest alone takes as long in any hotel. Once the
 GPUs' arithmetic is the limit, more requests at once only share the same tokens per second. And every figure here
-is a bound from the GPU's data sheet: real engines reach a fraction of it, so compare the ratios, not the
-absolutes."""
+is a bound from the GPU's data sheet: real engines reach a fraction of it, so costs below are a range, from that
+bound to a realistic engine.
+
+**What is left to decide.** vLLM, SGLang, TensorRT-LLM and TGI all page already, so nobody buys paging any more:
+the gain is already in the price of any of them. What a team still chooses is how many requests run at once
+(`max_num_seqs`: more is cheaper per token and slower for each user), how much GPU memory the engine may take
+(`gpu_memory_utilization`), the longest request it accepts (context length), FP8 weights or KV cache (half the
+bytes), and prefix caching (shared prompts held once)."""
 
 
 def _gpus(n: int) -> str:
@@ -46,56 +52,82 @@ def _table(p: Plan) -> str:
     priced = p.price_per_gpu_hour is not None
     head = ["booking", "requests at once", "memory holding tokens", "tokens/s (all users)"]
     head += ["tokens/s per user"] + (["$ per million generated tokens*"] if priced else [])
-    head += ["GPUs for the target"] if p.target_tokens_per_s else []
+    head += ["GPUs for the target*"] if p.target_tokens_per_s else []
+    head += [f"GPUs for {p.users:,} users"] if p.users is not None else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in p.table():
         cells = [row["system"], f"{row['concurrency']:,.0f}", f"{row['memory_holding_tokens']:.0%}"]
         cells += [f"{row['tokens_per_s']:,.0f}", f"{row['tokens_per_s_per_request']:,.0f}"]
         if priced:
-            cells.append(f"{row['cost_per_million_tokens']:,.3f}")
+            low, high = row["cost_per_million_tokens"], row["cost_per_million_tokens_realistic"]
+            cells.append(f"{low:,.3f}–{high:,.3f}")
         if p.target_tokens_per_s:
-            cells.append(f"{row['gpus_needed']:,}")
+            cells.append(f"{row['gpus_needed']:,}–{row['gpus_needed_realistic']:,}")
+        if p.users is not None:
+            users = row["gpus_for_users"]
+            cells.append("-" if users is None else f"{users:,}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def _plan_lines(name: str, p: Plan) -> list[str]:
-    paged, orca = p.paged, p.contiguous
+    paged, oracle, orca = p.paged, p.oracle, p.contiguous
     lines = [f"### {name}", "", p.setup + ".", "", _table(p), ""]
     line = (
-        f"Paged: about **{paged.concurrency:,.0f}** requests at once against {orca.concurrency:,.0f} "
-        f"with max-length booking ({p.concurrency_gain:.1f}×), "
-        f"{paged.tokens_per_s:,.0f} against {orca.tokens_per_s:,.0f} generated tokens/s "
-        f"({p.throughput_gain:.1f}×)."
+        f"Paged: about **{paged.concurrency:,.0f}** requests at once against "
+        f"{oracle.concurrency:,.0f} with the best contiguous booking "
+        f"({p.concurrency_gain_vs_oracle:.1f}×) and {orca.concurrency:,.0f} with max-length booking "
+        f"({p.concurrency_gain:.1f}×); {paged.tokens_per_s:,.0f} generated tokens/s against "
+        f"{oracle.tokens_per_s:,.0f} and {orca.tokens_per_s:,.0f}, "
+        f"{paged.tokens_per_s_per_request:,.0f} tokens/s for each user."
     )
     if paged.cost_per_million_tokens is not None:
         line += (
-            f" A million tokens cost ${paged.cost_per_million_tokens:,.3f} instead of "
-            f"${orca.cost_per_million_tokens:,.3f}."
+            f" A million tokens cost {p.cost_range(paged)} instead of {p.cost_range(oracle)} and "
+            f"{p.cost_range(orca)}."
         )
     if paged.gpus_needed is not None:
         line += (
-            f" For {p.target_tokens_per_s:,.0f} tokens/s: {_gpus(paged.gpus_needed)} paged, "
-            f"{_gpus(orca.gpus_needed)} with max-length booking."
+            f" For {p.target_tokens_per_s:,.0f} tokens/s: {paged.gpus_needed:,}–"
+            f"{_gpus(paged.gpus_needed_realistic)} paged, {orca.gpus_needed:,}–"
+            f"{_gpus(orca.gpus_needed_realistic)} with max-length booking."
         )
-    return lines + [line, "", p._verdict()]
+    extra = [line for line in (p._speed_line(), p._users_line()) if line]
+    return lines + [line, "", *extra, *([""] if extra else []), p._verdict(), "", _flags(p)]
+
+
+def _flags(p: Plan) -> str:
+    return f"To run it with vLLM: `{p.vllm_command()}`"
 
 
 def _lower_first(name: str) -> str:
     return name[:1].lower() + name[1:]
 
 
+def _spread(values, digits: int = 0) -> str:
+    low, high = min(values), max(values)
+    same = round(low, digits) == round(high, digits)
+    return f"about {low:.{digits}f}×" if same else f"{low:.{digits}f}–{high:.{digits}f}×"
+
+
 def _bottom_line(plans: dict[str, Plan]) -> list[str]:
-    """Three lines a reader who stops here takes away."""
-    low = min(p.concurrency_gain for p in plans.values())
-    high = max(p.concurrency_gain for p in plans.values())
-    fits = f"about {low:.0f}×" if round(low) == round(high) else f"{low:.0f}–{high:.0f}×"
+    """What a reader who stops here takes away: paging against the best contiguous booking first,
+    then against max-length booking, who pages already, the costs as a range, and the levers."""
+    oracle = _spread([p.concurrency_gain_vs_oracle for p in plans.values()], 1)
+    fits = _spread([p.concurrency_gain for p in plans.values()])
+    contexts = sorted({p.max_seq_len for p in plans.values()})
+    at = " and ".join(f"{c:,}" for c in contexts)
     best = max(plans, key=lambda name: plans[name].throughput_gain)
     flat = {name: p for name, p in plans.items() if p.throughput_gain < 1.05}
     lines = [
         "**Bottom line**",
         "",
-        f"- Paging fits {fits} as many requests at once on the same GPUs.",
+        f"- Paging fits {oracle} as many requests at once as the best contiguous booking (an oracle "
+        "that knows each answer's length in advance), and "
+        f"{fits} as many as booking every request its maximum length ({at} tokens here).",
+        "- vLLM, SGLang, TensorRT-LLM and TGI all page already: this is a reason to use one of them, "
+        "not a purchase. The levers a team still holds are max_num_seqs (requests at once), "
+        "gpu_memory_utilization, the context length, FP8 weights or KV cache, and prefix caching.",
     ]
     if len(flat) < len(plans):
         lines.append(
@@ -105,6 +137,19 @@ def _bottom_line(plans: dict[str, Plan]) -> list[str]:
         )
     for name, p in flat.items():
         lines.append(f"- {name}: more requests, not more tokens per second: {_why_flat(p)}.")
+    priced = {name: p for name, p in plans.items() if p.paged.cost_per_million_tokens is not None}
+    if priced:
+        costs = "; ".join(f"{_lower_first(name)} {p.cost_range()}" for name, p in priced.items())
+        lines.append(
+            f"- A million generated tokens cost, paged: {costs} (from the data-sheet bound to a "
+            f"realistic engine at {REALISTIC_FRACTION:.0%} of it)."
+        )
+    slow = [name for name, p in plans.items() if p.slow_for_users]
+    for name in slow:
+        lines.append(
+            f"- {name}: each user gets {plans[name].tokens_per_user:,.1f} tokens/s, below "
+            f"{SLOW_TOKENS_PER_USER:.0f}: too slow to read along; cap the requests at once."
+        )
     lines.append("- One request is never faster: the gain is in how many are served at once.")
     return lines
 
@@ -152,8 +197,13 @@ def brief_markdown(
     lines += [
         "## Assumptions",
         "",
-        "- \\* Costs are data-sheet bounds (the roofline: peak bandwidth and FLOP/s); real engines reach a"
-        " fraction of them, so expect real costs a few times higher. Compare the ratios.",
+        "- \\* Costs and GPU counts are ranges: the first figure is the data-sheet bound (the roofline: peak"
+        f" bandwidth and FLOP/s), the second a realistic engine at {REALISTIC_FRACTION:.0%} of it. The"
+        " fraction is an assumption: the course's own paged-attention kernel reaches 68–85% of an H200's"
+        " bandwidth alone and at its best (benchmarks/attention.json), and a whole serving step loses more"
+        " (other kernels, sampling, scheduling, communication between GPUs). Measure yours.",
+        "- Requests at once are capped at vLLM's default max_num_seqs where none is given (1,024 on GPUs"
+        " of 70 GiB or more other than the A100, 256 on the rest).",
         "- Every request waiting (a busy server); lengths like the ShareGPT or Alpaca data sets the paper used.",
         "- Tokens per second from the roofline: the GPU's peak memory bandwidth and FLOP/s (tensor parallel: summed,"
         " communication ignored). Real engines reach a fraction of them.",
@@ -176,18 +226,60 @@ def brief_figure(plans: dict[str, Plan]):
     for row, (name, p) in zip(axes, plans.items(), strict=True):
         viz.plot_plan(p, axes=row)
         row[0].set_title(name, fontsize=9, loc="left")
-    fig.suptitle("Requests served at once and what a million tokens cost, per set-up", fontsize=10)
+        _cost_ranges(row[1], p)
+    fig.suptitle(
+        "Requests served at once and what a million tokens cost, per set-up\n"
+        f"(costs: bar = data-sheet bound, line up to a realistic engine at {REALISTIC_FRACTION:.0%} "
+        "of it)",
+        fontsize=9,
+    )
     fig.tight_layout()
     return fig
+
+
+def _cost_ranges(ax, p: Plan) -> None:
+    """On the cost panel: a line from each bar (the roofline's cost) up to the realistic cost, and
+    the range written above it in place of the single figure."""
+    rows = p.table()
+    if any(r["cost_per_million_tokens"] is None for r in rows):
+        return
+    for text in list(ax.texts):
+        text.remove()
+    for bar, row in zip(ax.patches, rows, strict=True):
+        low, high = row["cost_per_million_tokens"], row["cost_per_million_tokens_realistic"]
+        x = bar.get_x() + bar.get_width() / 2
+        ax.plot([x, x], [low, high], color="#37474f", linewidth=1.2)
+        ax.plot([x - bar.get_width() / 4, x + bar.get_width() / 4], [high, high], color="#37474f")
+        ax.annotate(f"${low:,.3f}–{high:,.3f}", (x, high), ha="center", va="bottom", fontsize=6)
+    ax.set_ylim(0, 1.2 * max(r["cost_per_million_tokens_realistic"] for r in rows))
+
+
+def brief_directory(name: str = "leader_brief") -> Path:
+    """Where Lab 08 writes the brief (absolute): ``$KVLAB_BRIEF_DIR`` when set; in a notebook
+    server (JupyterLab, Notebook: ``$JPY_SESSION_NAME`` is set) ``name`` beside the notebook (the
+    kernel's working directory); run headless (``jupyter nbconvert --execute``, nbval, papermill),
+    ``name`` in the directory the command was run from (``$PWD``: such runners start the kernel in
+    the source notebook's folder, whatever ``--output-dir`` says, and the brief does not belong
+    among the sources)."""
+    import os
+
+    chosen = os.environ.get("KVLAB_BRIEF_DIR")
+    if chosen:
+        return Path(chosen).resolve()
+    shell = os.environ.get("PWD")
+    if not os.environ.get("JPY_SESSION_NAME") and shell and Path(shell).is_dir():
+        return (Path(shell) / name).resolve()
+    return (Path.cwd() / name).resolve()
 
 
 def write_brief(
     plans: dict[str, Plan], directory=".", stem: str = "leader_brief"
 ) -> tuple[Path, Path]:
-    """Write ``stem.md`` and ``stem.png`` into ``directory``; return their paths."""
+    """Write ``stem.md`` and ``stem.png`` into ``directory`` (relative: to the working directory);
+    return their absolute paths."""
     import matplotlib.pyplot as plt
 
-    folder = Path(directory)
+    folder = Path(directory).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     markdown, picture = folder / f"{stem}.md", folder / f"{stem}.png"
     text = brief_markdown(plans)

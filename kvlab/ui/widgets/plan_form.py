@@ -4,6 +4,17 @@ and pictures follow at once.
 The outputs are an HTML widget and a PNG image widget (nothing is printed, so nothing leaks into
 the notebook's text output), and the form also renders as static HTML: where no widget can run
 (GitHub, nbviewer, nbval) the plan of the form's starting values is shown instead.
+
+Displayed in a notebook the form makes two outputs: first the static page (the plan as HTML, its
+picture inlined), then the widget. An HTML export (``jupyter nbconvert --to html``) of an executed
+notebook picks the widget's view whenever the widget state was saved, and that view needs
+JavaScript from a CDN, so offline it is blank; the static page beside it still shows the plan. A
+style in the static page hides it wherever the widget itself rendered (JupyterLab, Notebook 7, an
+export whose widget script loaded), so a live notebook shows the form once.
+
+Starting values are checked like the planner's arguments, with the same names (``gpu="h100"`` and
+``model="llama-3-8b"`` as :func:`kvlab.perf.planner.plan` takes them); a bad one raises a
+ValueError naming it and what was expected.
 """
 
 from __future__ import annotations
@@ -15,11 +26,14 @@ import io
 import ipywidgets as widgets
 
 from kvlab.models import PRESETS
+from kvlab.perf import gpus as gpu_catalogue
 from kvlab.perf.gpus import CATALOGUE
+from kvlab.perf.planner import MAX_TARGET_TOKENS_PER_S, MAX_TOKENS_PER_USER, in_words, plan
 from kvlab.perf.planner import WORKLOADS as NAMED_WORKLOADS
-from kvlab.perf.planner import in_words, plan
 
 CONTEXTS = (2048, 4096, 8192, 32768)
+GPU_COUNTS = (1, 2, 4, 8)
+MAX_NUM_SEQS = 1_000_000  # the form's box
 WORKLOADS = tuple((words, name) for name, (_, words) in NAMED_WORKLOADS.items())
 # the planner's argument names as the form labels them, for its messages
 LABELS = {
@@ -29,9 +43,15 @@ LABELS = {
     "price_per_gpu_hour": "$ per GPU-hour",
     "target_tokens_per_s": "target tokens/s",
     "max_num_seqs": "max requests at once",
+    "min_tokens_per_user": "min tokens/s per user",
     "weights_bytes": "weights",
     "overhead_bytes": "overhead",
 }
+# hides the static page where the widget next to it rendered (see the module docstring)
+HIDE_WHERE_WIDGETS_RUN = (
+    "<style>.jp-OutputArea-child:has(.kvlab-static-plan):has(+ .jp-OutputArea-child "
+    ".widget-vbox){display:none}</style>"
+)
 
 
 def _png(fig) -> bytes:
@@ -43,11 +63,48 @@ def _png(fig) -> bytes:
     return buffer.getvalue()
 
 
-def _contexts(model: str) -> list[int]:
-    """The context choices a model supports (its own limit when it is shorter than all of them)."""
+def _contexts(model: str, extra: int | None = None) -> list[int]:
+    """The context choices a model supports (its own limit when it is shorter than all of them),
+    with ``extra`` (a context the caller asked for) among them when the model supports it."""
     limit = PRESETS[model].max_context
     fits = [c for c in CONTEXTS if limit is None or c <= limit]
+    if extra is not None and (limit is None or extra <= limit) and extra not in fits:
+        fits = sorted([*fits, extra])
     return fits or [limit]
+
+
+def _model_name(model) -> str:
+    if isinstance(model, str):
+        for name in PRESETS:
+            if name.lower() == model.strip().lower():
+                return name
+    raise ValueError(f"model must be one of {', '.join(PRESETS)}, got {model!r}")
+
+
+def _gpu_name(gpu) -> str:
+    try:
+        return gpu_catalogue.lookup(gpu).name
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"gpu must be one of {', '.join(CATALOGUE)} (or a spelling kvlab.perf.gpus.lookup "
+            f"takes, e.g. 'h100'), got {gpu!r}"
+        ) from None
+
+
+def _choose(name: str, value, choices, what: str):
+    if isinstance(value, bool) or value not in choices:
+        raise ValueError(
+            f"{name} must be one of {', '.join(map(str, choices))} ({what}), got {value!r}"
+        )
+    return value
+
+
+def _bounded(name: str, value, most: float, what: str, *, integer: bool = False) -> float:
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not 0 <= value <= most:
+        kind = "an int" if integer else "a number"
+        raise ValueError(f"{name} must be {kind} from 0 to {most:,.0f} ({what}), got {value!r}")
+    return value
 
 
 STYLE = {"description_width": "110px"}
@@ -88,25 +145,54 @@ class PlanForm(widgets.VBox):
         max_seq_len: int = 8192,
         target_tokens_per_s: float = 0.0,
         max_num_seqs: int = 0,
+        min_tokens_per_user: float = 0.0,
     ):
-        if model not in PRESETS:
-            raise ValueError(f"model must be one of {', '.join(PRESETS)}, got {model!r}")
-        if gpu not in CATALOGUE:
-            raise ValueError(f"gpu must be one of {', '.join(CATALOGUE)}, got {gpu!r}")
+        # every starting value checked before any widget exists: a bad one raises, naming it
+        model, gpu = _model_name(model), _gpu_name(gpu)
+        _choose("num_gpus", num_gpus, GPU_COUNTS, "GPUs per copy of the model")
+        _choose("workload", workload, [name for _, name in WORKLOADS], "the kinds of request")
         contexts = _contexts(model)
+        if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 2:
+            raise ValueError(f"max_seq_len must be an int >= 2 (tokens), got {max_seq_len!r}")
+        limit = PRESETS[model].max_context
+        if limit is not None and max_seq_len > limit:
+            raise ValueError(
+                f"max_seq_len must be at most {model}'s context of {limit:,} tokens, got "
+                f"{max_seq_len:,}"
+            )
+        _bounded(
+            "target_tokens_per_s", target_tokens_per_s, MAX_TARGET_TOKENS_PER_S, "0: no target"
+        )
+        _bounded("max_num_seqs", max_num_seqs, MAX_NUM_SEQS, "0: vLLM's default", integer=True)
+        _bounded("min_tokens_per_user", min_tokens_per_user, MAX_TOKENS_PER_USER, "0: none")
+        contexts = _contexts(model, max_seq_len)  # a context asked for is kept, not rounded
         self.model = _choice("model", list(PRESETS), model)
         self.gpu = _choice("GPU", list(CATALOGUE), gpu)
-        self.num_gpus = _choice("GPUs", [1, 2, 4, 8], num_gpus)
+        self.num_gpus = _choice("GPUs", list(GPU_COUNTS), num_gpus)
         self.workload = _choice("workload", WORKLOADS, workload)
-        context = max_seq_len if max_seq_len in contexts else contexts[-1]
-        self.max_seq_len = _choice("context (tokens)", contexts, context)
+        self.max_seq_len = _choice("context (tokens)", contexts, max_seq_len)
         price = CATALOGUE[gpu].price_per_hour or 0.0
         self.price = _number(widgets.BoundedFloatText, "$ per GPU-hour", price, 1000.0, 0.1)
         self.target = _number(
-            widgets.BoundedFloatText, "target tokens/s", target_tokens_per_s, 1e9, 1000.0
+            widgets.BoundedFloatText,
+            "target tokens/s",
+            target_tokens_per_s,
+            MAX_TARGET_TOKENS_PER_S,
+            1000.0,
         )
         self.max_num_seqs = _number(
-            widgets.BoundedIntText, "max at once (0: no cap)", max_num_seqs, 1_000_000, 64
+            widgets.BoundedIntText,
+            "max at once (0: vLLM's)",
+            max_num_seqs,
+            MAX_NUM_SEQS,
+            64,
+        )
+        self.min_tokens_per_user = _number(
+            widgets.BoundedFloatText,
+            "min tokens/s each",
+            min_tokens_per_user,
+            MAX_TOKENS_PER_USER,
+            5.0,
         )
         self.summary = widgets.HTML()
         self.picture = widgets.Image(format="png", layout=widgets.Layout(max_width="760px"))
@@ -117,6 +203,7 @@ class PlanForm(widgets.VBox):
         self.gpu.observe(self._gpu_changed, "value")
         left = [self.model, self.gpu, self.num_gpus, self.workload]
         right = [self.max_seq_len, self.price, self.target, self.max_num_seqs]
+        right.append(self.min_tokens_per_user)
         for control in left[2:] + right:
             control.observe(self._changed, "value")
         controls = widgets.HBox([widgets.VBox(left), widgets.VBox(right)])
@@ -158,6 +245,7 @@ class PlanForm(widgets.VBox):
                 price_per_gpu_hour=self.price.value,
                 target_tokens_per_s=self.target.value or None,
                 max_num_seqs=self.max_num_seqs.value or None,
+                min_tokens_per_user=self.min_tokens_per_user.value or None,
             )
         except (ValueError, TypeError) as problem:
             self.plan, self.error = None, in_words(str(problem), LABELS)
@@ -194,7 +282,8 @@ class PlanForm(widgets.VBox):
             f"PlanForm(model={self.model.value!r}, gpu={self.gpu.value!r}, "
             f"num_gpus={self.num_gpus.value}, workload={self.workload.value!r}, "
             f"max_seq_len={self.max_seq_len.value}, price={self.price.value:g}, "
-            f"target={self.target.value:g}, max_num_seqs={self.max_num_seqs.value})"
+            f"target={self.target.value:g}, max_num_seqs={self.max_num_seqs.value}, "
+            f"min_tokens_per_user={self.min_tokens_per_user.value:g})"
         )
 
     def _repr_mimebundle_(self, **kwargs):
@@ -202,3 +291,21 @@ class PlanForm(widgets.VBox):
         data["text/plain"] = repr(self)
         data["text/html"] = self.static_html()
         return data
+
+    def static_page(self) -> str:
+        """The static page shown beside the widget: :meth:`static_html` in a marked block, with
+        the style that hides it where the widget rendered."""
+        return f'{HIDE_WHERE_WIDGETS_RUN}<div class="kvlab-static-plan">{self.static_html()}</div>'
+
+    def _ipython_display_(self) -> None:
+        """Two outputs: the static page (what an HTML export without widgets shows), then the
+        widget (its view and a text line, no second copy of the page)."""
+        from IPython.display import display
+
+        display(
+            {"text/html": self.static_page(), "text/plain": f"{self!r}: its plan as a page"},
+            raw=True,
+        )
+        view = dict(super()._repr_mimebundle_())
+        view["text/plain"] = repr(self)
+        display(view, raw=True)
