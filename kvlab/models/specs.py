@@ -8,9 +8,23 @@ than OPT-13B despite similar depth.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from kvlab.core.validate import positive_int
+
+# bytes per element of vLLM's --kv-cache-dtype choices ("auto" keeps the model's dtype)
+KV_CACHE_DTYPES = {
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "fp16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "fp32": 4,
+    "float32": 4,
+}
 
 
 @dataclass(frozen=True)
@@ -25,10 +39,26 @@ class ModelSpec:
     dtype_bytes: int = 2
     num_params: float | None = None  # published parameter count, for the roofline in Lab 00
     max_context: int | None = None  # longest sequence the model was trained for
+    # config.json facts the overhead model needs (activations grow with the MLP width and vocab)
+    hidden_size: int | None = None
+    intermediate_size: int | None = None
+    vocab_size: int | None = None
+    sliding_window: int | None = None  # tokens each layer attends to, when limited
+    kv_dtype_bytes: int | None = None  # None: the KV cache keeps the model's dtype_bytes
+    version: str | None = None  # which release of the model, where releases differ in shape
 
     def __post_init__(self):
         for field in ("num_layers", "num_q_heads", "num_kv_heads", "head_dim", "dtype_bytes"):
             positive_int(field, getattr(self, field))
+        for field in (
+            "hidden_size",
+            "intermediate_size",
+            "vocab_size",
+            "sliding_window",
+            "kv_dtype_bytes",
+        ):
+            if getattr(self, field) is not None:
+                positive_int(field, getattr(self, field))
         if self.num_q_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_q_heads ({self.num_q_heads}) must be a multiple of "
@@ -43,8 +73,39 @@ class ModelSpec:
         return self.num_q_heads // self.num_kv_heads
 
     @property
+    def kv_element_bytes(self) -> int:
+        """Bytes of one cached K or V element: the KV dtype's, else the model's."""
+        return self.dtype_bytes if self.kv_dtype_bytes is None else self.kv_dtype_bytes
+
+    @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_element_bytes
+
+    @property
+    def weights_bytes(self) -> float | None:
+        """Bytes of the weights in the model's dtype (a KV dtype leaves them unchanged)."""
+        return None if self.num_params is None else self.num_params * self.dtype_bytes
+
+    def with_kv_dtype(self, kv_cache_dtype: str) -> ModelSpec:
+        """The same model with its KV cache stored as vLLM's ``--kv-cache-dtype`` does.
+
+        ``"fp8"`` (1 byte) halves the bytes per token of a 16-bit model; ``"auto"`` keeps the
+        model's dtype. Weights are unchanged: only the cache is quantised.
+        """
+        if not isinstance(kv_cache_dtype, str):
+            raise TypeError(
+                f"kv_cache_dtype must be a str, got {type(kv_cache_dtype).__name__} "
+                f"{kv_cache_dtype!r}"
+            )
+        key = kv_cache_dtype.strip().lower()
+        if key == "auto":
+            return dataclasses.replace(self, kv_dtype_bytes=None)
+        if key not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be 'auto' or one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"got {kv_cache_dtype!r}"
+            )
+        return dataclasses.replace(self, kv_dtype_bytes=KV_CACHE_DTYPES[key])
 
     def kv_bytes(self, num_tokens: int) -> int:
         """Bytes of KV cache that ``num_tokens`` tokens of one sequence occupy."""
@@ -52,13 +113,57 @@ class ModelSpec:
 
 
 # Published configurations (Hugging Face config.json of each model; fp16/bf16 = 2 bytes).
-OPT_13B = ModelSpec("OPT-13B", 40, 40, 40, 128, num_params=12.9e9, max_context=2048)
-LLAMA_3_8B = ModelSpec("Llama-3-8B", 32, 32, 8, 128, num_params=8.03e9, max_context=8192)
-LLAMA_3_70B = ModelSpec("Llama-3-70B", 80, 64, 8, 128, num_params=70.6e9, max_context=8192)
-MISTRAL_7B = ModelSpec("Mistral-7B", 32, 32, 8, 128, num_params=7.24e9, max_context=32768)
+# num_params is the published count; kvlab.models.hf_config recomputes each within 1% (tests).
+OPT_13B = ModelSpec(
+    "OPT-13B", 40, 40, 40, 128, num_params=12.9e9, max_context=2048,
+    hidden_size=5120, intermediate_size=20480, vocab_size=50272,
+)  # fmt: skip
+LLAMA_3_8B = ModelSpec(
+    "Llama-3-8B", 32, 32, 8, 128, num_params=8.03e9, max_context=8192,
+    hidden_size=4096, intermediate_size=14336, vocab_size=128256,
+)  # fmt: skip
+LLAMA_3_70B = ModelSpec(
+    "Llama-3-70B", 80, 64, 8, 128, num_params=70.6e9, max_context=8192,
+    hidden_size=8192, intermediate_size=28672, vocab_size=128256,
+)  # fmt: skip
+# v0.1 (the 7.24e9 release): 32K positions but each layer attends to the last 4,096 tokens only
+MISTRAL_7B = ModelSpec(
+    "Mistral-7B", 32, 32, 8, 128, num_params=7.24e9, max_context=32768,
+    hidden_size=4096, intermediate_size=14336, vocab_size=32000, sliding_window=4096,
+    version="v0.1",
+)  # fmt: skip
+# v0.3: vocabulary of 32,768, no sliding window, full 32K attention
+MISTRAL_7B_V03 = ModelSpec(
+    "Mistral-7B-v0.3", 32, 32, 8, 128, num_params=7.25e9, max_context=32768,
+    hidden_size=4096, intermediate_size=14336, vocab_size=32768, version="v0.3",
+)  # fmt: skip
+# Llama 3.1: Llama 3's shapes with 128K context (rope scaling)
+LLAMA_31_8B = ModelSpec(
+    "Llama-3.1-8B", 32, 32, 8, 128, num_params=8.03e9, max_context=131072,
+    hidden_size=4096, intermediate_size=14336, vocab_size=128256,
+)  # fmt: skip
+LLAMA_31_70B = ModelSpec(
+    "Llama-3.1-70B", 80, 64, 8, 128, num_params=70.6e9, max_context=131072,
+    hidden_size=8192, intermediate_size=28672, vocab_size=128256,
+)  # fmt: skip
+# Qwen2.5-7B-Instruct: 4 KV heads for 28 query heads, untied embeddings, 32K positions
+QWEN_25_7B = ModelSpec(
+    "Qwen2.5-7B-Instruct", 28, 28, 4, 128, num_params=7.61e9, max_context=32768,
+    hidden_size=3584, intermediate_size=18944, vocab_size=152064,
+)  # fmt: skip
 
 PRESETS: dict[str, ModelSpec] = {
-    spec.name: spec for spec in (OPT_13B, LLAMA_3_8B, LLAMA_3_70B, MISTRAL_7B)
+    spec.name: spec
+    for spec in (
+        OPT_13B,
+        LLAMA_3_8B,
+        LLAMA_3_70B,
+        MISTRAL_7B,
+        MISTRAL_7B_V03,
+        LLAMA_31_8B,
+        LLAMA_31_70B,
+        QWEN_25_7B,
+    )
 }
 
 

@@ -18,7 +18,16 @@ def test_gqa_presets_cache_only_kv_heads():
 
 
 def test_presets_have_what_the_roofline_needs():
-    assert set(PRESETS) == {"OPT-13B", "Llama-3-8B", "Llama-3-70B", "Mistral-7B"}
+    assert set(PRESETS) == {
+        "OPT-13B",
+        "Llama-3-8B",
+        "Llama-3-70B",
+        "Mistral-7B",
+        "Mistral-7B-v0.3",
+        "Llama-3.1-8B",
+        "Llama-3.1-70B",
+        "Qwen2.5-7B-Instruct",
+    }
     for spec in PRESETS.values():
         assert spec.num_params > 1e9 and spec.max_context >= 2048
     assert preset("llama-3-8b") is LLAMA_3_8B

@@ -1,0 +1,537 @@
+"""Read what vLLM printed at start-up, and predict its KV cache from the memory profile it printed.
+
+vLLM sizes its KV cache per GPU as ``total x gpu_memory_utilization - weights - activation peak -
+non-torch memory`` and cuts it into whole blocks (``int(bytes // block_bytes)``). Its logs say
+so in several formats (V0 from 0.3 to 0.7, V1 from 0.7 on); :func:`read_vllm_log` reads them
+all into one :class:`VllmLog`, and :meth:`VllmLog.predict` recomputes the blocks from the profile
+so a planner can be checked against what a real server did. Sizes are GiB as printed ("Loading
+model weights took X GB" is GiB too: vLLM divides by 2**30).
+
+``BUNDLED_LOGS`` lists the real start-up logs users posted (``kvlab/perf/vllm_logs/``, sources in
+its README), with the model facts needed to recompute each.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+from importlib import resources
+
+from kvlab.core.validate import positive_int
+from kvlab.models.hf_config import spec_from_hf_config
+from kvlab.models.specs import ModelSpec
+
+GiB = 2**30
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
+_SIZE = _NUM + r"\s*(GiB|GB|MiB|MB)"
+_UNITS = {"GiB": 1.0, "GB": 1.0, "MiB": 1 / 1024, "MB": 1 / 1024}  # vLLM's "GB" and "MB" are binary
+
+# (field, pattern, kind): kind "gib" reads a size (number + unit), "int"/"float" a number
+_PATTERNS: tuple[tuple[str, re.Pattern, str], ...] = tuple(
+    (name, re.compile(pattern), kind)
+    for name, pattern, kind in (
+        (
+            "model_loading_gib",
+            r"(?:Loading model weights took|Model loading took)\s+" + _SIZE,
+            "gib",
+        ),
+        ("total_gpu_memory_gib", r"total_gpu_memory\s*(?:=|\(|\s)\s*" + _SIZE, "gib"),
+        ("total_gpu_memory_gib", r"Free memory on device \(" + _NUM + r"/" + _SIZE, "gib2"),
+        ("gpu_memory_utilization", r"gpu_memory_utilization\s*(?:=|\(|\s)\s*" + _NUM, "float"),
+        ("gpu_memory_utilization", r"Desired GPU memory utilization is \(" + _NUM, "float"),
+        ("requested_memory_gib", r"the current vLLM instance can use.*?" + _SIZE + r"\s*$", "gib"),
+        ("requested_memory_gib", r"Desired GPU memory utilization is \([0-9.]+,\s*" + _SIZE, "gib"),
+        ("model_weights_gib", r"model weights take\s+" + _SIZE, "gib"),
+        ("model_weights_gib", _SIZE + r" for weight", "gib"),
+        ("peak_torch_memory_gib", r"peak_torch_memory=" + _SIZE, "gib"),
+        ("non_torch_memory_gib", r"non_torch_memory(?:\s+takes)?\s*(?:=|\s)\s*" + _SIZE, "gib"),
+        ("non_torch_memory_gib", _SIZE + r" for non-torch memory", "gib"),
+        ("activation_peak_gib", r"PyTorch activation peak memory(?:\s+takes)?\s+" + _SIZE, "gib"),
+        ("activation_peak_gib", _SIZE + r" for peak activation", "gib"),
+        (
+            "kv_cache_memory_gib",
+            r"the rest of the memory reserved for KV Cache is\s+" + _SIZE,
+            "gib",
+        ),
+        ("kv_cache_memory_gib", r"available_kv_cache_memory\s*(?:=|\s)\s*" + _SIZE, "gib"),
+        ("kv_cache_memory_gib", r"kv_cache_size=" + _SIZE, "gib"),
+        ("kv_cache_memory_gib", r"Available KV cache memory:\s*" + _SIZE, "gib"),
+        ("cuda_graph_gib", r"Graph capturing finished in .*?took\s+" + _SIZE, "gib"),
+        ("cuda_graph_gib", _SIZE + r" for CUDAGraph memory", "gib"),
+        ("num_gpu_blocks", r"(?:GPU|CUDA) blocks:\s*" + _NUM, "int"),
+        ("num_cpu_blocks", r"CPU blocks:\s*" + _NUM, "int"),
+        ("gpu_kv_cache_tokens", r"GPU KV cache size:\s*" + _NUM + r"\s*tokens", "int"),
+        ("max_concurrency_tokens", r"Maximum concurrency for\s*" + _NUM + r"\s*tokens", "int"),
+        (
+            "max_concurrency",
+            r"Maximum concurrency for .*?tokens per request:\s*" + _NUM + "x",
+            "float",
+        ),
+        (
+            "max_model_len",
+            r"(?:\bmax_seq_len=|'max_model_len':\s*|Using max model len\s+)" + _NUM,
+            "int",
+        ),
+        ("max_num_batched_tokens", r"max_num_batched_tokens(?:=|'?:\s*)" + _NUM, "int"),
+        ("tensor_parallel_size", r"tensor_parallel_size(?:=|'?:\s*)" + _NUM, "int"),
+        ("block_size", r"'block_size':\s*" + _NUM, "int"),
+        ("kv_cache_dtype", r"kv_cache_dtype(?:=|'?:\s*')([A-Za-z0-9_]+)", "str"),
+        ("model", r"(?:\bmodel=|'model':\s*)'([^']+)'", "str"),
+        ("version", r"(?:LLM engine \(v|API server version |version\s+)(\d+\.\d+[\w.+-]*)", "str"),
+    )
+)
+# lines only V1 prints (its engine core, GPU model runner and worker, KV cache utils)
+_V1_MARKS = re.compile(
+    r"V1 LLM engine|EngineCore|gpu_model_runner\.py|gpu_worker\.py|kv_cache_utils\.py|"
+    r"Available KV cache memory|GPU KV cache size|Model loading took"
+)
+_V0_MARKS = re.compile(
+    r"Initializing an LLM engine|CPU blocks:|CUDA blocks:|\bworker\.py|\bmodel_runner\.py|"
+    r"Memory profiling results|Loading model weights took|VllmWorkerProcess"
+)
+# worker tags: V1 "(VllmWorker rank=1 pid=..)" / "(Worker_TP1 pid=..)"; V0 workers other than the
+# driver print "(VllmWorkerProcess pid=..)" (the driver, rank 0, has no tag)
+_RANK = re.compile(
+    r"\((?:VllmWorker rank=(\d+)|Worker(?:_PP\d+)?_TP(\d+)|(VllmWorkerProcess|RayWorkerWrapper))\b"
+)
+
+_FIELDS_REPORTED = (
+    "total_gpu_memory_gib",
+    "gpu_memory_utilization",
+    "model_weights_gib",
+    "activation_peak_gib",
+    "non_torch_memory_gib",
+    "kv_cache_memory_gib",
+    "cuda_graph_gib",
+    "num_gpu_blocks",
+    "gpu_kv_cache_tokens",
+    "max_concurrency",
+    "max_model_len",
+    "max_num_batched_tokens",
+    "tensor_parallel_size",
+)
+
+
+@dataclass(frozen=True)
+class KVPrediction:
+    """The KV cache vLLM would build on one GPU from ``kv_cache_bytes``."""
+
+    kv_cache_bytes: float  # per GPU
+    bytes_per_token: int  # K and V of one token over all layers, on one GPU
+    block_size: int
+    num_blocks: int
+    max_concurrency_tokens: int | None  # N of "Maximum concurrency for N tokens per request"
+
+    @property
+    def block_bytes(self) -> int:
+        return self.block_size * self.bytes_per_token
+
+    @property
+    def tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def max_concurrency(self) -> float | None:
+        n = self.max_concurrency_tokens
+        return None if not n else self.tokens / n
+
+
+def kv_bytes_per_token_per_gpu(spec: ModelSpec, tensor_parallel_size: int = 1) -> int:
+    """K and V bytes of one token on one GPU: each GPU holds its share of the KV heads, at least
+    one (vLLM replicates a KV head when there are fewer KV heads than GPUs)."""
+    tp = positive_int("tensor_parallel_size", tensor_parallel_size)
+    heads_per_gpu = max(1, spec.num_kv_heads // tp)
+    return spec.kv_bytes_per_token // spec.num_kv_heads * heads_per_gpu
+
+
+def blocks_for(
+    spec: ModelSpec,
+    kv_cache_bytes: float,
+    *,
+    block_size: int = 16,
+    tensor_parallel_size: int = 1,
+    max_concurrency_tokens: int | None = None,
+) -> KVPrediction:
+    """Blocks of ``block_size`` tokens in ``kv_cache_bytes`` of one GPU, rounded as vLLM does."""
+    per_token = kv_bytes_per_token_per_gpu(spec, tensor_parallel_size)
+    block_size = positive_int("block_size", block_size)
+    num_blocks = max(0, int(kv_cache_bytes // (block_size * per_token)))
+    return KVPrediction(kv_cache_bytes, per_token, block_size, num_blocks, max_concurrency_tokens)
+
+
+@dataclass(frozen=True)
+class VllmLog:
+    """What one vLLM start-up log printed (None: not printed). Sizes in GiB, per GPU."""
+
+    engine: str | None = None  # "V0" or "V1"
+    version: str | None = None
+    model: str | None = None
+    total_gpu_memory_gib: float | None = None
+    gpu_memory_utilization: float | None = None
+    requested_memory_gib: float | None = None  # the printed total x utilization
+    model_loading_gib: float | None = None  # "Loading model weights took" / "Model loading took"
+    model_weights_gib: float | None = None  # the profile's "model weights take"
+    peak_torch_memory_gib: float | None = None  # 0.6.4's profile: weights + activation peak
+    activation_peak_gib: float | None = None
+    non_torch_memory_gib: float | None = None
+    kv_cache_memory_gib: float | None = None
+    cuda_graph_gib: float | None = None  # allocated after the KV cache, outside the budget
+    num_gpu_blocks: int | None = None
+    num_cpu_blocks: int | None = None
+    gpu_kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    max_concurrency_tokens: int | None = None
+    max_model_len: int | None = None
+    max_num_batched_tokens: int | None = None
+    tensor_parallel_size: int | None = None
+    block_size: int | None = None
+    kv_cache_dtype: str | None = None
+    missing: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def weights_gib(self) -> float | None:
+        """Weights on one GPU: the profile's figure, else the loading line's (more digits)."""
+        if self.model_loading_gib is not None and self.peak_torch_memory_gib is not None:
+            return self.model_loading_gib
+        return (
+            self.model_weights_gib if self.model_weights_gib is not None else self.model_loading_gib
+        )
+
+    @property
+    def has_profile(self) -> bool:
+        """Whether the log printed enough of its memory profile to recompute the KV budget."""
+        return self._profile_missing() == []
+
+    def _budget_gib(self) -> float | None:
+        if self.total_gpu_memory_gib is not None and self.gpu_memory_utilization is not None:
+            return self.total_gpu_memory_gib * self.gpu_memory_utilization
+        return self.requested_memory_gib
+
+    def _profile_missing(self) -> list[str]:
+        missing = []
+        if self._budget_gib() is None:
+            missing.append("total_gpu_memory_gib x gpu_memory_utilization")
+        if self.non_torch_memory_gib is None:
+            missing.append("non_torch_memory_gib")
+        if self.peak_torch_memory_gib is None:
+            if self.weights_gib is None:
+                missing.append("model_weights_gib")
+            if self.activation_peak_gib is None:
+                missing.append("activation_peak_gib")
+        return missing
+
+    @property
+    def activation_gib(self) -> float | None:
+        """The activation peak, printed or (0.6.4) the torch peak less the weights."""
+        if self.activation_peak_gib is not None:
+            return self.activation_peak_gib
+        if self.peak_torch_memory_gib is not None and self.model_loading_gib is not None:
+            return self.peak_torch_memory_gib - self.model_loading_gib
+        return None
+
+    def kv_cache_bytes_from_profile(self) -> float:
+        """KV bytes per GPU as vLLM computes them: total x utilization - weights - activation
+        peak - non-torch memory (from the printed, rounded figures)."""
+        missing = self._profile_missing()
+        if missing:
+            raise ValueError(
+                f"the log lacks {', '.join(missing)}: it did not print its memory profile"
+            )
+        budget = self._budget_gib()
+        if self.peak_torch_memory_gib is not None:  # 0.6.4: the torch peak includes the weights
+            used = self.peak_torch_memory_gib + self.non_torch_memory_gib
+        else:
+            used = self.weights_gib + self.activation_peak_gib + self.non_torch_memory_gib
+        return (budget - used) * GiB
+
+    def predict(
+        self,
+        spec: ModelSpec,
+        *,
+        block_size: int | None = None,
+        tensor_parallel_size: int | None = None,
+        from_profile: bool = True,
+    ) -> KVPrediction:
+        """Blocks, tokens and concurrency vLLM builds for ``spec`` from this log's memory.
+
+        ``from_profile``: recompute the KV bytes from the profile (else use the printed KV
+        size). ``block_size`` and ``tensor_parallel_size`` default to the log's, else 16 and 1.
+        """
+        if not isinstance(spec, ModelSpec):
+            raise TypeError(f"spec must be a kvlab.models.ModelSpec, got {type(spec).__name__}")
+        if from_profile:
+            kv_bytes = self.kv_cache_bytes_from_profile()
+        elif self.kv_cache_memory_gib is None:
+            raise ValueError("the log printed no KV cache size (kv_cache_memory_gib)")
+        else:
+            kv_bytes = self.kv_cache_memory_gib * GiB
+        return blocks_for(
+            spec,
+            kv_bytes,
+            block_size=block_size or self.block_size or 16,
+            tensor_parallel_size=tensor_parallel_size or self.tensor_parallel_size or 1,
+            max_concurrency_tokens=self.max_concurrency_tokens or self.max_model_len,
+        )
+
+    @property
+    def printed_tokens(self) -> int | None:
+        """Token slots the log states: "GPU KV cache size", else blocks x block size."""
+        if self.gpu_kv_cache_tokens is not None:
+            return self.gpu_kv_cache_tokens
+        if self.num_gpu_blocks is not None:
+            return self.num_gpu_blocks * (self.block_size or 16)
+        return None
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _value(match: re.Match, kind: str):
+    if kind == "gib2":  # "(free/total GiB)": the total
+        return float(match.group(2).replace(",", "")) * _UNITS[match.group(3)]
+    raw = match.group(1)
+    if kind == "str":
+        return raw
+    number = raw.replace(",", "")
+    if kind == "int":
+        return int(float(number))
+    if kind == "float":
+        return float(number)
+    return float(number) * _UNITS[match.group(2)]
+
+
+def _rank(line: str) -> int:
+    m = _RANK.search(line)
+    if m is None:
+        return 0  # the driver (V0) or the engine core (V1), which print rank 0's figures
+    if m.group(1) is not None:
+        return int(m.group(1))
+    if m.group(2) is not None:
+        return int(m.group(2))
+    return 1  # a V0 worker process: some rank other than the driver's
+
+
+def read_vllm_log(text: str) -> VllmLog:
+    """Parse a vLLM start-up log (any prefix: timestamps, ``INFO 01-23 ..``, worker tags, ANSI
+    colours). With tensor parallel, rank 0's lines are used (``notes`` says when others differ).
+
+    Raises TypeError for anything but a str and ValueError when no line is vLLM's.
+    """
+    if isinstance(text, (bytes, bytearray)):
+        raise TypeError("text must be a str: decode the log first (text.decode('utf-8'))")
+    if not isinstance(text, str):
+        raise TypeError(f"text must be the log's text (a str), got {type(text).__name__}")
+    found: dict[str, dict[int, object]] = {}
+    v0 = v1 = recognised = 0
+    for raw in text.splitlines():
+        line = _ANSI.sub("", raw).rstrip()
+        if not line:
+            continue
+        rank = _rank(line)
+        hit = False
+        for name, pattern, kind in _PATTERNS:
+            m = pattern.search(line)
+            if m is None:
+                continue
+            try:
+                value = _value(m, kind)
+            except (ValueError, KeyError):
+                continue
+            hit = True
+            found.setdefault(name, {}).setdefault(rank, value)  # first line of each rank
+        v1 += bool(_V1_MARKS.search(line))
+        v0 += bool(_V0_MARKS.search(line))
+        recognised += hit
+    if not recognised:
+        raise ValueError(
+            "no vLLM start-up line found (memory profile, weights, KV cache size, GPU blocks or "
+            "engine config): is this a vLLM log?"
+        )
+    values, notes = {}, []
+    for name, by_rank in found.items():
+        rank = min(by_rank)
+        values[name] = by_rank[rank]
+        others = {r: v for r, v in by_rank.items() if r != rank and v != by_rank[rank]}
+        if others:
+            notes.append(
+                f"{name}: rank {rank}'s {by_rank[rank]!r} used; other workers printed "
+                f"{sorted(set(map(repr, others.values())))}"
+            )
+    if len({r for by_rank in found.values() for r in by_rank}) > 1:
+        notes.insert(0, "several workers printed their figures: rank 0's (the driver's) are used")
+    text_all = _ANSI.sub("", text)
+    engine = "V1" if v1 and (v1 >= v0 or "V1 LLM engine" in text_all) else ("V0" if v0 else None)
+    if "V1 LLM engine" in text_all:
+        engine = "V1"
+    log = VllmLog(engine=engine, notes=tuple(notes), **values)
+    missing = tuple(
+        name
+        for name in _FIELDS_REPORTED
+        if getattr(log, name) is None
+        and not (name == "model_weights_gib" and log.weights_gib is not None)
+        and not (name == "activation_peak_gib" and log.activation_gib is not None)
+    )
+    return _replace(log, missing=missing)
+
+
+def _replace(log: VllmLog, **changes) -> VllmLog:
+    return VllmLog(**{**log.to_dict(), **changes})
+
+
+# --- the real logs bundled with kvlab ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BundledLog:
+    """A start-up log a user posted, with what it takes to recompute it."""
+
+    name: str  # file under kvlab/perf/vllm_logs/, without .log
+    url: str
+    gpu: str
+    vllm: str  # version as stated or dated from the log's format
+    spec: ModelSpec
+    tensor_parallel_size: int = 1
+    max_num_batched_tokens: int | None = None  # the profile's token count (vLLM's default)
+    max_num_seqs: int = 256
+    fit: bool = True  # used to fit kvlab.perf.overhead (False: says why in ``note``)
+    note: str = ""
+
+    def text(self) -> str:
+        return (
+            resources.files("kvlab.perf")
+            .joinpath("vllm_logs", self.name + ".log")
+            .read_text(encoding="utf-8")
+        )
+
+    def read(self) -> VllmLog:
+        return read_vllm_log(self.text())
+
+
+# config.json facts (Hugging Face) of the logs' models
+_LLAMA_3_8B = {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32,
+               "num_key_value_heads": 8, "hidden_size": 4096, "intermediate_size": 14336,
+               "vocab_size": 128256, "torch_dtype": "bfloat16", "tie_word_embeddings": False}  # fmt: skip
+_QWEN25_32B = {"model_type": "qwen2", "num_hidden_layers": 64, "num_attention_heads": 40,
+               "num_key_value_heads": 8, "hidden_size": 5120, "intermediate_size": 27648,
+               "vocab_size": 152064, "torch_dtype": "bfloat16", "tie_word_embeddings": False,
+               "max_position_embeddings": 32768}  # fmt: skip
+_QWEN25_05B = {"model_type": "qwen2", "num_hidden_layers": 24, "num_attention_heads": 14,
+               "num_key_value_heads": 2, "hidden_size": 896, "intermediate_size": 4864,
+               "vocab_size": 151936, "torch_dtype": "bfloat16", "tie_word_embeddings": True,
+               "max_position_embeddings": 32768}  # fmt: skip
+# Mllama keeps its decoder under text_config: 40 layers (32 self- + 8 cross-attention), all cached
+_LLAMA_32_11B_VISION = {"model_type": "mllama", "text_config": {
+    "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "hidden_size": 4096, "intermediate_size": 14336, "vocab_size": 128256,
+    "torch_dtype": "bfloat16", "tie_word_embeddings": False}}  # fmt: skip
+_LLAMA_31_70B = dict(_LLAMA_3_8B, num_hidden_layers=80, num_attention_heads=64, hidden_size=8192,
+                     intermediate_size=28672)  # fmt: skip
+_OPT_125M = {"model_type": "opt", "num_hidden_layers": 12, "num_attention_heads": 12,
+             "hidden_size": 768, "ffn_dim": 3072, "vocab_size": 50272, "torch_dtype": "float16",
+             "max_position_embeddings": 2048}  # fmt: skip
+# Qwen3-235B-A22B is a mixture of experts: its attention shape by hand (94 layers, 4 KV heads)
+_QWEN3_235B = ModelSpec("Qwen3-235B-A22B-FP8", 94, 64, 4, 128, dtype_bytes=2, hidden_size=4096,
+                        vocab_size=151936)  # fmt: skip
+
+BUNDLED_LOGS: tuple[BundledLog, ...] = (
+    BundledLog(
+        "vllm-10517-llama31-8b-rtx3090-20k",
+        "https://github.com/vllm-project/vllm/issues/10517",
+        "RTX 3090 (24 GB)",
+        "0.6.4 (V0, its one-line profile format)",
+        spec_from_hf_config(_LLAMA_3_8B, name="Llama-3.1-8B-Instruct"),
+        max_num_batched_tokens=20000,
+    ),  # fmt: skip
+    BundledLog(
+        "vllm-10517-llama31-8b-rtx3090-29k",
+        "https://github.com/vllm-project/vllm/issues/10517",
+        "RTX 3090 (24 GB)",
+        "0.6.4 (V0, its one-line profile format)",
+        spec_from_hf_config(_LLAMA_3_8B, name="Llama-3.1-8B-Instruct"),
+        max_num_batched_tokens=29000,
+    ),  # fmt: skip
+    BundledLog(
+        "vllm-pr10511-llama3-8b-h100",
+        "https://github.com/vllm-project/vllm/pull/10511",
+        "H100-80GB",
+        "0.6.5 dev (V0, the profiling overhaul)",
+        spec_from_hf_config(_LLAMA_3_8B, name="Meta-Llama-3-8B"),
+        max_num_batched_tokens=8192,
+    ),  # fmt: skip
+    BundledLog(
+        "vllm-pr10511-llama3-8b-2xh100-tp2",
+        "https://github.com/vllm-project/vllm/pull/10511",
+        "2 x H100-80GB",
+        "0.6.5 dev (V0)",
+        spec_from_hf_config(_LLAMA_3_8B, name="Meta-Llama-3-8B"),
+        tensor_parallel_size=2,
+        max_num_batched_tokens=8192,
+        note="the post cut its KV line off: the profile only",
+    ),  # fmt: skip
+    BundledLog(
+        "vllm-pr12126-llama32-11b-vision-h100",
+        "https://github.com/vllm-project/vllm/pull/12126",
+        "H100-80GB",
+        "0.6.6 dev (V0)",
+        spec_from_hf_config(_LLAMA_32_11B_VISION, name="Llama-3.2-11B-Vision"),
+        max_num_batched_tokens=65536,
+        max_num_seqs=128,
+        fit=False,
+        note="multimodal: the vision encoder's profile (36.63 GiB) is not a text "
+        "model's activation peak",
+    ),  # fmt: skip
+    BundledLog(
+        "vllm-15815-qwen25-32b-2xl40s-tp2",
+        "https://github.com/vllm-project/vllm/issues/15815",
+        "2 x L40S (48 GB)",
+        "0.7.x (V0, executor_base.py CUDA blocks)",
+        spec_from_hf_config(_QWEN25_32B, name="Qwen2.5-32B-Instruct"),
+        tensor_parallel_size=2,
+        max_num_batched_tokens=10000,
+    ),  # fmt: skip
+    BundledLog(
+        "rlswarm-92-qwen25-05b-8gb",
+        "https://github.com/gensyn-ai/rl-swarm/issues/92",
+        "8 GiB GPU under WSL",
+        "0.7.x (V0)",
+        spec_from_hf_config(_QWEN25_05B, name="Qwen2.5-0.5B-Instruct"),
+        max_num_batched_tokens=32768,
+    ),  # fmt: skip
+    BundledLog(
+        "vllm-pr12569-llama31-70b-w8a8-v1",
+        "https://github.com/vllm-project/vllm/pull/12569",
+        "not stated",
+        "0.7.1 dev (V1)",
+        spec_from_hf_config(_LLAMA_31_70B, name="Meta-Llama-3.1-70B-Instruct-quantized.w8a8"),
+        fit=False,
+        note="no profile and no GPU named: blocks and concurrency only",
+    ),  # fmt: skip
+    BundledLog(
+        "vllm-21348-qwen3-235b-fp8-4xh100-v1",
+        "https://github.com/vllm-project/vllm/issues/21348",
+        "4 x H100-80GB",
+        "V1 (0.9/0.10, July 2025)",
+        _QWEN3_235B,
+        tensor_parallel_size=4,
+        fit=False,
+        note="KV size and tokens only; a mixture of experts",
+    ),  # fmt: skip
+    BundledLog(
+        "vllm-pr3120-opt-125m",
+        "https://github.com/vllm-project/vllm/pull/3120",
+        "not stated",
+        "0.3.3 (V0)",
+        spec_from_hf_config(_OPT_125M, name="OPT-125M"),
+        fit=False,
+        note="weights and blocks only (no profile printed in 0.3)",
+    ),  # fmt: skip
+)
+
+
+def bundled_log(name: str) -> BundledLog:
+    for log in BUNDLED_LOGS:
+        if log.name == name:
+            return log
+    raise KeyError(f"no bundled log {name!r}; there are {', '.join(b.name for b in BUNDLED_LOGS)}")

@@ -1,0 +1,238 @@
+"""read_vllm_log on real start-up logs (kvlab/perf/vllm_logs/), predictions from their memory
+profile, and the overhead model fitted to them."""
+
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvlab.models import LLAMA_3_8B
+from kvlab.perf import overhead
+from kvlab.perf.vllm_log import (
+    BUNDLED_LOGS,
+    GiB,
+    blocks_for,
+    bundled_log,
+    kv_bytes_per_token_per_gpu,
+    read_vllm_log,
+)
+
+# predicted / printed - 1 of the blocks (or tokens, or KV GiB) from each log's profile
+PROFILE_CHECKS = {
+    "vllm-10517-llama31-8b-rtx3090-20k": 1952,
+    "vllm-10517-llama31-8b-rtx3090-29k": 1478,
+    "vllm-pr12126-llama32-11b-vision-h100": 6001,
+    "vllm-15815-qwen25-32b-2xl40s-tp2": 3947,
+    "rlswarm-92-qwen25-05b-8gb": 19609,
+}
+
+
+def test_every_bundled_log_parses_and_is_listed_in_the_readme():
+    from importlib import resources
+
+    folder = resources.files("kvlab.perf").joinpath("vllm_logs")
+    files = {p.name.removesuffix(".log") for p in folder.iterdir() if p.name.endswith(".log")}
+    assert files == {b.name for b in BUNDLED_LOGS} and len(files) >= 8
+    readme = folder.joinpath("README.md").read_text(encoding="utf-8")
+    engines = set()
+    for b in BUNDLED_LOGS:
+        log = b.read()
+        engines.add(log.engine)
+        assert b.url in readme
+        assert log.missing == tuple(n for n in log.missing)  # a tuple of names
+        assert all(getattr(log, n) is None for n in log.missing if n not in ("model_weights_gib",))
+    assert engines == {"V0", "V1"}
+
+
+@pytest.mark.parametrize("name, printed_blocks", PROFILE_CHECKS.items())
+def test_blocks_predicted_from_the_profile_within_one_percent(name, printed_blocks):
+    b = bundled_log(name)
+    log = b.read()
+    assert log.num_gpu_blocks == printed_blocks
+    pred = log.predict(b.spec, tensor_parallel_size=b.tensor_parallel_size)
+    assert pred.num_blocks == pytest.approx(printed_blocks, rel=0.01)
+    # the KV bytes vLLM printed agree too (it rounds to 0.01 GiB)
+    assert pred.kv_cache_bytes / GiB == pytest.approx(log.kv_cache_memory_gib, abs=0.006)
+    # and the wrong TP (no split of the KV heads) would be far off where the log used TP
+    if b.tensor_parallel_size > 1:
+        assert log.predict(b.spec, tensor_parallel_size=1).num_blocks < 0.6 * printed_blocks
+
+
+def test_profile_without_blocks_predicts_the_printed_kv_size():
+    log = bundled_log("vllm-pr10511-llama3-8b-h100").read()
+    assert log.kv_cache_bytes_from_profile() / GiB == pytest.approx(53.29, abs=0.006)
+    assert log.num_gpu_blocks is None and "num_gpu_blocks" in log.missing
+
+
+def test_concurrency_is_blocks_times_block_size_over_tokens():
+    log = bundled_log("vllm-pr12569-llama31-70b-w8a8-v1").read()
+    assert (log.engine, log.num_gpu_blocks, log.max_concurrency_tokens) == ("V1", 1381, 2048)
+    assert round(1381 * 16 / 2048, 2) == log.max_concurrency == 10.79
+    assert log.model_loading_gib == pytest.approx(67.7229)
+    with pytest.raises(ValueError, match="did not print its memory profile"):
+        log.kv_cache_bytes_from_profile()
+    for name in ("vllm-10517-llama31-8b-rtx3090-20k", "vllm-10517-llama31-8b-rtx3090-29k"):
+        log = bundled_log(name).read()
+        assert round(log.num_gpu_blocks * 16 / log.max_concurrency_tokens, 2) == log.max_concurrency
+
+
+def test_v1_tokens_from_the_printed_kv_size():
+    # Qwen3-235B on 4 GPUs: 4 KV heads, one per GPU; 8.11 GiB -> 180,928 tokens against 178,880
+    # printed (+1.1%): V1 sizes the cache by the smallest worker's memory, the post shows one
+    b = bundled_log("vllm-21348-qwen3-235b-fp8-4xh100-v1")
+    log = b.read()
+    pred = log.predict(b.spec, tensor_parallel_size=4, from_profile=False)
+    assert pred.bytes_per_token == 2 * 94 * 1 * 128 * 2
+    assert pred.tokens / log.gpu_kv_cache_tokens - 1 == pytest.approx(0.0114, abs=0.001)
+
+
+def test_engine_config_line_v0():
+    log = bundled_log("vllm-pr3120-opt-125m").read()
+    assert (log.engine, log.tensor_parallel_size, log.max_model_len) == ("V0", 1, 2048)
+    assert (log.model, log.kv_cache_dtype) == ("facebook/opt-125m", "auto")
+    assert log.model_loading_gib == pytest.approx(244.61 / 1024)  # "MB" is MiB
+    assert (log.num_gpu_blocks, log.num_cpu_blocks) == (76240, 7281)
+
+
+def test_v1_non_default_args_and_new_profile_line():
+    text = "\n".join([
+        "(APIServer pid=1) INFO 08-06 10:08:29 [utils.py:233] non-default args: {'model': "
+        "'Qwen/Qwen3-8B', 'max_model_len': 16384, 'gpu_memory_utilization': 0.79, "
+        "'kv_cache_dtype': 'fp8', 'tensor_parallel_size': 2, 'max_num_batched_tokens': 8192}",
+        # a line a user posted (wtdcode/vllm-backport#34)
+        "(Worker_PP1_TP3 pid=4365) INFO 08-31 15:25:55 [gpu_worker.py:805] Free memory on device "
+        "(22.93/23.56 GiB) on startup. Desired GPU memory utilization is (0.935, 22.03 GiB). "
+        "Actual usage is 19.47 GiB for consumed memory (weights + non-torch), 0.6 GiB for peak "
+        "activation, and 0.1 GiB for CUDAGraph memory.",
+        "(EngineCore_DP0 pid=5) INFO 08-31 [kv_cache_utils.py:1] GPU KV cache size: 1,234,560 tokens",
+        "INFO [kv_cache_utils.py:1] Maximum concurrency for 16,384 tokens per request: 75.35x",
+    ])  # fmt: skip
+    log = read_vllm_log(text)
+    assert log.engine == "V1"
+    assert (log.max_model_len, log.tensor_parallel_size, log.max_num_batched_tokens) == (
+        16384,
+        2,
+        8192,
+    )
+    assert (log.kv_cache_dtype, log.model) == ("fp8", "Qwen/Qwen3-8B")
+    assert (log.total_gpu_memory_gib, log.gpu_memory_utilization) == (23.56, 0.935)
+    assert (log.activation_peak_gib, log.cuda_graph_gib) == (0.6, 0.1)
+    assert (log.gpu_kv_cache_tokens, log.max_concurrency_tokens, log.max_concurrency) == (
+        1234560,
+        16384,
+        75.35,
+    )
+
+
+def test_cuda_graph_line():
+    log = read_vllm_log(
+        "INFO 09-22 [model_runner.py:960] Graph capturing finished in 5 secs, took 0.11 GiB"
+    )
+    assert log.cuda_graph_gib == 0.11
+
+
+def test_tensor_parallel_takes_rank_0_and_says_so():
+    text = (
+        "(VllmWorker rank=1 pid=7) INFO [gpu_worker.py:1] Available KV cache memory: 9.00 GiB\n"
+        "(VllmWorker rank=0 pid=6) INFO [gpu_worker.py:1] Available KV cache memory: 8.50 GiB\n"
+    )
+    log = read_vllm_log(text)
+    assert log.kv_cache_memory_gib == 8.5
+    assert any("rank 0" in n for n in log.notes) and any("9.0" in n for n in log.notes)
+
+
+_CANONICAL = bundled_log("vllm-15815-qwen25-32b-2xl40s-tp2").text()
+_prefix = st.sampled_from(
+    ["", "2025-01-02T03:04:05.678Z ", "INFO 01-23 12:34:56 ", "\x1b[32mINFO\x1b[0m 01-23 ",
+     "llama-1  | ", "[rank0]: ", "(EngineCore_DP0 pid=12) "]
+)  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None)
+@given(prefixes=st.lists(_prefix, min_size=1, max_size=3), colour=st.booleans())
+def test_prefixes_do_not_change_what_is_read(prefixes, colour):
+    lines = []
+    for i, line in enumerate(_CANONICAL.splitlines()):
+        if colour:
+            line = re.sub(r"(\d+\.\d+GiB)", "\x1b[1m\\1\x1b[0m", line)
+        lines.append(prefixes[i % len(prefixes)] + line)
+    got, want = read_vllm_log("\n".join(lines)), read_vllm_log(_CANONICAL)
+    for name in (
+        "total_gpu_memory_gib",
+        "activation_peak_gib",
+        "num_gpu_blocks",
+        "kv_cache_memory_gib",
+    ):
+        assert getattr(got, name) == getattr(want, name)
+
+
+def test_missing_lines_are_named():
+    text = "\n".join(line for line in _CANONICAL.splitlines() if "blocks" not in line)
+    log = read_vllm_log(text)
+    assert "num_gpu_blocks" in log.missing and log.has_profile
+    assert "max_num_batched_tokens" in log.missing
+
+
+@given(st.text(alphabet=st.characters(blacklist_characters="0123456789"), max_size=300))
+def test_garbage_is_refused(text):
+    with pytest.raises(ValueError, match="no vLLM start-up line"):
+        read_vllm_log(text)
+
+
+@pytest.mark.parametrize(
+    "bad, error", [(None, TypeError), (b"INFO", TypeError), (42, TypeError), ("", ValueError)]
+)
+def test_bad_input(bad, error):
+    with pytest.raises(error):
+        read_vllm_log(bad)
+
+
+def test_kv_heads_replicated_beyond_their_number():
+    # Llama-3-8B has 8 KV heads: 16 GPUs still hold one each, not half of one
+    assert kv_bytes_per_token_per_gpu(LLAMA_3_8B, 16) == kv_bytes_per_token_per_gpu(LLAMA_3_8B, 8)
+    assert kv_bytes_per_token_per_gpu(LLAMA_3_8B, 2) * 2 == LLAMA_3_8B.kv_bytes_per_token
+    block = 16 * LLAMA_3_8B.kv_bytes_per_token
+    assert blocks_for(LLAMA_3_8B, 10 * block - 1).num_blocks == 9  # whole blocks only
+
+
+# --- the overhead model -----------------------------------------------------------------------
+
+
+def test_constants_are_the_fit_of_the_bundled_logs():
+    fit = overhead.fit_overhead()
+    assert fit.num_logs >= 5
+    assert overhead.ACTIVATION_FLOOR_GIB == pytest.approx(fit.activation_floor_gib, abs=0.006)
+    assert overhead.ACTIVATION_SLOPE == pytest.approx(fit.activation_slope, abs=0.006)
+    assert overhead.NON_TORCH_GIB == pytest.approx(fit.non_torch_gib, abs=0.006)
+    assert overhead.NON_TORCH_TP_EXTRA_GIB == pytest.approx(fit.non_torch_tp_extra_gib, abs=0.006)
+
+
+def test_spread_beats_the_fixed_two_gib():
+    errors = overhead.kv_errors()
+    assert len(errors) >= 5
+    model = sorted(abs(m) for m, _ in errors.values())
+    fixed = sorted(abs(f) for _, f in errors.values())
+    assert max(model) < max(fixed) and model[len(model) // 2] < fixed[len(fixed) // 2]
+    est = overhead.predict_overhead(LLAMA_3_8B, max_num_batched_tokens=8192)
+    assert est.kv_error_max == pytest.approx(max(model)) and est.num_logs == len(errors)
+    assert "from 5 real logs" in str(est) or f"from {len(errors)} real logs" in str(est)
+
+
+def test_overhead_grows_with_tokens_tp_and_has_a_floor():
+    small = overhead.predict_overhead(LLAMA_3_8B, max_num_batched_tokens=512)
+    big = overhead.predict_overhead(LLAMA_3_8B, max_num_batched_tokens=32768)
+    assert small.activation_bytes == pytest.approx(overhead.ACTIVATION_FLOOR_GIB * GiB)
+    assert big.activation_bytes > 3 * GiB > small.activation_bytes
+    tp = overhead.predict_overhead(LLAMA_3_8B, max_num_batched_tokens=512, tensor_parallel_size=2)
+    assert tp.non_torch_bytes > small.non_torch_bytes
+    assert (
+        small.cuda_graph_bytes > 0
+        and small.overhead_bytes == small.activation_bytes + small.non_torch_bytes
+    )
+    from kvlab.models import ModelSpec
+
+    with pytest.raises(ValueError, match="intermediate_size"):
+        overhead.predict_overhead(
+            ModelSpec("x", 2, 2, 2, 64, hidden_size=128), max_num_batched_tokens=8
+        )
