@@ -47,8 +47,9 @@ def _plan(args) -> int:
     from kvlab.perf.planner import in_words, plan
 
     try:
+        model, log = _plan_inputs(args)
         result = plan(
-            args.model,
+            model,
             args.gpu,
             num_gpus=args.gpus,
             gpu_memory_utilization=args.utilization,
@@ -61,8 +62,11 @@ def _plan(args) -> int:
             min_tokens_per_user=args.min_tokens_per_user,
             users=args.users,
             gpu_memory_gib=args.gpu_memory_gib,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            kv_cache_dtype=args.kv_cache_dtype,
+            vllm_log=log,
         )
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, OSError) as e:
         print(f"kvlab plan: error: {in_words(str(e), PLAN_FLAGS)}", file=sys.stderr)
         return 2
     try:
@@ -71,6 +75,42 @@ def _plan(args) -> int:
     except BrokenPipeError:  # `kvlab plan ... | head`: the reader left, which is fine
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
+
+
+def _plan_inputs(args):
+    """The model (a preset, a config.json, or the one the log served) and the log."""
+    import json
+
+    from kvlab.models import spec_from_hf_config
+    from kvlab.perf.planner import model_for_repo
+    from kvlab.perf.vllm_log import read_vllm_log
+
+    log = None
+    if args.vllm_log is not None:
+        text = sys.stdin.read() if args.vllm_log == "-" else _read_text(args.vllm_log, "--vllm-log")
+        log = read_vllm_log(text)
+    if args.model is not None and args.model_config is not None:
+        raise ValueError("give --model or --model-config, not both")
+    if args.model_config is not None:
+        text = _read_text(args.model_config, "--model-config")
+        try:
+            config = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--model-config: {args.model_config!r} is not JSON ({e})") from None
+        return spec_from_hf_config(config), log
+    if args.model is not None:
+        return args.model, log
+    if log is not None and log.model and model_for_repo(log.model):
+        return model_for_repo(log.model), log
+    said = f" (the log served {log.model!r}, not a preset)" if log and log.model else ""
+    raise ValueError(f"--model (a preset) or --model-config (a config.json) is required{said}")
+
+
+def _read_text(path: str, flag: str) -> str:
+    try:
+        return open(path, encoding="utf-8").read()
+    except OSError as e:
+        raise ValueError(f"{flag}: cannot read {path!r}: {e.strerror or e}") from None
 
 
 # the planner's argument names as `kvlab plan` spells them, for its error messages
@@ -85,6 +125,9 @@ PLAN_FLAGS = {
     "min_tokens_per_user": "--min-tokens-per-user",
     "users": "--users",
     "gpu_memory_gib": "--gpu-memory-gib",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "kv_cache_dtype": "--kv-cache-dtype",
+    "vllm_log": "--vllm-log",
     "weights_bytes": "weights",
     "overhead_bytes": "overhead",
 }
@@ -173,12 +216,34 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"models: {', '.join(PRESETS)}; GPUs: {', '.join(CATALOGUE)} (prices are "
         "assumptions: pass --price)",
     )
-    plan.add_argument("--model", required=True, help="a model preset, e.g. Llama-3-8B")
+    plan.add_argument("--model", help="a model preset, e.g. Llama-3-8B")
+    plan.add_argument(
+        "--model-config",
+        metavar="FILE",
+        help="a Hugging Face config.json instead of a preset (layers, heads, sizes, dtype)",
+    )
+    plan.add_argument(
+        "--vllm-log",
+        metavar="FILE",
+        help="a vLLM start-up log ('-': stdin): plan with the memory it measured, and compare "
+        "the blocks it printed",
+    )
     plan.add_argument("--gpu", required=True, help="a GPU preset, e.g. H100-80GB")
     plan.add_argument("--gpus", type=int, default=1, help="GPUs per copy, tensor parallel (1)")
     plan.add_argument("--workload", default="sharegpt", help="sharegpt or alpaca (sharegpt)")
     plan.add_argument("--max-seq-len", type=int, help="longest request (default: the model's)")
-    plan.add_argument("--block-size", type=int, default=16, help="tokens per KV block (16)")
+    plan.add_argument("--block-size", type=int, help="tokens per KV block (16, or the log's)")
+    plan.add_argument(
+        "--kv-cache-dtype",
+        help="auto (the model's dtype) or fp8 (1 byte: half the KV bytes), as vLLM's flag",
+    )
+    plan.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        metavar="N",
+        help="tokens per step, which sizes vLLM's activation memory (default: vLLM's, 8192 on "
+        "GPUs of 70 GiB or more other than the A100, else 2048)",
+    )
     plan.add_argument(
         "--utilization", type=float, default=0.9, help="share of GPU memory to use (0.9)"
     )

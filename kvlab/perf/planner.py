@@ -14,12 +14,13 @@ How :func:`plan` gets there (each step a stated assumption; :func:`compare_with_
 checks the result against :func:`kvlab.serving.simulate` on the same set-up):
 
 1. Memory, as vLLM sizes it: ``KV bytes = num_gpus x memory x gpu_memory_utilization - weights
-   - overhead``. Weights are ``num_params x dtype_bytes`` unless given; the overhead (activations
-   of the profiling run, CUDA graphs, NCCL buffers, allocator slack) defaults to
-   :data:`DEFAULT_OVERHEAD_PER_GPU` per GPU, the 2 GB that Table 1 of the PagedAttention paper
-   leaves between 26 GB of weights and 12 GB of KV on a 40 GB A100 (vLLM logs show 0.5-2.5 GiB). With
-   tensor parallelism each GPU holds its share of the KV heads (at least one head: with more GPUs
-   than KV heads the heads are copied, as vLLM does).
+   - overhead``. Weights are ``num_params x dtype_bytes`` unless given; the overhead (the
+   activation peak of vLLM's profiling run and non-torch memory: CUDA context, NCCL buffers) comes
+   from a start-up log when one is given (``vllm_log``), else is predicted from the model's MLP
+   width and the step's tokens with the spread that prediction shows on real logs
+   (:mod:`kvlab.perf.memory_budget`, :mod:`kvlab.perf.overhead`). With tensor parallelism each
+   GPU holds its share of the KV heads (at least one head: with more GPUs than KV heads the heads
+   are copied, as vLLM does).
 2. Concurrency under continuous batching with every request waiting (a saturated server). A
    running request is seen for as many steps as it generates tokens, so by Little's law the mean
    number running is ``memory / F``, where ``F`` is the *time-weighted* mean footprint: each
@@ -85,13 +86,17 @@ from kvlab.core.contiguous import booking_size
 from kvlab.core.validate import positive_int
 from kvlab.models import PRESETS, ModelSpec, preset
 from kvlab.perf import gpus as gpu_catalogue
+from kvlab.perf import memory_budget
 from kvlab.perf.gpus import GiB, PricedGPU, with_price
+from kvlab.perf.memory_budget import MemoryBudget
 from kvlab.perf.roofline import GPU
+from kvlab.perf.vllm_log import VllmLog, read_vllm_log
 from kvlab.serving.workload import Request, alpaca_like, sharegpt_like
 
 POLICIES = tuple(CACHES)  # "contiguous", "contiguous-pow2", "contiguous-oracle", "paged"
+# the overhead assumed per GPU when a model's MLP width is unknown (kvlab.perf.memory_budget)
+DEFAULT_OVERHEAD_PER_GPU = memory_budget.DEFAULT_OVERHEAD_PER_GPU
 
-DEFAULT_OVERHEAD_PER_GPU = 2 * GiB  # activations, CUDA graphs, buffers: an assumption (above)
 # Share of a contiguous arena that variable-size bookings (pow2, oracle) keep booked when the
 # server is saturated: the rest are holes too small for the next request in line. An empirical
 # figure: kvlab.serving.simulate's first-fit arena measures 0.88-0.94 on ShareGPT- and Alpaca-like
@@ -107,6 +112,8 @@ SIMULATION_TOLERANCE = 0.15  # stated agreement with kvlab.serving.simulate (rel
 # H200, MI300X), else 256. Older V0 engines used 256 everywhere.
 VLLM_MAX_NUM_SEQS_LARGE_GPU = 1024
 VLLM_MAX_NUM_SEQS = 256
+VLLM_MAX_NUM_BATCHED_TOKENS_LARGE_GPU = 8192  # vllm serve's, beside max_num_seqs 1024
+VLLM_MAX_NUM_BATCHED_TOKENS = 2048
 VLLM_LARGE_GPU_MEMORY = 70 * GiB
 # The block sizes vLLM's --block-size accepted (its BlockSize type: Literal[1, 8, 16, 32, 64, 128]
 # in vllm/config.py up to the 0.9 series; 0.10-0.11 added 256 for hybrid models, and the newest
@@ -131,7 +138,11 @@ HF_REPOS = {
     "OPT-13B": "facebook/opt-13b",
     "Llama-3-8B": "meta-llama/Meta-Llama-3-8B-Instruct",
     "Llama-3-70B": "meta-llama/Meta-Llama-3-70B-Instruct",
-    "Mistral-7B": "mistralai/Mistral-7B-Instruct-v0.3",
+    "Llama-3.1-8B": "meta-llama/Llama-3.1-8B-Instruct",
+    "Llama-3.1-70B": "meta-llama/Llama-3.1-70B-Instruct",
+    "Mistral-7B": "mistralai/Mistral-7B-Instruct-v0.1",
+    "Mistral-7B-v0.3": "mistralai/Mistral-7B-Instruct-v0.3",
+    "Qwen2.5-7B-Instruct": "Qwen/Qwen2.5-7B-Instruct",
 }
 
 WORKLOADS = {
@@ -164,6 +175,46 @@ def vllm_default_max_num_seqs(gpu: GPU) -> int:
     not an A100, else 256 (see :data:`VLLM_MAX_NUM_SEQS_LARGE_GPU`)."""
     large = gpu.memory_bytes >= VLLM_LARGE_GPU_MEMORY and "a100" not in gpu.name.lower()
     return VLLM_MAX_NUM_SEQS_LARGE_GPU if large else VLLM_MAX_NUM_SEQS
+
+
+def model_for_repo(name: str) -> ModelSpec | None:
+    """The preset a vLLM log's model is (its Hugging Face repository or a preset's name), if any."""
+    key = name.strip().rstrip("/").lower()
+    for preset_name, repo in HF_REPOS.items():
+        if key in (repo.lower(), repo.lower().rsplit("/", 1)[-1], preset_name.lower()):
+            return PRESETS[preset_name]
+    return next((spec for n, spec in PRESETS.items() if n.lower() == key), None)
+
+
+def vllm_default_max_num_batched_tokens(gpu: GPU) -> int:
+    """The tokens of one step (and of vLLM's profiling run) ``vllm serve`` picks when none is
+    given: 8192 on the GPUs that get 1024 sequences, else 2048 (vllm/engine/arg_utils.py,
+    ``EngineArgs.get_batch_defaults``, API server)."""
+    large = vllm_default_max_num_seqs(gpu) == VLLM_MAX_NUM_SEQS_LARGE_GPU
+    return VLLM_MAX_NUM_BATCHED_TOKENS_LARGE_GPU if large else VLLM_MAX_NUM_BATCHED_TOKENS
+
+
+def _resolve_log(vllm_log) -> VllmLog | None:
+    if vllm_log is None or isinstance(vllm_log, VllmLog):
+        return vllm_log
+    if isinstance(vllm_log, str):
+        return read_vllm_log(vllm_log)
+    raise TypeError(
+        f"vllm_log must be a vLLM start-up log's text or a kvlab.perf.vllm_log.VllmLog, got "
+        f"{type(vllm_log).__name__}"
+    )
+
+
+def _from_log(name: str, given, default, logged):
+    """A setting the log fixed: the log's, unless the caller gave another (an error)."""
+    if logged is None:
+        return default if given is None else given
+    if given is not None and given != default and given != logged:
+        raise ValueError(
+            f"{name}={given!r} disagrees with the vLLM log, which ran with {logged!r}: leave "
+            f"{name} out to plan the logged set-up"
+        )
+    return logged
 
 
 def _check_block_size(block_size, max_seq_len: int) -> int:
@@ -498,6 +549,27 @@ class PolicyEstimate:
 
 
 # what limits a decode step, in words (Plan._verdict)
+# what a log report shows, in this order: VllmLog field, label, unit
+_LOG_FIELDS = (
+    ("total_gpu_memory_gib", "GPU memory", " GiB"),
+    ("gpu_memory_utilization", "x utilization", ""),
+    ("requested_memory_gib", "=", " GiB"),
+    ("weights_gib", "weights", " GiB"),
+    ("activation_peak_gib", "activation peak", " GiB"),
+    ("peak_torch_memory_gib", "torch peak", " GiB"),
+    ("non_torch_memory_gib", "non-torch", " GiB"),
+    ("kv_cache_memory_gib", "KV cache", " GiB"),
+    ("cuda_graph_gib", "CUDA graphs", " GiB"),
+    ("num_gpu_blocks", "blocks", ""),
+    ("gpu_kv_cache_tokens", "token slots", ""),
+    ("max_concurrency", "max concurrency", "x"),
+    ("max_model_len", "max_model_len", ""),
+    ("max_num_batched_tokens", "max_num_batched_tokens", ""),
+    ("tensor_parallel_size", "tensor parallel", ""),
+    ("block_size", "block size", ""),
+    ("kv_cache_dtype", "KV dtype", ""),
+)
+
 _LIMITS = {"compute": "arithmetic (FLOP/s)", "memory": "memory bandwidth"}
 
 
@@ -527,6 +599,55 @@ class Plan:
     min_tokens_per_user: float | None = None
     speed_cap: int | None = None  # most requests at once at min_tokens_per_user (0: none reach it)
     users: int | None = None
+    memory: MemoryBudget | None = None  # where the memory went, and how sure the KV share is
+    max_num_batched_tokens: int | None = None
+    vllm_log: VllmLog | None = field(default=None, repr=False)
+    kv_cache_dtype: str = "auto"  # vLLM's --kv-cache-dtype
+
+    @property
+    def log_check(self) -> dict | None:
+        """With a vLLM log: the blocks this plan counts against the ones the log printed."""
+        log = self.vllm_log
+        if log is None:
+            return None
+        printed = log.num_gpu_blocks
+        if printed is None and log.printed_tokens is not None:
+            printed = log.printed_tokens // self.block_size
+        predicted = self.capacity.num_blocks
+        return {
+            "predicted_blocks": predicted,
+            "printed_blocks": printed,
+            "error": None if not printed else predicted / printed - 1,
+            "found": {
+                k: v
+                for k, v in {**log.to_dict(), "weights_gib": log.weights_gib}.items()
+                if v not in (None, (), []) and k not in ("missing", "notes")
+            },
+            "missing": list(log.missing),
+        }
+
+    def log_report(self) -> str | None:
+        """What the log said, what it did not, and the blocks predicted from it, in lines."""
+        check = self.log_check
+        if check is None:
+            return None
+        log = self.vllm_log
+        engine = " ".join(x for x in (log.engine, log.version and f"v{log.version}") if x)
+        found = "; ".join(
+            f"{label} {check['found'][key]:,}{unit}"
+            if isinstance(check["found"][key], int)
+            else f"{label} {check['found'][key]}{unit}"
+            for key, label, unit in _LOG_FIELDS
+            if key in check["found"]
+        )
+        lines = [f"From the vLLM log{f' ({engine})' if engine else ''}: {found}."]
+        if check["missing"]:
+            lines.append(f"Not in the log: {', '.join(check['missing'])}.")
+        line = f"Blocks predicted from its memory: {check['predicted_blocks']:,}"
+        if check["printed_blocks"]:
+            line += f"; the log printed {check['printed_blocks']:,} ({check['error']:+.2%})"
+        lines.append(line + ".")
+        return "\n".join(lines)
 
     @property
     def kv_cache_bytes(self) -> float:
@@ -636,8 +757,9 @@ class Plan:
         """The ``vllm serve`` flags that realise this plan, flag -> value (strings).
 
         ``--max-num-seqs`` is the plan's cap; without one, the number of KV blocks (each running
-        request holds at least one, so memory binds first). ``--kv-cache-dtype fp8`` appears when
-        the model's KV cache is fp8 (a ``kv_cache_dtype`` of the spec starting with ``"fp8"``).
+        request holds at least one, so memory binds first). ``--kv-cache-dtype`` appears when
+        the cache is not the model's dtype; ``--max-num-batched-tokens`` is the step the memory
+        was sized for (vLLM's profiling run).
         """
         flags = {
             "--tensor-parallel-size": str(self.num_gpus),
@@ -646,11 +768,10 @@ class Plan:
             "--max-num-seqs": str(self.max_num_seqs or self.capacity.num_blocks),
             "--block-size": str(self.block_size),
         }
-        kv_dtype = getattr(self.model, "kv_cache_dtype", None) or getattr(
-            self.model, "kv_dtype", None
-        )
-        if isinstance(kv_dtype, str) and kv_dtype.lower().startswith("fp8"):
-            flags["--kv-cache-dtype"] = kv_dtype.lower()
+        if self.kv_cache_dtype != "auto":
+            flags["--kv-cache-dtype"] = self.kv_cache_dtype
+        if self.max_num_batched_tokens is not None:
+            flags["--max-num-batched-tokens"] = str(self.max_num_batched_tokens)
         return flags
 
     def vllm_command(self) -> str:
@@ -779,9 +900,15 @@ class Plan:
         lines = [
             self.setup + ".",
             f"Memory: {_gib(self.kv_cache_bytes)} for the KV cache after {_gib(self.weights_bytes)} "
-            f"of weights and {_gib(self.overhead_bytes)} of overhead: {cap.token_slots:,} token "
-            f"slots, room for {cap.max_concurrency:.2f} requests of full length.",
+            f"of weights and {_gib(self.overhead_bytes)} of overhead{self._overhead_source()}: "
+            f"{cap.token_slots:,} token slots, room for {cap.max_concurrency:.2f} requests of "
+            "full length.",
         ]
+        if self.memory is not None and self.memory.spread:
+            lines.append(f"How sure: {self.memory.spread}.")
+        report = self.log_report()
+        if report:
+            lines.append(report)
         for line in (self._speed_line(), self._cap_line()):
             if line:
                 lines.append(line)
@@ -818,6 +945,15 @@ class Plan:
             "every request waiting (a busy server)."
         )
         return "\n".join(lines)
+
+    def _overhead_source(self) -> str:
+        source = None if self.memory is None else self.memory.source
+        return {
+            "vllm-log": " (measured by the vLLM log)",
+            "given": " (given)",
+            "predicted": f" (predicted for {self.max_num_batched_tokens:,} tokens a step)",
+            "assumed": " (assumed: 2 GiB per GPU)",
+        }.get(source, "")
 
     def _verdict(self) -> str:
         """The bottom line: against the best contiguous booking first, then max-length booking,
@@ -940,6 +1076,8 @@ class Plan:
                 "target_tokens_per_s": self.target_tokens_per_s,
                 "max_num_seqs": self.max_num_seqs,
                 "max_num_seqs_source": self.max_num_seqs_source,
+                "max_num_batched_tokens": self.max_num_batched_tokens,
+                "kv_cache_dtype": self.kv_cache_dtype,
                 "min_tokens_per_user": self.min_tokens_per_user,
                 "users": self.users,
             },
@@ -950,6 +1088,8 @@ class Plan:
                 "token_slots": self.capacity.token_slots,
                 "max_concurrency": self.capacity.max_concurrency,
             },
+            "memory": None if self.memory is None else self.memory.to_dict(),
+            "vllm_log": self.log_check,
             "workload": self.workload.to_dict(),
             "policies": [dataclasses.asdict(est) for est in self.policies.values()],
             "concurrency_gain": self.concurrency_gain,
@@ -992,13 +1132,16 @@ def plan(
     overhead_bytes: float | None = None,
     workload="sharegpt",
     max_seq_len: int | None = None,
-    block_size: int = 16,
+    block_size: int | None = None,
     price_per_gpu_hour: float | None = None,
     target_tokens_per_s: float | None = None,
     max_num_seqs: int | None = None,
     min_tokens_per_user: float | None = None,
     users: int | None = None,
     gpu_memory_gib: float | None = None,
+    max_num_batched_tokens: int | None = None,
+    kv_cache_dtype: str | None = None,
+    vllm_log: VllmLog | str | None = None,
 ) -> Plan:
     """Capacity, throughput and cost of serving ``model`` on ``num_gpus`` x ``gpu``, per cache.
 
@@ -1006,8 +1149,8 @@ def plan(
     :class:`~kvlab.perf.gpus.PricedGPU`, any :class:`~kvlab.perf.roofline.GPU` or a catalogue name
     ("H100-80GB"; see ``kvlab.perf.gpus.CATALOGUE``). ``num_gpus`` GPUs serve one copy of the model,
     tensor parallel. ``weights_bytes`` defaults to ``num_params x dtype_bytes`` (give it for a
-    quantised model), ``overhead_bytes`` (all GPUs together) to ``num_gpus x``
-    :data:`DEFAULT_OVERHEAD_PER_GPU`. ``workload``: ``"sharegpt"``, ``"alpaca"`` or a list of
+    quantised model), ``overhead_bytes`` (all GPUs together: activations, non-torch memory) is
+    predicted (below). ``workload``: ``"sharegpt"``, ``"alpaca"`` or a list of
     :class:`~kvlab.serving.workload.Request` (read as a distribution of lengths: the plan is for a busy
     server with such requests always waiting, however few the list). ``max_seq_len`` (prompt +
     output) defaults to the model's
@@ -1021,12 +1164,33 @@ def plan(
     speed, or at whatever the plan gives) sizes ``gpus_for_users``. ``gpu_memory_gib`` replaces
     the GPU's memory (a card not in the catalogue, or the total your vLLM log prints): its
     bandwidth, FLOP/s and price stay those of ``gpu`` (:func:`kvlab.perf.gpus.with_memory`).
+    ``kv_cache_dtype``: ``"auto"`` (the model's dtype) or ``"fp8"`` (one byte per element, as
+    vLLM's ``--kv-cache-dtype fp8``). Without ``overhead_bytes`` the overhead is predicted from the
+    model's MLP width and ``max_num_batched_tokens`` (the profiling run's tokens; default vLLM's:
+    :func:`vllm_default_max_num_batched_tokens`) with its spread against real logs
+    (:mod:`kvlab.perf.memory_budget`). ``vllm_log`` (a start-up log's text or a
+    :class:`~kvlab.perf.vllm_log.VllmLog`) replaces all of that with what the log measured: the
+    GPU's total memory, utilization, weights and overhead, and its tensor parallel size,
+    ``max_model_len``, block size and KV dtype where it prints them; :attr:`Plan.log_check`
+    compares the blocks the plan counts with the ones the log printed.
     Analytic: no simulation runs; the first call per workload and ``max_seq_len`` samples the
     workload (a fraction of a second), later calls are instant. See the module docstring for the
     model and :func:`compare_with_simulation` for the check.
     """
     spec = _resolve_model(model)
     card = _resolve_gpu(gpu)
+    log = _resolve_log(vllm_log)
+    if log is not None:
+        num_gpus = _from_log("num_gpus", num_gpus, 1, log.tensor_parallel_size)
+        block_size = _from_log("block_size", block_size, 16, log.block_size)
+        if max_seq_len is None:  # "Maximum concurrency for N tokens per request": max_model_len
+            max_seq_len = log.max_model_len or log.max_concurrency_tokens
+        if kv_cache_dtype is None and log.kv_cache_dtype:
+            kv_cache_dtype = log.kv_cache_dtype
+    elif block_size is None:
+        block_size = 16
+    if kv_cache_dtype is not None:
+        spec = spec.with_kv_dtype(kv_cache_dtype)
     if gpu_memory_gib is not None:
         memory_gib = _number("gpu_memory_gib", gpu_memory_gib)
         _at_most("gpu_memory_gib", memory_gib, gpu_catalogue.MAX_MEMORY_GIB, "GiB (one GPU)")
@@ -1073,35 +1237,64 @@ def plan(
         _at_most("users", users, MAX_USERS, "requests at once")
 
     # the weights and overhead in words: the argument's name only where the user passed it
-    if weights_bytes is None:
-        if spec.num_params is None:
-            raise ValueError(
-                f"model {spec.name!r} has no num_params: pass weights_bytes (bytes of weights)"
-            )
+    measured = None if log is None else memory_budget.from_log(log, num_gpus)
+    if weights_bytes is not None:
+        weights = _number("weights_bytes", weights_bytes)
+        weights_said = f"weights_bytes = {_gib(weights)}"
+    elif measured is not None:
+        weights = measured["weights_bytes"]
+        weights_said = f"the weights the log measured ({_gib(weights)})"
+    elif spec.num_params is None:
+        raise ValueError(
+            f"model {spec.name!r} has no num_params: pass weights_bytes (bytes of weights)"
+        )
+    else:
         weights = spec.num_params * spec.dtype_bytes
         weights_said = (
             f"{spec.name}'s weights ({spec.num_params / 1e9:.3g}B parameters x "
             f"{spec.dtype_bytes} bytes = {_gib(weights)})"
         )
-    else:
-        weights = _number("weights_bytes", weights_bytes)
-        weights_said = f"weights_bytes = {_gib(weights)}"
     num_params = spec.num_params if spec.num_params is not None else weights / spec.dtype_bytes
-    if overhead_bytes is None:
-        overhead = num_gpus * DEFAULT_OVERHEAD_PER_GPU
-        overhead_said = f"the assumed overhead of {_gib(DEFAULT_OVERHEAD_PER_GPU)} per GPU"
+    if max_num_batched_tokens is None:
+        max_num_batched_tokens = vllm_default_max_num_batched_tokens(card)
     else:
-        overhead = _number("overhead_bytes", overhead_bytes, strict=False)
-        overhead_said = f"overhead_bytes = {_gib(overhead)}"
-    memory = num_gpus * card.memory_bytes
-    usable = memory * util
+        max_num_batched_tokens = positive_int("max_num_batched_tokens", max_num_batched_tokens)
+    if measured is not None:
+        del measured["weights_bytes"]
+        if overhead_bytes is not None:
+            overhead = _number("overhead_bytes", overhead_bytes, strict=False)
+            measured.update(overhead_bytes=overhead, source="given")
+        card = gpu_catalogue.with_memory(card, measured.pop("total_bytes") / num_gpus / GiB)
+        util = measured.pop("utilization")
+        budget = memory_budget.MemoryBudget(
+            total_bytes=num_gpus * card.memory_bytes, utilization=util, weights_bytes=weights,
+            **measured,
+        )  # fmt: skip
+        overhead_said = f"the overhead the log measured ({_gib(budget.overhead_bytes)})"
+    elif overhead_bytes is None:
+        budget = memory_budget.MemoryBudget(
+            total_bytes=num_gpus * card.memory_bytes, utilization=util, weights_bytes=weights,
+            **memory_budget.predicted_overhead(spec, num_gpus, max_num_batched_tokens),
+        )  # fmt: skip
+        what = "predicted" if budget.source == "predicted" else "assumed"
+        overhead_said = f"the {what} overhead of {_gib(budget.overhead_bytes / num_gpus)} per GPU"
+    else:
+        budget = memory_budget.MemoryBudget(
+            total_bytes=num_gpus * card.memory_bytes, utilization=util, weights_bytes=weights,
+            overhead_bytes=_number("overhead_bytes", overhead_bytes, strict=False),
+            source="given",
+        )  # fmt: skip
+        overhead_said = f"overhead_bytes = {_gib(budget.overhead_bytes)}"
+    overhead = budget.overhead_bytes
+    memory = budget.total_bytes
+    usable = budget.usable_bytes
     where = f"{num_gpus} x {card.name}" if num_gpus > 1 else f"one {card.name}"
     if weights >= memory:
         raise ValueError(
             f"{weights_said}: more than the GPU memory of {where} "
             f"({_gib(memory)}); raise num_gpus or pick a larger GPU"
         )
-    kv_bytes = usable - weights - overhead
+    kv_bytes = budget.kv_cache_bytes
     if kv_bytes <= 0:
         raise ValueError(
             f"{weights_said} and {overhead_said} leave no "
@@ -1177,6 +1370,10 @@ def plan(
         min_tokens_per_user=min_tokens_per_user,
         speed_cap=speed_cap,
         users=users,
+        memory=budget,
+        max_num_batched_tokens=max_num_batched_tokens,
+        vllm_log=log,
+        kv_cache_dtype="auto" if kv_cache_dtype is None else kv_cache_dtype.strip().lower(),
     )
 
 

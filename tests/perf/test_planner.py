@@ -128,10 +128,18 @@ def test_bandwidth_bound_cost_and_gpus_by_hand():
 
 
 def test_tensor_parallel_splits_weights_and_kv_and_adds_bandwidth():
-    # OPT-13B on 2 x A100-80GB: KV = 2 x 80 GiB x 0.9 - 25.8e9 weights - 2 x 2 GiB
-    p = plan("OPT-13B", "A100-80GB", num_gpus=2)
+    # OPT-13B on 2 x A100-80GB: KV = 2 x 80 GiB x 0.9 - 25.8e9 weights - the overhead of both GPUs
+    p = plan("OPT-13B", "A100-80GB", num_gpus=2, overhead_bytes=2 * DEFAULT_OVERHEAD_PER_GPU)
     assert p.kv_cache_bytes == pytest.approx(2 * 80 * GiB * 0.9 - 25.8e9 - 4 * GiB)
-    assert p.overhead_bytes == 2 * DEFAULT_OVERHEAD_PER_GPU
+    assert p.memory.source == "given" and p.memory.spread is None
+    predicted = plan("OPT-13B", "A100-80GB", num_gpus=2)
+    one = plan("OPT-13B", "A100-80GB", num_gpus=1)
+    assert predicted.memory.source == "predicted" and "real vLLM logs" in predicted.memory.spread
+    # each GPU pays its own activations and non-torch memory, more with tensor parallel (NCCL)
+    assert predicted.overhead_bytes > 2 * one.overhead_bytes
+    assert predicted.kv_cache_bytes == pytest.approx(
+        2 * 80 * GiB * 0.9 - 25.8e9 - predicted.overhead_bytes
+    )
     assert p.capacity.bytes_per_token == OPT_13B.kv_bytes_per_token == 819_200
     st = p.step_time()
     assert st.hbm_bytes_per_s == 2 * 2.039e12 and st.peak_flops == 2 * 312e12
@@ -349,7 +357,7 @@ def test_plan_is_instant_once_the_workload_is_sampled():
             ("Llama-3-8B", "L4-24GB"),
             {"gpu_memory_utilization": 0.6},
             ValueError,
-            r"Llama-3-8B's weights .* and the assumed overhead of 2.0 GiB per GPU leave no memory",
+            r"Llama-3-8B's weights .* and the predicted overhead of 1\.\d GiB per GPU leave no memory",
         ),
         (("Llama-3-8B", "H100-80GB"), {"max_seq_len": 1}, ValueError, "max_seq_len must be >= 2"),
         (("OPT-13B", "A100-40GB"), {"max_seq_len": 4096}, ValueError, "context of 2,048"),
@@ -577,11 +585,6 @@ def test_a_plan_too_slow_for_a_person_says_so():
     assert json.loads(json.dumps(fast.to_dict()))["inputs"]["min_tokens_per_user"] == 20
 
 
-@dataclasses.dataclass(frozen=True)
-class _FP8Spec(ModelSpec):
-    kv_cache_dtype: str = "fp8"
-
-
 def test_the_vllm_flags_that_realise_a_plan():
     p = plan("Llama-3-70B", "H200-141GB", num_gpus=8, gpu_memory_utilization=0.85)
     assert p.vllm_flags() == {
@@ -590,15 +593,20 @@ def test_the_vllm_flags_that_realise_a_plan():
         "--max-model-len": "8192",
         "--max-num-seqs": "1024",
         "--block-size": "16",
+        "--max-num-batched-tokens": "8192",
     }
     assert p.vllm_command().startswith("vllm serve meta-llama/Meta-Llama-3-70B-Instruct --tensor")
     assert p.vllm_command() in p.summary
     capped = plan("Llama-3-8B", "H100-80GB", min_tokens_per_user=60, block_size=32)
     assert capped.vllm_flags()["--max-num-seqs"] == str(capped.speed_cap)
     assert capped.vllm_flags()["--block-size"] == "32"
-    fp8 = dataclasses.replace(LLAMA_3_8B, name="llama-fp8kv")
-    fp8 = _FP8Spec(**{f.name: getattr(fp8, f.name) for f in dataclasses.fields(ModelSpec)})
-    assert plan(fp8, "H100-80GB").vllm_flags()["--kv-cache-dtype"] == "fp8"
+    fp8 = plan("Llama-3-8B", "H100-80GB", kv_cache_dtype="fp8")
+    assert fp8.vllm_flags()["--kv-cache-dtype"] == "fp8"
+    # one byte per element: twice the token slots in the same memory, the weights unchanged
+    auto = plan("Llama-3-8B", "H100-80GB")
+    assert fp8.capacity.bytes_per_token * 2 == auto.capacity.bytes_per_token
+    assert fp8.weights_bytes == auto.weights_bytes
+    assert fp8.capacity.token_slots == pytest.approx(2 * auto.capacity.token_slots, abs=16)
     assert "--kv-cache-dtype" not in p.vllm_flags()
     blob = json.loads(json.dumps(p.to_dict()))
     assert blob["vllm_flags"]["--max-num-seqs"] == "1024" and blob["vllm_command"].startswith(
@@ -616,7 +624,9 @@ def test_one_memory_convention_and_a_gpu_of_any_memory():
     big = plan("Llama-3-8B", "H100-80GB", gpu_memory_gib=94)
     assert big.gpu.name == "H100-80GB (94 GiB)" and big.gpu.memory_bytes == 94 * GiB
     assert big.gpu.hbm_bytes_per_s == H100_SXM.hbm_bytes_per_s and big.price_per_gpu_hour == 2.90
-    assert big.kv_cache_bytes == pytest.approx(94 * GiB * 0.9 - LLAMA_3_8B.num_params * 2 - 2 * GiB)
+    assert big.kv_cache_bytes == pytest.approx(
+        94 * GiB * 0.9 - LLAMA_3_8B.num_params * 2 - big.overhead_bytes
+    )
     assert "H100-80GB (94 GiB)" in big.setup
 
 
