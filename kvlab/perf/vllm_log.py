@@ -431,6 +431,15 @@ _LLAMA_31_70B = dict(_LLAMA_3_8B, num_hidden_layers=80, num_attention_heads=64, 
 _OPT_125M = {"model_type": "opt", "num_hidden_layers": 12, "num_attention_heads": 12,
              "hidden_size": 768, "ffn_dim": 3072, "vocab_size": 50272, "torch_dtype": "float16",
              "max_position_embeddings": 2048}  # fmt: skip
+# Qwen2.5-1.5B and Qwen2.5-Math-1.5B share a shape (28 layers, 2 KV heads of 128, tied embeddings)
+_QWEN25_15B = {"model_type": "qwen2", "num_hidden_layers": 28, "num_attention_heads": 12,
+               "num_key_value_heads": 2, "hidden_size": 1536, "intermediate_size": 8960,
+               "vocab_size": 151936, "torch_dtype": "bfloat16", "tie_word_embeddings": True}  # fmt: skip
+# DeepSeek-R1-Distill-Qwen-7B is a Qwen2.5-Math-7B: 28 layers, 4 KV heads, untied embeddings
+_QWEN25_7B_DISTILL = {"model_type": "qwen2", "num_hidden_layers": 28, "num_attention_heads": 28,
+                      "num_key_value_heads": 4, "hidden_size": 3584, "intermediate_size": 18944,
+                      "vocab_size": 152064, "torch_dtype": "bfloat16",
+                      "tie_word_embeddings": False}  # fmt: skip
 # Qwen3-235B-A22B is a mixture of experts: its attention shape by hand (94 layers, 4 KV heads)
 _QWEN3_235B = ModelSpec("Qwen3-235B-A22B-FP8", 94, 64, 4, 128, dtype_bytes=2, hidden_size=4096,
                         vocab_size=151936)  # fmt: skip
@@ -526,6 +535,53 @@ BUNDLED_LOGS: tuple[BundledLog, ...] = (
         spec_from_hf_config(_OPT_125M, name="OPT-125M"),
         fit=False,
         note="weights and blocks only (no profile printed in 0.3)",
+    ),  # fmt: skip
+    BundledLog(
+        "t4-qwen25-15b-instruct-fp16",
+        "kvlab search index, public GitHub file id 55594152188",
+        "Tesla T4 (14.56 GiB; the log says so)",
+        "0.7.2 (V0; the log says so)",
+        spec_from_hf_config(_QWEN25_15B, name="Qwen2.5-1.5B-Instruct"),
+        max_num_batched_tokens=32768,  # max_seq_len, chunked prefill off (printed)
+        note="fp16 (cast from bf16 on Turing); gpu_memory_utilization 0.50",
+    ),  # fmt: skip
+    BundledLog(
+        "t4-qwen25-05b-fp16",
+        "kvlab search index, public GitHub file id 69421856836",
+        "Tesla T4 (14.56 GiB; Turing per the log)",
+        "0.6.6.post1 (V0; the log says so)",
+        spec_from_hf_config(_QWEN25_05B, name="Qwen2.5-0.5B"),
+        max_num_batched_tokens=32768,
+        note="fp16 (cast from bf16)",
+    ),  # fmt: skip
+    BundledLog(
+        "a10g-qwen25-math-15b",
+        "kvlab search index, public GitHub file id 60663571995",
+        "not named (22.06 GiB: an A10G-class 24 GB card)",
+        "0.7.2 (V0; the log says so)",
+        spec_from_hf_config(_QWEN25_15B, name="Qwen2.5-Math-1.5B"),
+        max_num_batched_tokens=4096,  # max(max_seq_len, 2048), chunked prefill off
+    ),  # fmt: skip
+    BundledLog(
+        "v100-deepseek-r1-distill-qwen-7b-fp16",
+        "kvlab search index, public GitHub file id 4922787267",
+        "V100-32GB (31.74 GiB; Volta per the log)",
+        "0.7.1 (V0; the log says so)",
+        spec_from_hf_config(_QWEN25_7B_DISTILL, name="DeepSeek-R1-Distill-Qwen-7B"),
+        max_num_batched_tokens=2048,  # max(max_seq_len 2048, 2048)
+        note="fp16 (cast from bf16 on Volta)",
+    ),  # fmt: skip
+    BundledLog(
+        "oci-aqua-llama31-8b-22gb-128k",
+        "https://github.com/oracle-samples/oci-data-science-ai-samples/blob/main/"
+        "ai-quick-actions/troubleshooting-tips.md",
+        "not named (22.07 GiB: an A10-class 24 GB card)",
+        "0.7.x (V0, executor_base.py CUDA blocks; inferred from the format)",
+        spec_from_hf_config(_LLAMA_3_8B, name="Llama-3.1-8B (inferred: 14.9888 GB, 128K)"),
+        fit=False,
+        note="the model is not named (its weights and 128K context are Llama-3.1-8B's); at "
+        "131072 tokens V0 chunks the prefill, and the log does not print the chunk "
+        "(max_num_batched_tokens): blocks from the profile only",
     ),  # fmt: skip
 )
 

@@ -25,7 +25,17 @@ PROFILE_CHECKS = {
     "vllm-pr12126-llama32-11b-vision-h100": 6001,
     "vllm-15815-qwen25-32b-2xl40s-tp2": 3947,
     "rlswarm-92-qwen25-05b-8gb": 19609,
+    "t4-qwen25-15b-instruct-fp16": 5519,
+    "t4-qwen25-05b-fp16": 58059,
+    "a10g-qwen25-math-15b": 36332,
+    "v100-deepseek-r1-distill-qwen-7b-fp16": 14984,
+    "oci-aqua-llama31-8b-22gb-128k": 2356,
 }
+
+
+def test_every_log_with_a_profile_and_printed_blocks_is_checked():
+    checked = {b.name for b in BUNDLED_LOGS if b.read().has_profile and b.read().num_gpu_blocks}
+    assert checked == set(PROFILE_CHECKS) and len(checked) >= 10
 
 
 def test_every_bundled_log_parses_and_is_listed_in_the_readme():
@@ -52,8 +62,8 @@ def test_blocks_predicted_from_the_profile_within_one_percent(name, printed_bloc
     assert log.num_gpu_blocks == printed_blocks
     pred = log.predict(b.spec, tensor_parallel_size=b.tensor_parallel_size)
     assert pred.num_blocks == pytest.approx(printed_blocks, rel=0.01)
-    # the KV bytes vLLM printed agree too (it rounds to 0.01 GiB)
-    assert pred.kv_cache_bytes / GiB == pytest.approx(log.kv_cache_memory_gib, abs=0.006)
+    # the KV bytes vLLM printed agree too (it rounds each figure to 0.01 GiB)
+    assert pred.kv_cache_bytes / GiB == pytest.approx(log.kv_cache_memory_gib, abs=0.011)
     # and the wrong TP (no split of the KV heads) would be far off where the log used TP
     if b.tensor_parallel_size > 1:
         assert log.predict(b.spec, tensor_parallel_size=1).num_blocks < 0.6 * printed_blocks
@@ -201,22 +211,41 @@ def test_kv_heads_replicated_beyond_their_number():
 
 def test_constants_are_the_fit_of_the_bundled_logs():
     fit = overhead.fit_overhead()
-    assert fit.num_logs >= 5
+    assert fit.num_logs >= 9
     assert overhead.ACTIVATION_FLOOR_GIB == pytest.approx(fit.activation_floor_gib, abs=0.006)
     assert overhead.ACTIVATION_SLOPE == pytest.approx(fit.activation_slope, abs=0.006)
-    assert overhead.NON_TORCH_GIB == pytest.approx(fit.non_torch_gib, abs=0.006)
-    assert overhead.NON_TORCH_TP_EXTRA_GIB == pytest.approx(fit.non_torch_tp_extra_gib, abs=0.006)
+    assert overhead.NON_TORCH_GIB == pytest.approx(fit.non_torch_gib, abs=0.0006)
+    assert overhead.NON_TORCH_TP_EXTRA_GIB == fit.non_torch_tp_extra_gib == 0.0
 
 
-def test_spread_beats_the_fixed_two_gib():
-    errors = overhead.kv_errors()
-    assert len(errors) >= 5
-    model = sorted(abs(m) for m, _ in errors.values())
-    fixed = sorted(abs(f) for _, f in errors.values())
-    assert max(model) < max(fixed) and model[len(model) // 2] < fixed[len(fixed) // 2]
+def test_the_reported_spread_is_the_leave_one_out_of_the_bundled_logs():
+    in_sample = overhead.kv_errors()
+    loo = overhead.leave_one_out()
+    assert set(loo) == set(in_sample) and len(loo) == overhead.KV_ERROR_NUM_LOGS >= 9
+    for stored, errors in (
+        (overhead.KV_ERROR_LOO, loo.values()),
+        (overhead.KV_ERROR_IN_SAMPLE, [m for m, _ in in_sample.values()]),
+        (overhead.KV_ERROR_FIXED, [f for _, f in in_sample.values()]),
+    ):
+        assert stored == pytest.approx(overhead.spread(errors), abs=0.0006)
+    # out of sample is no better than in sample, and the model beats the fixed 2 GiB
+    assert overhead.KV_ERROR_LOO[0] >= overhead.KV_ERROR_IN_SAMPLE[0]
+    assert overhead.KV_ERROR_LOO[0] < overhead.KV_ERROR_FIXED[0]
+    assert overhead.KV_ERROR_LOO[1] < overhead.KV_ERROR_FIXED[1]
     est = overhead.predict_overhead(LLAMA_3_8B, max_num_batched_tokens=8192)
-    assert est.kv_error_max == pytest.approx(max(model)) and est.num_logs == len(errors)
-    assert "from 5 real logs" in str(est) or f"from {len(errors)} real logs" in str(est)
+    assert (est.kv_error_max, est.kv_error_typical) == overhead.KV_ERROR_LOO
+    assert est.num_logs == len(loo) and est.kv_error_fixed_2gib == overhead.KV_ERROR_FIXED
+    assert f"leave-one-out from {len(loo)} real logs" in str(est) and "in sample" in str(est)
+
+
+def test_leave_one_out_predicts_the_log_left_out_from_the_others():
+    name = "t4-qwen25-15b-instruct-fp16"
+    others = [b for b in BUNDLED_LOGS if b.name != name]
+    fit = overhead.fit_overhead(others)
+    assert fit.num_logs == overhead.fit_overhead().num_logs - 1
+    assert overhead.leave_one_out()[name] == overhead.kv_errors(fit)[name][0]
+    with pytest.raises(ValueError):
+        overhead.spread([])
 
 
 def test_overhead_grows_with_tokens_tp_and_has_a_floor():
@@ -225,7 +254,7 @@ def test_overhead_grows_with_tokens_tp_and_has_a_floor():
     assert small.activation_bytes == pytest.approx(overhead.ACTIVATION_FLOOR_GIB * GiB)
     assert big.activation_bytes > 3 * GiB > small.activation_bytes
     tp = overhead.predict_overhead(LLAMA_3_8B, max_num_batched_tokens=512, tensor_parallel_size=2)
-    assert tp.non_torch_bytes > small.non_torch_bytes
+    assert tp.non_torch_bytes == small.non_torch_bytes  # no TP extra: the logs do not support one
     assert (
         small.cuda_graph_bytes > 0
         and small.overhead_bytes == small.activation_bytes + small.non_torch_bytes
