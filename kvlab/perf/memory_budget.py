@@ -15,7 +15,6 @@ of four places, best first:
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import asdict, dataclass
 
 from kvlab.models import ModelSpec
@@ -57,10 +56,14 @@ class MemoryBudget:
         """The KV capacity's spread in words, or None when the overhead was measured or given."""
         if self.kv_error_max is None:
             return None
-        what = "predicted" if self.source == "predicted" else "a fixed 2 GiB per GPU"
+        how = (
+            "the overhead predicted for each from a fit to the others"
+            if self.source == "predicted"
+            else "the overhead a fixed 2 GiB per GPU"
+        )
         return (
-            f"KV capacity ±{self.kv_error_max:.0%} (typically ±{self.kv_error_typical:.0%}) "
-            f"against {self.num_logs} real vLLM logs: the overhead is {what}"
+            f"KV capacity ±{self.kv_error_max:.0%} (typically ±{self.kv_error_typical:.0%}) on "
+            f"{self.num_logs} real vLLM start-up logs, {how}"
         )
 
     def to_dict(self) -> dict:
@@ -68,8 +71,8 @@ class MemoryBudget:
 
 
 def _fixed_spread() -> tuple[float, float, int]:
-    errors = [abs(fixed) for _, fixed in overhead_model.kv_errors().values()]
-    return max(errors), statistics.median(errors), len(errors)
+    worst, typical = overhead_model.KV_ERROR_FIXED
+    return worst, typical, overhead_model.KV_ERROR_NUM_LOGS
 
 
 def predicted_overhead(

@@ -91,7 +91,7 @@ def test_kvlab_plan_without_a_log_says_how_sure_it_is(capsys):
     code, out, err = _cli(capsys, "--model", "Llama-3-8B", "--gpu", "H100-80GB")
     assert code == 0, err
     assert "(predicted for 8,192 tokens a step)" in out
-    assert "How sure: KV capacity ±" in out and "real vLLM logs" in out
+    assert "How sure: KV capacity ±" in out and "real vLLM start-up logs" in out
     blob = json.loads(_cli(capsys, "--model", "Llama-3-8B", "--gpu", "H100-80GB", "--json")[1])
     assert blob["memory"]["source"] == "predicted" and blob["memory"]["kv_error_max"] > 0
 

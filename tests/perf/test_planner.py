@@ -134,9 +134,9 @@ def test_tensor_parallel_splits_weights_and_kv_and_adds_bandwidth():
     assert p.memory.source == "given" and p.memory.spread is None
     predicted = plan("OPT-13B", "A100-80GB", num_gpus=2)
     one = plan("OPT-13B", "A100-80GB", num_gpus=1)
-    assert predicted.memory.source == "predicted" and "real vLLM logs" in predicted.memory.spread
-    # each GPU pays its own activations and non-torch memory, more with tensor parallel (NCCL)
-    assert predicted.overhead_bytes > 2 * one.overhead_bytes
+    assert predicted.memory.source == "predicted" and "real vLLM start-up logs" in predicted.memory.spread
+    # each GPU pays its own activations (a share of the MLP's) and non-torch memory
+    assert one.overhead_bytes < predicted.overhead_bytes <= 2 * one.overhead_bytes
     assert predicted.kv_cache_bytes == pytest.approx(
         2 * 80 * GiB * 0.9 - 25.8e9 - predicted.overhead_bytes
     )
@@ -365,7 +365,7 @@ def test_plan_is_instant_once_the_workload_is_sampled():
         (("Llama-3-8B", "H100-80GB"), {"price_per_gpu_hour": -1}, ValueError, "price_per_gpu"),
         (("Llama-3-8B", "H100-80GB"), {"target_tokens_per_s": 0}, ValueError, "target_tokens"),
         (("Llama-3-8B", "H100-80GB"), {"max_num_seqs": -1}, ValueError, "max_num_seqs must be >="),
-        (("OPT-13B", "A100-40GB"), {"gpu_memory_utilization": 0.68}, ValueError, "fewer than"),
+        (("OPT-13B", "A100-40GB"), {"gpu_memory_utilization": 0.66}, ValueError, "fewer than"),
         (
             (ModelSpec("x", 2, 2, 2, 64), "L4-24GB"),
             {"max_seq_len": 64},
