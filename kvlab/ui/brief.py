@@ -172,7 +172,9 @@ def _memory_assumptions(plans: dict[str, Plan]) -> str:
             f"{_gib(p.kv_cache_bytes)} of KV cache, {p.paged.memory_holding_tokens:.0%} "
             "of it holding tokens when paged"
         )
-    return "- Memory: " + "; ".join(parts) + "."
+    spreads = sorted({p.memory.spread for p in plans.values() if p.memory and p.memory.spread})
+    how_sure = f" How sure: {'; '.join(spreads)}." if spreads else ""
+    return "- Memory: " + "; ".join(parts) + "." + how_sure
 
 
 def brief_markdown(
@@ -225,7 +227,13 @@ def brief_figure(plans: dict[str, Plan]):
     fig, axes = plt.subplots(len(plans), 2, figsize=(8.4, 2.9 * len(plans)), squeeze=False)
     for row, (name, p) in zip(axes, plans.items(), strict=True):
         viz.plot_plan(p, axes=row)
-        row[0].set_title(name, fontsize=9, loc="left")
+        # the bottom line travels with the picture: leaders forward the PNG on its own
+        row[0].set_title(
+            f"{name}\npaged: {p.concurrency_gain_vs_oracle:.1f}x the best contiguous, "
+            f"{p.concurrency_gain_vs_max_length:.1f}x max-length",
+            fontsize=8.5,
+            loc="left",
+        )
         _cost_ranges(row[1], p)
     fig.suptitle(
         "Requests served at once and what a million tokens cost, per set-up\n"
