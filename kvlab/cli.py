@@ -62,6 +62,7 @@ def _plan(args) -> int:
             min_tokens_per_user=args.min_tokens_per_user,
             users=args.users,
             gpu_memory_gib=args.gpu_memory_gib,
+            weights_bytes=None if args.weights_gib is None else args.weights_gib * 2**30,
             max_num_batched_tokens=args.max_num_batched_tokens,
             kv_cache_dtype=args.kv_cache_dtype,
             vllm_log=log,
@@ -97,7 +98,17 @@ def _plan_inputs(args):
             config = json.loads(text)
         except json.JSONDecodeError as e:
             raise ValueError(f"--model-config: {args.model_config!r} is not JSON ({e})") from None
-        return spec_from_hf_config(config), log
+        if not isinstance(config, dict):
+            raise ValueError(f"--model-config: {args.model_config!r} is not a config.json object")
+        quantised = (config.get("quantization_config") or {}).get("quant_method")
+        if quantised and args.weights_gib is None:
+            raise ValueError(
+                f"--model-config: the checkpoint is quantised ({quantised}): its weights are not "
+                "its parameters x 2 bytes; give --weights-gib (the weights of one copy, in GiB)"
+            )
+        folder = os.path.basename(os.path.dirname(os.path.abspath(args.model_config)))
+        name = str(config.get("_name_or_path") or folder or config.get("model_type") or "model")
+        return spec_from_hf_config(config, name=name), log
     if args.model is not None:
         return args.model, log
     if log is not None and log.model and model_for_repo(log.model):
@@ -108,7 +119,8 @@ def _plan_inputs(args):
 
 def _read_text(path: str, flag: str) -> str:
     try:
-        return open(path, encoding="utf-8").read()
+        with open(path, encoding="utf-8", errors="replace") as f:  # a log may hold stray bytes
+            return f.read()
     except OSError as e:
         raise ValueError(f"{flag}: cannot read {path!r}: {e.strerror or e}") from None
 
@@ -128,7 +140,7 @@ PLAN_FLAGS = {
     "max_num_batched_tokens": "--max-num-batched-tokens",
     "kv_cache_dtype": "--kv-cache-dtype",
     "vllm_log": "--vllm-log",
-    "weights_bytes": "weights",
+    "weights_bytes": "--weights-gib",
     "overhead_bytes": "overhead",
 }
 
@@ -229,10 +241,16 @@ def build_parser() -> argparse.ArgumentParser:
         "the blocks it printed",
     )
     plan.add_argument("--gpu", required=True, help="a GPU preset, e.g. H100-80GB")
-    plan.add_argument("--gpus", type=int, default=1, help="GPUs per copy, tensor parallel (1)")
+    plan.add_argument("--gpus", type=int, help="GPUs per copy, tensor parallel (1, or the log's)")
     plan.add_argument("--workload", default="sharegpt", help="sharegpt or alpaca (sharegpt)")
     plan.add_argument("--max-seq-len", type=int, help="longest request (default: the model's)")
     plan.add_argument("--block-size", type=int, help="tokens per KV block (16, or the log's)")
+    plan.add_argument(
+        "--weights-gib",
+        type=float,
+        metavar="X",
+        help="the weights of one copy in GiB (a quantised model; default: parameters x 2 bytes)",
+    )
     plan.add_argument(
         "--kv-cache-dtype",
         help="auto (the model's dtype) or fp8 (1 byte: half the KV bytes), as vLLM's flag",
@@ -245,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
         "GPUs of 70 GiB or more other than the A100, else 2048)",
     )
     plan.add_argument(
-        "--utilization", type=float, default=0.9, help="share of GPU memory to use (0.9)"
+        "--utilization", type=float, help="share of GPU memory to use (0.9, or the log's)"
     )
     plan.add_argument("--price", type=float, help="dollars per GPU-hour (default: catalogue's)")
     plan.add_argument("--target", type=float, help="generated tokens/s to size GPUs for")

@@ -13,18 +13,16 @@ from dataclasses import dataclass
 
 from kvlab.core.validate import positive_int
 
-# bytes per element of vLLM's --kv-cache-dtype choices ("auto" keeps the model's dtype)
+# bytes per element of vLLM's --kv-cache-dtype choices ("auto" keeps the model's dtype); vLLM has
+# no fp32 cache, and spells the 16-bit ones out
 KV_CACHE_DTYPES = {
     "fp8": 1,
     "fp8_e4m3": 1,
     "fp8_e5m2": 1,
-    "fp16": 2,
-    "bf16": 2,
-    "float16": 2,
     "bfloat16": 2,
-    "fp32": 4,
-    "float32": 4,
+    "float16": 2,
 }
+KV_CACHE_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 
 
 @dataclass(frozen=True)
@@ -98,6 +96,7 @@ class ModelSpec:
                 f"{kv_cache_dtype!r}"
             )
         key = kv_cache_dtype.strip().lower()
+        key = KV_CACHE_DTYPE_ALIASES.get(key, key)
         if key == "auto":
             return dataclasses.replace(self, kv_dtype_bytes=None)
         if key not in KV_CACHE_DTYPES:

@@ -42,6 +42,7 @@ class MemoryBudget:
     kv_error_max: float | None = None
     kv_error_typical: float | None = None
     num_logs: int | None = None
+    num_gpus: int = 1
 
     @property
     def usable_bytes(self) -> float:
@@ -57,13 +58,19 @@ class MemoryBudget:
         if self.kv_error_max is None:
             return None
         how = (
-            "the overhead predicted for each from a fit to the others"
+            "each log's overhead predicted from a fit to the others"
             if self.source == "predicted"
-            else "the overhead a fixed 2 GiB per GPU"
+            else "with the overhead fixed at 2 GiB per GPU"
+        )
+        scope = (
+            f" (set-ups of at most {overhead_model.FITTED_TENSOR_PARALLEL} GPUs: {self.num_gpus} "
+            "per copy is beyond what was measured)"
+            if self.num_gpus > overhead_model.FITTED_TENSOR_PARALLEL
+            else ""
         )
         return (
             f"KV capacity ±{self.kv_error_max:.0%} (typically ±{self.kv_error_typical:.0%}) on "
-            f"{self.num_logs} real vLLM start-up logs, {how}"
+            f"{self.num_logs} real vLLM start-up logs{scope}, {how}"
         )
 
     def to_dict(self) -> dict:
@@ -104,34 +111,52 @@ def predicted_overhead(
     }
 
 
-def from_log(log: VllmLog, num_gpus: int) -> dict[str, float | str | None]:
-    """Total, utilization, weights and overhead (all GPUs) as a log printed them; a
-    ValueError naming what is missing when the log cannot size a KV cache."""
-    per_gpu_total = log.total_gpu_memory_gib
-    util = log.gpu_memory_utilization
-    if per_gpu_total is None or util is None:
-        if log.requested_memory_gib is None:
+def from_log(
+    log: VllmLog, num_gpus: int, *, gpu_memory_bytes: float, utilization: float | None,
+    spec_weights_bytes: float | None,
+) -> tuple[dict, list[str]]:  # fmt: skip
+    """Total, utilization, weights and overhead (all GPUs) as a log measured them, and notes on
+    what had to come from elsewhere (``gpu_memory_bytes``: the card's memory, ``utilization``:
+    the caller's, ``spec_weights_bytes``: the model's, all GPUs). A ValueError names what is
+    missing when the log cannot size a KV cache."""
+    notes = []
+    per_gpu_total, util = log.total_gpu_memory_gib, log.gpu_memory_utilization
+    if util is None and per_gpu_total is not None and log.requested_memory_gib is not None:
+        util = log.requested_memory_gib / per_gpu_total
+    if per_gpu_total is None:
+        per_gpu_total = gpu_memory_bytes / GiB
+        if util is None and log.requested_memory_gib is not None:
+            util = log.requested_memory_gib / per_gpu_total
+        notes.append(f"GPU memory {per_gpu_total:.2f} GiB from the GPU named (the log prints none)")
+    if util is None:
+        if utilization is None:
             raise ValueError(
-                "the vLLM log prints neither total_gpu_memory x gpu_memory_utilization nor "
-                "their product: re-planning needs the memory it could use (vLLM prints it in "
-                "'Memory profiling takes ...' from 0.6.4 on)"
+                "the vLLM log prints no gpu_memory_utilization: give the one the server ran with"
             )
-        per_gpu_total, util = log.requested_memory_gib, 1.0
+        util = utilization
+        notes.append(f"gpu_memory_utilization {util:g} as given (the log prints none)")
     weights = log.weights_gib
     if weights is None:
-        raise ValueError("the vLLM log prints no weights ('Loading model weights took X GB')")
+        if spec_weights_bytes is None:
+            raise ValueError("the vLLM log prints no weights and the model has no num_params")
+        weights = spec_weights_bytes / num_gpus / GiB
+        notes.append(f"weights {weights:.2f} GiB per GPU from the model (the log prints none)")
     if log.has_profile:
         kv = log.kv_cache_bytes_from_profile() / GiB
-        per_gpu_overhead = per_gpu_total * util - weights - kv
-        activation, non_torch = log.activation_gib, log.non_torch_memory_gib
     elif log.kv_cache_memory_gib is not None:
-        per_gpu_overhead = per_gpu_total * util - weights - log.kv_cache_memory_gib
-        activation = non_torch = None
+        kv = log.kv_cache_memory_gib
     else:
         raise ValueError(
             "the vLLM log prints neither its memory profile (activation peak, non-torch memory) "
-            "nor its KV cache size: missing " + ", ".join(log.missing)
+            "nor its KV cache size ('Available KV cache memory'): missing " + ", ".join(log.missing)
         )
+    per_gpu_overhead = per_gpu_total * util - weights - kv
+    activation, non_torch = log.activation_gib, log.non_torch_memory_gib
+    if activation is None or not log.has_profile:
+        activation = None
+    if non_torch is None or not log.has_profile:
+        non_torch = None
+    graphs = log.cuda_graph_gib
     return {
         "total_bytes": num_gpus * per_gpu_total * GiB,
         "utilization": util,
@@ -140,7 +165,5 @@ def from_log(log: VllmLog, num_gpus: int) -> dict[str, float | str | None]:
         "source": "vllm-log",
         "activation_bytes": None if activation is None else num_gpus * activation * GiB,
         "non_torch_bytes": None if non_torch is None else num_gpus * non_torch * GiB,
-        "cuda_graph_bytes": None
-        if log.cuda_graph_gib is None
-        else num_gpus * log.cuda_graph_gib * GiB,
-    }
+        "cuda_graph_bytes": None if graphs is None else num_gpus * graphs * GiB,
+    }, notes

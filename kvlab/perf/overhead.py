@@ -25,6 +25,7 @@ already out of sample) come with it, labelled.
 
 from __future__ import annotations
 
+import functools
 import statistics
 from dataclasses import dataclass
 
@@ -43,6 +44,7 @@ KV_ERROR_LOO = (0.118, 0.029)  # (max, median)
 KV_ERROR_IN_SAMPLE = (0.077, 0.021)  # of the constants above
 KV_ERROR_FIXED = (0.465, 0.043)
 KV_ERROR_NUM_LOGS = 9
+FITTED_TENSOR_PARALLEL = 2  # the most GPUs per copy among the fitted logs (the tests check)
 CUDA_GRAPH_GIB = 0.5  # an allowance, not fitted (posted V1 logs show 0.1-0.7 GiB)
 FIXED_OVERHEAD_GIB = 2.0  # the planner's assumption before this model, for comparison
 
@@ -144,17 +146,16 @@ def kv_errors(fit: OverheadFit | None = None, logs=BUNDLED_LOGS) -> dict[str, tu
         log = b.read()
         if not (b.fit and log.has_profile and log.kv_cache_memory_gib and b.max_num_batched_tokens):
             continue
-        budget = (
+        budget = (  # total x utilization - weights
             log.kv_cache_bytes_from_profile() / GiB + log.activation_gib + log.non_torch_memory_gib
         )
-        free = budget  # total x utilization - weights
         activation, non_torch = _overhead_gib(
             b.spec, b.max_num_batched_tokens, b.tensor_parallel_size, fit
         )
         printed = log.kv_cache_memory_gib
         out[b.name] = (
-            (free - activation - non_torch) / printed - 1,
-            (free - FIXED_OVERHEAD_GIB) / printed - 1,
+            (budget - activation - non_torch) / printed - 1,
+            (budget - FIXED_OVERHEAD_GIB) / printed - 1,
         )
     return out
 
@@ -178,6 +179,7 @@ def spread(errors) -> tuple[float, float]:
     return max(values), statistics.median(values)
 
 
+@functools.cache  # the logs are read once: a plan is instant after the first
 def _constants() -> OverheadFit:
     return OverheadFit(
         ACTIVATION_FLOOR_GIB, ACTIVATION_SLOPE, NON_TORCH_GIB, NON_TORCH_TP_EXTRA_GIB,
@@ -190,17 +192,20 @@ def predict_overhead(
     *,
     max_num_batched_tokens: int,
     tensor_parallel_size: int = 1,
+    fit: OverheadFit | None = None,
 ) -> OverheadEstimate:
     """Activation peak, non-torch and CUDA-graph memory per GPU for ``spec`` served by vLLM.
 
     ``max_num_batched_tokens``: the tokens of the profiling run (V0 without chunked prefill:
     ``max(max_model_len, 2048)``; V1 and chunked prefill: the flag, 2048-16384 by default).
+    ``fit``: constants of :func:`fit_overhead` on other logs (default: the bundled logs' fit),
+    e.g. to predict a log from a fit that never saw it.
     """
     if not isinstance(spec, ModelSpec):
         raise TypeError(f"spec must be a kvlab.models.ModelSpec, got {type(spec).__name__}")
     tokens = positive_int("max_num_batched_tokens", max_num_batched_tokens)
     tp = positive_int("tensor_parallel_size", tensor_parallel_size)
-    activation, non_torch = _overhead_gib(spec, tokens, tp, _constants())
+    activation, non_torch = _overhead_gib(spec, tokens, tp, fit or _constants())
     return OverheadEstimate(
         activation * GiB,
         non_torch * GiB,

@@ -85,6 +85,7 @@ from kvlab.core.cache_kinds import CACHES, PAPER_NAMES
 from kvlab.core.contiguous import booking_size
 from kvlab.core.validate import positive_int
 from kvlab.models import PRESETS, ModelSpec, preset
+from kvlab.models.specs import KV_CACHE_DTYPE_ALIASES
 from kvlab.perf import gpus as gpu_catalogue
 from kvlab.perf import memory_budget
 from kvlab.perf.gpus import GiB, PricedGPU, with_price
@@ -205,16 +206,70 @@ def _resolve_log(vllm_log) -> VllmLog | None:
     )
 
 
-def _from_log(name: str, given, default, logged):
+def _from_log(name: str, given, logged):
     """A setting the log fixed: the log's, unless the caller gave another (an error)."""
     if logged is None:
-        return default if given is None else given
-    if given is not None and given != default and given != logged:
+        return given
+    if given is not None and given != logged:
         raise ValueError(
             f"{name}={given!r} disagrees with the vLLM log, which ran with {logged!r}: leave "
             f"{name} out to plan the logged set-up"
         )
     return logged
+
+
+# how far a log's weights per GPU may be from the model's share of them (rounding, buffers)
+LOG_WEIGHTS_TOLERANCE = 0.15
+
+
+def _log_tensor_parallel(log, spec, given, weights_bytes, notes: list[str]) -> int | None:
+    """The log's tensor parallel size: printed, else given, else the workers it shows, checked
+    against the weights each GPU loaded (a log of another model, or a quantised one, is named)."""
+    if log.tensor_parallel_size is not None:
+        return _from_log("num_gpus", given, log.tensor_parallel_size)
+    if given is not None and given < log.workers_seen:
+        raise ValueError(
+            f"num_gpus={given} but the vLLM log shows {log.workers_seen} workers' memory: give "
+            "the tensor parallel size the server ran with"
+        )
+    if weights_bytes is not None or spec.weights_bytes is None or log.weights_gib is None:
+        if given is None and log.workers_seen > 1:
+            notes.append(f"tensor parallel {log.workers_seen}: the workers the log shows")
+        return given if given is not None else log.workers_seen
+    share = spec.weights_bytes / GiB / log.weights_gib  # GPUs the model's weights are split over
+
+    def fits(tp: int) -> bool:
+        return abs(share / tp - 1) <= LOG_WEIGHTS_TOLERANCE
+
+    if given is not None:
+        if not fits(given):
+            raise ValueError(
+                f"the vLLM log's weights ({log.weights_gib:.2f} GiB per GPU) are not "
+                f"{spec.name}'s at num_gpus={given} ({spec.weights_bytes / GiB / given:.2f} GiB "
+                "per GPU): is it the model the log served? (quantised weights: give weights_bytes)"
+            )
+        return given
+    for tp in (1, 2, 4, 8, 16):
+        if tp >= log.workers_seen and fits(tp):
+            if tp > 1:
+                notes.append(
+                    f"tensor parallel {tp}: each GPU loaded 1/{tp} of {spec.name}'s weights "
+                    "(the log does not print its size)"
+                )
+            return tp
+    raise ValueError(
+        f"the vLLM log's weights ({log.weights_gib:.2f} GiB per GPU) are no whole share of "
+        f"{spec.name}'s ({spec.weights_bytes / GiB:.2f} GiB): is it the model the log served? "
+        "(give num_gpus, and weights_bytes for quantised weights)"
+    )
+
+
+def _vllm_kv_dtype(spec: ModelSpec, kv_cache_dtype: str | None) -> str:
+    """vLLM's spelling of the cache's dtype; "auto" when it is the model's own."""
+    if kv_cache_dtype is None or spec.kv_element_bytes == spec.dtype_bytes:
+        return "auto"
+    key = kv_cache_dtype.strip().lower()
+    return KV_CACHE_DTYPE_ALIASES.get(key, key)
 
 
 def _check_block_size(block_size, max_seq_len: int) -> int:
@@ -548,7 +603,6 @@ class PolicyEstimate:
     gpus_for_users: int | None = None
 
 
-# what limits a decode step, in words (Plan._verdict)
 # what a log report shows, in this order: VllmLog field, label, unit
 _LOG_FIELDS = (
     ("total_gpu_memory_gib", "GPU memory", " GiB"),
@@ -570,6 +624,7 @@ _LOG_FIELDS = (
     ("kv_cache_dtype", "KV dtype", ""),
 )
 
+# what limits a decode step, in words (Plan._verdict)
 _LIMITS = {"compute": "arithmetic (FLOP/s)", "memory": "memory bandwidth"}
 
 
@@ -603,6 +658,7 @@ class Plan:
     max_num_batched_tokens: int | None = None
     vllm_log: VllmLog | None = field(default=None, repr=False)
     kv_cache_dtype: str = "auto"  # vLLM's --kv-cache-dtype
+    log_notes: tuple[str, ...] = ()  # what the plan took from elsewhere than the log, and why
 
     @property
     def log_check(self) -> dict | None:
@@ -643,6 +699,8 @@ class Plan:
         lines = [f"From the vLLM log{f' ({engine})' if engine else ''}: {found}."]
         if check["missing"]:
             lines.append(f"Not in the log: {', '.join(check['missing'])}.")
+        for note in (*self.log_notes, *log.notes):
+            lines.append(f"Note: {note}.")
         line = f"Blocks predicted from its memory: {check['predicted_blocks']:,}"
         if check["printed_blocks"]:
             line += f"; the log printed {check['printed_blocks']:,} ({check['error']:+.2%})"
@@ -756,8 +814,8 @@ class Plan:
     def vllm_flags(self) -> dict[str, str]:
         """The ``vllm serve`` flags that realise this plan, flag -> value (strings).
 
-        ``--max-num-seqs`` is the plan's cap; without one, the number of KV blocks (each running
-        request holds at least one, so memory binds first). ``--kv-cache-dtype`` appears when
+        ``--max-num-seqs`` is the plan's cap; without one, the requests paging fits at once
+        (never more than ``--max-num-batched-tokens``, which vLLM requires). ``--kv-cache-dtype`` appears when
         the cache is not the model's dtype; ``--max-num-batched-tokens`` is the step the memory
         was sized for (vLLM's profiling run).
         """
@@ -765,7 +823,7 @@ class Plan:
             "--tensor-parallel-size": str(self.num_gpus),
             "--gpu-memory-utilization": f"{self.gpu_memory_utilization:g}",
             "--max-model-len": str(self.max_seq_len),
-            "--max-num-seqs": str(self.max_num_seqs or self.capacity.num_blocks),
+            "--max-num-seqs": str(self.max_num_seqs or math.ceil(self.paged.concurrency)),
             "--block-size": str(self.block_size),
         }
         if self.kv_cache_dtype != "auto":
@@ -776,10 +834,12 @@ class Plan:
 
     def vllm_command(self) -> str:
         """``vllm serve MODEL`` with :meth:`vllm_flags` (MODEL: the preset's Hugging Face
-        repository, else the spec's name)."""
-        repo = getattr(self.model, "hf_repo", None) or HF_REPOS.get(self.model.name)
+        repository, else the spec's name when it is one, else the word MODEL to replace)."""
+        name = self.model.name
+        repo = getattr(self.model, "hf_repo", None) or HF_REPOS.get(name)
+        repo = repo or (name if "/" in name else "MODEL")  # MODEL: no repository known
         flags = " ".join(f"{flag} {value}" for flag, value in self.vllm_flags().items())
-        return f"vllm serve {repo or self.model.name} {flags}"
+        return f"vllm serve {repo} {flags}"
 
     # --- in words --------------------------------------------------------------------------------
     @property
@@ -802,7 +862,11 @@ class Plan:
     def _cap_line(self) -> str | None:
         cap, source = self.max_num_seqs, self.max_num_seqs_source
         if source == "none":
-            return "No cap on requests at once (max_num_seqs 0): memory is the only limit."
+            return (
+                "No cap on requests at once (max_num_seqs 0): memory is the limit, and a step's "
+                f"tokens (max_num_batched_tokens={self.max_num_batched_tokens:,}: one per running "
+                "request)."
+            )
         if source == "vllm-default":
             return (
                 f"At most {cap:,} requests at once: vLLM's default max_num_seqs here (it picks "
@@ -812,8 +876,10 @@ class Plan:
         if source == "min-tokens-per-user":
             return (
                 f"At most {cap:,} requests at once, so that each gets at least "
-                f"{self.min_tokens_per_user:,.0f} tokens/s (at the roofline; more at once would "
-                "slow every user below it)."
+                f"{self.min_tokens_per_user:,.0f} tokens/s at the roofline (more at once would "
+                f"slow every user below it); an engine at {REALISTIC_FRACTION:.0%} of the roofline "
+                f"gives them about {self.min_tokens_per_user * REALISTIC_FRACTION:,.0f}: ask for "
+                f"{self.min_tokens_per_user / REALISTIC_FRACTION:,.0f} to be sure of it there."
             )
         return f"At most {cap:,} requests at once (max_num_seqs given)."
 
@@ -933,7 +999,11 @@ class Plan:
         for line in (self._users_line(), self._verdict(), self._cost_line()):
             if line:
                 lines.append(line)
-        lines.append(f"To run it: {self.vllm_command()}")
+        command = self.vllm_command()
+        where = (
+            f" (MODEL: {self.model.name}'s repository or folder)" if " MODEL " in command else ""
+        )
+        lines.append(f"To run it: {command}{where}")
         price = (
             f"${self.price_per_gpu_hour:.2f} per GPU-hour (an assumption: edit it)"
             if self.price_per_gpu_hour is not None
@@ -979,18 +1049,29 @@ class Plan:
             )
             return f"Paging changes little on this set-up: {why}." + levers
         oracle = self.concurrency_gain_vs_oracle
-        line = (
-            f"Paging fits {oracle:.1f}x as many requests at once as the best contiguous booking "
-            "(an oracle that knows every answer's length in advance, which no system can), and "
-            f"{gain:.1f}x as many as booking every request its full {self.max_seq_len:,} tokens"
-        )
         paged = self.paged
-        if self.max_num_seqs is not None and paged.concurrency >= self.max_num_seqs:
+        cap = self.max_num_seqs
+        if cap is not None and paged.concurrency >= cap and self.oracle.concurrency >= cap:
             free = 1 - paged.concurrency * paged.footprint_tokens / self.capacity.token_slots
-            line += (
-                f" (capped at {self.max_num_seqs:,} at once: {free:.0%} of the KV memory stays "
-                "free for longer requests or a prefix cache)"
+            line = (
+                f"max_num_seqs={cap:,} caps paging and the best contiguous booking alike here, "
+                f"so paging's gain is only against booking every request its full "
+                f"{self.max_seq_len:,} tokens: {gain:.1f}x as many requests at once ({free:.0%} "
+                "of the KV memory stays free for longer requests or a prefix cache)"
             )
+        else:
+            line = (
+                f"Paging fits {oracle:.1f}x as many requests at once as the best contiguous "
+                "booking (an oracle that knows every answer's length in advance, which no system "
+                f"can), and {gain:.1f}x as many as booking every request its full "
+                f"{self.max_seq_len:,} tokens"
+            )
+            if cap is not None and paged.concurrency >= cap:
+                free = 1 - paged.concurrency * paged.footprint_tokens / self.capacity.token_slots
+                line += (
+                    f" (capped at {cap:,} at once: {free:.0%} of the KV memory stays free for "
+                    "longer requests or a prefix cache)"
+                )
         if speed < 1.05:
             line += (
                 f". It gives no more tokens per second: the GPUs' {_LIMITS[paged.bound]} is "
@@ -1126,8 +1207,8 @@ def plan(
     model: ModelSpec | str,
     gpu: GPU | str,
     *,
-    num_gpus: int = 1,
-    gpu_memory_utilization: float = 0.9,
+    num_gpus: int | None = None,
+    gpu_memory_utilization: float | None = None,
     weights_bytes: float | None = None,
     overhead_bytes: float | None = None,
     workload="sharegpt",
@@ -1180,15 +1261,34 @@ def plan(
     spec = _resolve_model(model)
     card = _resolve_gpu(gpu)
     log = _resolve_log(vllm_log)
+    log_notes: list[str] = []
     if log is not None:
-        num_gpus = _from_log("num_gpus", num_gpus, 1, log.tensor_parallel_size)
-        block_size = _from_log("block_size", block_size, 16, log.block_size)
+        num_gpus = _log_tensor_parallel(log, spec, num_gpus, weights_bytes, log_notes)
+        block_size = _from_log("block_size", block_size, log.block_size)
+        gpu_memory_utilization = _from_log(
+            "gpu_memory_utilization", gpu_memory_utilization, log.gpu_memory_utilization
+        )
+        logged_dtype = None if log.kv_cache_dtype is None else log.kv_cache_dtype.lower()
+        kv_cache_dtype = _from_log(
+            "kv_cache_dtype", None if kv_cache_dtype is None else kv_cache_dtype.strip().lower(),
+            logged_dtype,
+        )  # fmt: skip
+        if gpu_memory_gib is not None and log.total_gpu_memory_gib is not None:
+            raise ValueError(
+                f"gpu_memory_gib={gpu_memory_gib!r} disagrees with the vLLM log, which measured "
+                f"{log.total_gpu_memory_gib:g} GiB: leave gpu_memory_gib out"
+            )
         if max_seq_len is None:  # "Maximum concurrency for N tokens per request": max_model_len
             max_seq_len = log.max_model_len or log.max_concurrency_tokens
-        if kv_cache_dtype is None and log.kv_cache_dtype:
-            kv_cache_dtype = log.kv_cache_dtype
-    elif block_size is None:
-        block_size = 16
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = log.max_num_batched_tokens
+            if max_num_batched_tokens is None and log.engine == "V0" and max_seq_len:
+                max_num_batched_tokens = max(max_seq_len, 2048)  # V0 without chunked prefill
+    num_gpus = 1 if num_gpus is None else num_gpus
+    block_size = 16 if block_size is None else block_size
+    utilization_given = gpu_memory_utilization
+    if gpu_memory_utilization is None:
+        gpu_memory_utilization = 0.9
     if kv_cache_dtype is not None:
         spec = spec.with_kv_dtype(kv_cache_dtype)
     if gpu_memory_gib is not None:
@@ -1219,10 +1319,22 @@ def plan(
             MAX_TARGET_TOKENS_PER_S,
             "generated tokens/s",
         )
+    if max_num_batched_tokens is None:
+        max_num_batched_tokens = vllm_default_max_num_batched_tokens(card)
+    else:
+        max_num_batched_tokens = positive_int("max_num_batched_tokens", max_num_batched_tokens)
     if max_num_seqs is None:
-        max_num_seqs, cap_source = vllm_default_max_num_seqs(card), "vllm-default"
+        # vLLM's default, never more than a step's tokens (each running request needs one)
+        max_num_seqs = min(vllm_default_max_num_seqs(card), max_num_batched_tokens)
+        cap_source = "vllm-default"
     elif positive_int("max_num_seqs", max_num_seqs, minimum=0) == 0:
         max_num_seqs, cap_source = None, "none"
+    elif max_num_seqs > max_num_batched_tokens:
+        raise ValueError(
+            f"max_num_seqs={max_num_seqs:,} is more than max_num_batched_tokens="
+            f"{max_num_batched_tokens:,}: vLLM refuses to start (every running request needs a "
+            "token of each step); raise max_num_batched_tokens or lower max_num_seqs"
+        )
     else:
         cap_source = "given"
     if min_tokens_per_user is not None:
@@ -1237,7 +1349,13 @@ def plan(
         _at_most("users", users, MAX_USERS, "requests at once")
 
     # the weights and overhead in words: the argument's name only where the user passed it
-    measured = None if log is None else memory_budget.from_log(log, num_gpus)
+    measured = None
+    if log is not None:
+        measured, notes = memory_budget.from_log(
+            log, num_gpus, gpu_memory_bytes=card.memory_bytes, utilization=utilization_given,
+            spec_weights_bytes=spec.weights_bytes,
+        )  # fmt: skip
+        log_notes += notes
     if weights_bytes is not None:
         weights = _number("weights_bytes", weights_bytes)
         weights_said = f"weights_bytes = {_gib(weights)}"
@@ -1255,10 +1373,6 @@ def plan(
             f"{spec.dtype_bytes} bytes = {_gib(weights)})"
         )
     num_params = spec.num_params if spec.num_params is not None else weights / spec.dtype_bytes
-    if max_num_batched_tokens is None:
-        max_num_batched_tokens = vllm_default_max_num_batched_tokens(card)
-    else:
-        max_num_batched_tokens = positive_int("max_num_batched_tokens", max_num_batched_tokens)
     if measured is not None:
         del measured["weights_bytes"]
         if overhead_bytes is not None:
@@ -1268,12 +1382,14 @@ def plan(
         util = measured.pop("utilization")
         budget = memory_budget.MemoryBudget(
             total_bytes=num_gpus * card.memory_bytes, utilization=util, weights_bytes=weights,
+            num_gpus=num_gpus,
             **measured,
         )  # fmt: skip
         overhead_said = f"the overhead the log measured ({_gib(budget.overhead_bytes)})"
     elif overhead_bytes is None:
         budget = memory_budget.MemoryBudget(
             total_bytes=num_gpus * card.memory_bytes, utilization=util, weights_bytes=weights,
+            num_gpus=num_gpus,
             **memory_budget.predicted_overhead(spec, num_gpus, max_num_batched_tokens),
         )  # fmt: skip
         what = "predicted" if budget.source == "predicted" else "assumed"
@@ -1281,6 +1397,7 @@ def plan(
     else:
         budget = memory_budget.MemoryBudget(
             total_bytes=num_gpus * card.memory_bytes, utilization=util, weights_bytes=weights,
+            num_gpus=num_gpus,
             overhead_bytes=_number("overhead_bytes", overhead_bytes, strict=False),
             source="given",
         )  # fmt: skip
@@ -1338,8 +1455,8 @@ def plan(
             running = slots / footprint
         else:
             running = max(1.0, ARENA_PACKING * slots / footprint)
-        if max_num_seqs is not None:
-            running = min(running, float(max_num_seqs))
+        # no cap still leaves a step's tokens: one per running request
+        running = min(running, float(max_num_seqs or max_num_batched_tokens))
         policies[cache] = _estimate(
             cache,
             footprint,
@@ -1373,7 +1490,8 @@ def plan(
         memory=budget,
         max_num_batched_tokens=max_num_batched_tokens,
         vllm_log=log,
-        kv_cache_dtype="auto" if kv_cache_dtype is None else kv_cache_dtype.strip().lower(),
+        kv_cache_dtype=_vllm_kv_dtype(spec, kv_cache_dtype),
+        log_notes=tuple(log_notes),
     )
 
 

@@ -38,12 +38,13 @@ _PATTERNS: tuple[tuple[str, re.Pattern, str], ...] = tuple(
         ),
         ("total_gpu_memory_gib", r"total_gpu_memory\s*(?:=|\(|\s)\s*" + _SIZE, "gib"),
         ("total_gpu_memory_gib", r"Free memory on device \(" + _NUM + r"/" + _SIZE, "gib2"),
-        ("gpu_memory_utilization", r"gpu_memory_utilization\s*(?:=|\(|\s)\s*" + _NUM, "float"),
+        ("gpu_memory_utilization", r"gpu_memory_utilization'?\s*(?:=|\(|:|\s)\s*" + _NUM, "float"),
         ("gpu_memory_utilization", r"Desired GPU memory utilization is \(" + _NUM, "float"),
         ("requested_memory_gib", r"the current vLLM instance can use.*?" + _SIZE + r"\s*$", "gib"),
         ("requested_memory_gib", r"Desired GPU memory utilization is \([0-9.]+,\s*" + _SIZE, "gib"),
         ("model_weights_gib", r"model weights take\s+" + _SIZE, "gib"),
         ("model_weights_gib", _SIZE + r" for weight", "gib"),
+        ("consumed_memory_gib", _SIZE + r" for consumed memory \(weights \+ non-torch\)", "gib"),
         ("peak_torch_memory_gib", r"peak_torch_memory=" + _SIZE, "gib"),
         ("non_torch_memory_gib", r"non_torch_memory(?:\s+takes)?\s*(?:=|\s)\s*" + _SIZE, "gib"),
         ("non_torch_memory_gib", _SIZE + r" for non-torch memory", "gib"),
@@ -90,11 +91,19 @@ _V0_MARKS = re.compile(
     r"Initializing an LLM engine|CPU blocks:|CUDA blocks:|\bworker\.py|\bmodel_runner\.py|"
     r"Memory profiling results|Loading model weights took|VllmWorkerProcess"
 )
-# worker tags: V1 "(VllmWorker rank=1 pid=..)" / "(Worker_TP1 pid=..)"; V0 workers other than the
-# driver print "(VllmWorkerProcess pid=..)" (the driver, rank 0, has no tag)
+# worker tags: V1 "(VllmWorker rank=1 pid=..)", 0.10 "(VllmWorker TP1 pid=..)", "(Worker_TP1 pid=..)";
+# V0 workers other than the driver print "(VllmWorkerProcess pid=..)" or "(RayWorkerWrapper pid=..)"
+# (the driver, rank 0, has no tag)
 _RANK = re.compile(
-    r"\((?:VllmWorker rank=(\d+)|Worker(?:_PP\d+)?_TP(\d+)|(VllmWorkerProcess|RayWorkerWrapper))\b"
+    r"\((?:VllmWorker (?:rank=|TP)(\d+)|Worker(?:_PP\d+)?_TP(\d+)|"
+    r"(?:VllmWorkerProcess|RayWorkerWrapper)\s+pid=(\d+))\b"
 )
+# what each worker prints for itself; the rest (blocks, token slots, the config) is printed once
+_PER_WORKER = (
+    "model_loading_gib", "total_gpu_memory_gib", "gpu_memory_utilization", "requested_memory_gib",
+    "model_weights_gib", "peak_torch_memory_gib", "non_torch_memory_gib", "activation_peak_gib",
+    "kv_cache_memory_gib", "cuda_graph_gib", "consumed_memory_gib",
+)  # fmt: skip
 
 _FIELDS_REPORTED = (
     "total_gpu_memory_gib",
@@ -173,6 +182,7 @@ class VllmLog:
     model_loading_gib: float | None = None  # "Loading model weights took" / "Model loading took"
     model_weights_gib: float | None = None  # the profile's "model weights take"
     peak_torch_memory_gib: float | None = None  # 0.6.4's profile: weights + activation peak
+    consumed_memory_gib: float | None = None  # newest V1: weights + non-torch, in one figure
     activation_peak_gib: float | None = None
     non_torch_memory_gib: float | None = None
     kv_cache_memory_gib: float | None = None
@@ -189,6 +199,7 @@ class VllmLog:
     kv_cache_dtype: str | None = None
     missing: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    workers_seen: int = 1  # distinct workers whose memory lines the log shows (TP: at least this)
 
     @property
     def weights_gib(self) -> float | None:
@@ -213,6 +224,10 @@ class VllmLog:
         missing = []
         if self._budget_gib() is None:
             missing.append("total_gpu_memory_gib x gpu_memory_utilization")
+        if self.consumed_memory_gib is not None:  # weights + non-torch in one figure
+            return missing + (
+                [] if self.activation_peak_gib is not None else ["activation_peak_gib"]
+            )
         if self.non_torch_memory_gib is None:
             missing.append("non_torch_memory_gib")
         if self.peak_torch_memory_gib is None:
@@ -240,7 +255,9 @@ class VllmLog:
                 f"the log lacks {', '.join(missing)}: it did not print its memory profile"
             )
         budget = self._budget_gib()
-        if self.peak_torch_memory_gib is not None:  # 0.6.4: the torch peak includes the weights
+        if self.consumed_memory_gib is not None:
+            used = self.consumed_memory_gib + self.activation_peak_gib
+        elif self.peak_torch_memory_gib is not None:  # 0.6.4: the torch peak includes the weights
             used = self.peak_torch_memory_gib + self.non_torch_memory_gib
         else:
             used = self.weights_gib + self.activation_peak_gib + self.non_torch_memory_gib
@@ -302,15 +319,17 @@ def _value(match: re.Match, kind: str):
     return float(number) * _UNITS[match.group(2)]
 
 
-def _rank(line: str) -> int:
+def _rank(line: str) -> tuple[int, int]:
+    """A worker's place in order: (rank, 0), or (1, pid) for a V0 worker that names only its
+    process (some rank other than the driver's)."""
     m = _RANK.search(line)
     if m is None:
-        return 0  # the driver (V0) or the engine core (V1), which print rank 0's figures
+        return (0, 0)  # the driver (V0) or the engine core (V1), which print rank 0's figures
     if m.group(1) is not None:
-        return int(m.group(1))
+        return (int(m.group(1)), 0)
     if m.group(2) is not None:
-        return int(m.group(2))
-    return 1  # a V0 worker process: some rank other than the driver's
+        return (int(m.group(2)), 0)
+    return (1, int(m.group(3)))
 
 
 def read_vllm_log(text: str) -> VllmLog:
@@ -349,23 +368,38 @@ def read_vllm_log(text: str) -> VllmLog:
             "no vLLM start-up line found (memory profile, weights, KV cache size, GPU blocks or "
             "engine config): is this a vLLM log?"
         )
+    # vLLM gives every worker the blocks of the one with the least KV memory: that worker's
+    # profile is the one that sized the cache (rank 0's when they agree or only it printed)
+    kv_by_rank = found.get("kv_cache_memory_gib", {})
+    if kv_by_rank:
+        binding = min(kv_by_rank, key=lambda r: (kv_by_rank[r], r))
+    else:  # no KV line per worker: the first worker that printed its memory
+        profiled = [
+            r for n in ("total_gpu_memory_gib", "requested_memory_gib") for r in found.get(n, {})
+        ]
+        binding = min(profiled, default=(0, 0))
+    workers = {r for name in _PER_WORKER for r in found.get(name, {})}
     values, notes = {}, []
     for name, by_rank in found.items():
-        rank = min(by_rank)
+        rank = binding if binding in by_rank else min(by_rank)
         values[name] = by_rank[rank]
         others = {r: v for r, v in by_rank.items() if r != rank and v != by_rank[rank]}
         if others:
             notes.append(
-                f"{name}: rank {rank}'s {by_rank[rank]!r} used; other workers printed "
-                f"{sorted(set(map(repr, others.values())))}"
+                f"{name}: {by_rank[rank]!r} used (the worker with the least KV memory); other "
+                f"workers printed {sorted(set(map(repr, others.values())))}"
             )
-    if len({r for by_rank in found.values() for r in by_rank}) > 1:
-        notes.insert(0, "several workers printed their figures: rank 0's (the driver's) are used")
+    if len(workers) > 1:
+        notes.insert(
+            0,
+            f"{len(workers)} workers printed their memory (tensor parallel): the figures of the "
+            "one with the least KV memory are used, as vLLM sizes every worker's cache by it",
+        )
     text_all = _ANSI.sub("", text)
     engine = "V1" if v1 and (v1 >= v0 or "V1 LLM engine" in text_all) else ("V0" if v0 else None)
     if "V1 LLM engine" in text_all:
         engine = "V1"
-    log = VllmLog(engine=engine, notes=tuple(notes), **values)
+    log = VllmLog(engine=engine, notes=tuple(notes), workers_seen=max(1, len(workers)), **values)
     missing = tuple(
         name
         for name in _FIELDS_REPORTED

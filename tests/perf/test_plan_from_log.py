@@ -29,12 +29,12 @@ def test_a_plan_from_a_logs_memory_counts_the_blocks_it_printed(bundled):
     p = plan(
         bundled.spec,
         "H100-80GB",  # bandwidth and FLOP/s only: the memory is the log's
-        vllm_log=log,
-        num_gpus=bundled.tensor_parallel_size,
+        vllm_log=log,  # tensor parallel: from the workers and the weights each loaded
         max_seq_len=min(log.max_model_len or 2048, bundled.spec.max_context or 2048),
         max_num_seqs=bundled.max_num_seqs,
     )
     check = p.log_check
+    assert p.num_gpus == bundled.tensor_parallel_size
     assert check["printed_blocks"] and abs(check["error"]) < 0.01, check
     assert p.memory.source == "vllm-log" and p.memory.spread is None
     assert p.gpu.memory_bytes == pytest.approx(log.total_gpu_memory_gib * GiB)
@@ -58,8 +58,11 @@ def test_a_log_fixes_the_set_up_it_ran():
 
 
 def test_a_log_without_memory_lines_is_named():
-    with pytest.raises(ValueError, match="neither total_gpu_memory"):
-        plan(LLAMA_3_8B, "H100-80GB", vllm_log="INFO # GPU blocks: 1000, # CPU blocks: 2048\n")
+    blocks_only = "INFO # GPU blocks: 1000, # CPU blocks: 2048\n"
+    with pytest.raises(ValueError, match="prints no gpu_memory_utilization: give the one"):
+        plan(LLAMA_3_8B, "H100-80GB", vllm_log=blocks_only)
+    with pytest.raises(ValueError, match="neither its memory profile .* nor its KV cache size"):
+        plan(LLAMA_3_8B, "H100-80GB", vllm_log=blocks_only, gpu_memory_utilization=0.9)
     with pytest.raises(TypeError, match="vllm_log must be"):
         plan(LLAMA_3_8B, "H100-80GB", vllm_log=b"bytes")
 
@@ -144,3 +147,69 @@ def test_kvlab_plan_takes_a_config_json_and_an_fp8_cache(capsys, tmp_path):
 def test_kvlab_plan_bad_inputs_name_the_flag(capsys, argv, message):
     code, out, err = _cli(capsys, *argv)
     assert code == 2 and message in err and out == "", err
+
+
+def test_a_log_of_another_model_or_size_is_named():
+    bundled = bundled_log("vllm-pr10511-llama3-8b-h100")
+    with pytest.raises(ValueError, match=r"log's weights \(14.96 GiB per GPU\) are no whole share"):
+        plan("OPT-13B", "H100-80GB", vllm_log=bundled.text(), max_seq_len=2048)
+    with pytest.raises(ValueError, match=r"are not Llama-3-8B's at num_gpus=2"):
+        plan("Llama-3-8B", "H100-80GB", vllm_log=bundled.text(), num_gpus=2)
+    with pytest.raises(ValueError, match="gpu_memory_gib=40 disagrees with the vLLM log"):
+        plan("Llama-3-8B", "H100-80GB", vllm_log=bundled.text(), gpu_memory_gib=40)
+    with pytest.raises(ValueError, match="gpu_memory_utilization=0.5 disagrees"):
+        plan("Llama-3-8B", "H100-80GB", vllm_log=bundled.text(), gpu_memory_utilization=0.5)
+    args = "INFO non-default args: {'kv_cache_dtype': 'auto'}\n"
+    with pytest.raises(ValueError, match="kv_cache_dtype='fp8' disagrees"):
+        plan("Llama-3-8B", "H100-80GB", vllm_log=args + bundled.text(), kv_cache_dtype="fp8")
+
+
+def test_a_v1_log_that_prints_only_its_kv_cache_plans_with_the_gpu_named():
+    # what a V1 server prints at INFO: weights, the KV memory each worker kept, the cache's size
+    text = (
+        "(EngineCore_0 pid=8) INFO [gpu_model_runner.py:1] Model loading took 14.99 GiB\n"
+        "(EngineCore_0 pid=8) INFO [gpu_worker.py:1] Available KV cache memory: 54.96 GiB\n"
+        "(EngineCore_0 pid=8) INFO [kv_cache_utils.py:1] GPU KV cache size: 450,256 tokens\n"
+    )
+    with pytest.raises(ValueError, match="prints no gpu_memory_utilization"):
+        plan("Llama-3-8B", "H100-80GB", vllm_log=text)
+    p = plan("Llama-3-8B", "H100-80GB", vllm_log=text, gpu_memory_utilization=0.9)
+    assert p.memory.source == "vllm-log" and p.num_gpus == 1
+    assert p.kv_cache_bytes == pytest.approx(54.96 * GiB)
+    assert abs(p.log_check["error"]) < 0.001, p.log_check
+    assert "GPU memory 79.65 GiB from the GPU named" in p.summary
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"max_num_seqs": 0},
+        {"max_num_batched_tokens": 512},
+        {"gpu": "L4-24GB", "max_seq_len": 4096},
+        {"min_tokens_per_user": 40},
+    ],
+)
+def test_the_printed_vllm_command_passes_vllms_own_checks(kwargs):
+    p = plan("Llama-3-8B", kwargs.pop("gpu", "H100-80GB"), **kwargs)
+    flags = p.vllm_flags()
+    # vLLM's SchedulerConfig: max_num_batched_tokens >= max_num_seqs
+    assert int(flags["--max-num-batched-tokens"]) >= int(flags["--max-num-seqs"]), flags
+    assert p.paged.concurrency <= int(flags["--max-num-seqs"]) + 1
+
+
+def test_more_requests_at_once_than_a_steps_tokens_is_refused():
+    with pytest.raises(ValueError, match=r"max_num_seqs=4,096 is more than max_num_batched_tokens"):
+        plan("Llama-3-8B", "L4-24GB", max_seq_len=4096, max_num_seqs=4096)
+
+
+def test_the_spread_says_where_it_was_not_measured():
+    from kvlab.perf import overhead
+
+    fitted = [
+        b for b in BUNDLED_LOGS if b.fit and b.max_num_batched_tokens and b.read().has_profile
+    ]
+    assert overhead.FITTED_TENSOR_PARALLEL == max(b.tensor_parallel_size for b in fitted)
+    assert "beyond what was measured" not in plan("Llama-3-70B", "H200", num_gpus=2).memory.spread
+    eight = plan("Llama-3-70B", "H200", num_gpus=8).memory.spread
+    assert "set-ups of at most 2 GPUs: 8 per copy is beyond what was measured" in eight

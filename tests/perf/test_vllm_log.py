@@ -50,7 +50,7 @@ def test_every_bundled_log_parses_and_is_listed_in_the_readme():
         log = b.read()
         engines.add(log.engine)
         assert b.url in readme
-        assert log.missing == tuple(n for n in log.missing)  # a tuple of names
+        assert isinstance(log.missing, tuple) and set(log.missing) <= set(vars(log))
         assert all(getattr(log, n) is None for n in log.missing if n not in ("model_weights_gib",))
     assert engines == {"V0", "V1"}
 
@@ -128,6 +128,9 @@ def test_v1_non_default_args_and_new_profile_line():
     assert (log.kv_cache_dtype, log.model) == ("fp8", "Qwen/Qwen3-8B")
     assert (log.total_gpu_memory_gib, log.gpu_memory_utilization) == (23.56, 0.935)
     assert (log.activation_peak_gib, log.cuda_graph_gib) == (0.6, 0.1)
+    # weights and non-torch memory in one figure: the KV budget is still the rest
+    assert log.consumed_memory_gib == 19.47 and log.has_profile
+    assert log.kv_cache_bytes_from_profile() == pytest.approx((23.56 * 0.935 - 19.47 - 0.6) * GiB)
     assert (log.gpu_kv_cache_tokens, log.max_concurrency_tokens, log.max_concurrency) == (
         1234560,
         16384,
@@ -142,14 +145,27 @@ def test_cuda_graph_line():
     assert log.cuda_graph_gib == 0.11
 
 
-def test_tensor_parallel_takes_rank_0_and_says_so():
-    text = (
-        "(VllmWorker rank=1 pid=7) INFO [gpu_worker.py:1] Available KV cache memory: 9.00 GiB\n"
-        "(VllmWorker rank=0 pid=6) INFO [gpu_worker.py:1] Available KV cache memory: 8.50 GiB\n"
+def test_tensor_parallel_takes_the_worker_with_the_least_kv_memory_and_says_so():
+    # vLLM gives every worker the blocks of the smallest (kv_cache_utils: "the smallest among
+    # all ranks"); 0.10 tags workers "(VllmWorker TP1 ..)", and may print TP1 first
+    for tag in ("VllmWorker rank={}", "VllmWorker TP{}", "Worker_TP{}"):
+        text = (
+            f"({tag.format(0)} pid=6) INFO [gpu_worker.py:1] Available KV cache memory: 9.00 GiB\n"
+            f"({tag.format(1)} pid=7) INFO [gpu_worker.py:1] Available KV cache memory: 8.50 GiB\n"
+        )
+        log = read_vllm_log(text)
+        assert log.kv_cache_memory_gib == 8.5 and log.workers_seen == 2, tag
+        assert any("least KV memory" in n for n in log.notes) and any("9.0" in n for n in log.notes)
+    # V0 workers other than the driver name only their process: two of them are two workers
+    v0 = (
+        "INFO worker.py:1] the current vLLM instance can use total_gpu_memory (44.42GiB) x "
+        "gpu_memory_utilization (0.90) = 39.98GiB\n"
+        "(VllmWorkerProcess pid=11) INFO worker.py:1] the current vLLM instance can use "
+        "total_gpu_memory (44.42GiB) x gpu_memory_utilization (0.90) = 39.98GiB\n"
+        "(VllmWorkerProcess pid=12) INFO worker.py:1] the current vLLM instance can use "
+        "total_gpu_memory (44.42GiB) x gpu_memory_utilization (0.90) = 39.98GiB\n"
     )
-    log = read_vllm_log(text)
-    assert log.kv_cache_memory_gib == 8.5
-    assert any("rank 0" in n for n in log.notes) and any("9.0" in n for n in log.notes)
+    assert read_vllm_log(v0).workers_seen == 3
 
 
 _CANONICAL = bundled_log("vllm-15815-qwen25-32b-2xl40s-tp2").text()
