@@ -71,22 +71,39 @@ def write_settings(settings_dir: Path) -> None:
 
 @contextmanager
 def jupyter_lab(
-    workdir: Path, cells: list[str], kernel: str = "kvlab", env: dict | None = None
+    workdir: Path,
+    cells: list,
+    kernel: str = "kvlab",
+    env: dict | None = None,
+    metadata: dict | None = None,
+    trusted: bool = False,
 ) -> Iterator[str]:
     """A JupyterLab server on a notebook of ``cells``; yields the notebook's URL (with token).
+
+    A cell is its source, or a code cell with saved outputs (``metadata`` adds to the notebook's,
+    widget state for one). ``trusted`` signs the notebook, as JupyterLab signs what it saves, so its
+    saved outputs render as trusted when it opens (the signatures live in ``workdir``).
 
     By default the notebook runs in the learner's `kvlab` kernel, with the environment the user's
     shell gave (never the TRITON_INTERPRET that kvlab set in the calling process)."""
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
+    nb.cells = [nbformat.v4.new_code_cell(c) if isinstance(c, str) else c for c in cells]
     nb.metadata["kernelspec"] = {"name": kernel, "display_name": kernel, "language": "python"}
+    nb.metadata.update(metadata or {})
+    extra = {}
+    if trusted:
+        from nbformat.sign import NotebookNotary
+
+        (workdir / "data").mkdir(exist_ok=True)
+        extra["JUPYTER_DATA_DIR"] = str(workdir / "data")
+        NotebookNotary(data_dir=extra["JUPYTER_DATA_DIR"]).sign(nb)
     nbformat.write(nb, workdir / "hotel.ipynb")
     write_settings(workdir / "settings")
     port, token = free_port(), "kvlab-browser-" + os.urandom(8).hex()
     from kvlab.ops.runtime import child_environ
 
     base = child_environ() if env is None else env
-    env = {**base, "JUPYTER_RUNTIME_DIR": str(workdir / "runtime")}
+    env = {**base, **extra, "JUPYTER_RUNTIME_DIR": str(workdir / "runtime")}
     cmd = [
         str(VENV_BIN / "jupyter"),
         "lab",
@@ -123,13 +140,20 @@ def launch(playwright):
     return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
 
 
-def run_all(page, url: str, hotels: int, errors: list[str], failure_png: Path) -> None:
-    """Open the notebook, run every cell, and wait until ``hotels`` floor plans are drawn."""
+def run_all(page, url: str, hotels: int, errors: list[str], failure_png: Path, opened=None) -> None:
+    """Open the notebook, run every cell, and wait until ``hotels`` floor plans are drawn.
+
+    ``opened(page)``, if given, looks at the notebook as it opened (its saved outputs) first."""
     page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.goto(url)
+    step = "open"  # or "look" (opened), then "run"
     try:
         page.wait_for_function(KERNEL_IDLE, timeout=90_000)
+        if opened:
+            step = "look"
+            opened(page)
+        step = "run"
         page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
         page.wait_for_function(
             f"document.querySelectorAll('.kvh').length === {hotels}", timeout=120_000
@@ -138,6 +162,8 @@ def run_all(page, url: str, hotels: int, errors: list[str], failure_png: Path) -
     except Exception:
         failure_png.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(failure_png))
+        if step == "look":
+            raise
         raise AssertionError(f"the widgets did not render; console errors: {errors[:10]}") from None
 
 

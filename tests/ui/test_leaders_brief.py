@@ -114,6 +114,7 @@ def test_an_html_export_without_widgets_still_shows_the_plan(form):
         '<div class="kvlab-static-plan">' in static["text/html"] and "<table" in static["text/html"]
     )
     assert "data:image/png;base64," in static["text/html"] and ".widget-vbox" in static["text/html"]
+    assert 'class="mathjax_ignore tex2jax_ignore"' in static["text/html"]  # prices are not math
     # then the widget, with no second copy of the page
     assert "application/vnd.jupyter.widget-view+json" in view and "text/html" not in view
 

@@ -6,17 +6,24 @@ that reaches the longer hotel's last frame, 1-based steps, no "logical block" in
 hotel), a prefix-cached hotel (cached rooms in their colour, their tooltip, shared rooms still
 counted, an eviction) and times a 2,000-room hotel playing. Screenshots and timings go to
 ``tests/artifacts/``.
+
+The same session shows Lab 08's planner form once, never its static page beside it: as the notebook
+opens with saved outputs (the widget from its saved state; the page where no state was saved),
+when the cell runs, and when its outputs are untrusted (a notebook from elsewhere). The form's
+HTML export, offline, shows the page and no empty widget.
 """
 
 import json
 import os
 import re
 import time
+from functools import cache
 from pathlib import Path
 
 import pytest
 from conftest import ROOT
 from jupyter_browser import jupyter_lab, launch, run_all, show_file_browser, why_not
+from plan_outputs import saved_form_cells
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 ARTIFACTS = Path(os.environ.get("KVLAB_ARTIFACTS", ROOT / "tests" / "artifacts"))
@@ -106,6 +113,32 @@ prefix = animate(cached, title="prefix cached hotel", step=7, interval_ms=50)
 prefix""",
 ]
 
+
+# Lab 08's form, run here; two more forms' cells come with saved outputs (see saved_forms)
+LIVE_FORM = """\
+from kvlab.ui.widgets import PlanForm
+
+PlanForm(target_tokens_per_s=20_000)"""
+SAVED, UNSAVED, LIVE = len(NOTEBOOK), len(NOTEBOOK) + 1, len(NOTEBOOK) + 2  # their cells
+
+
+@cache
+def saved_forms():
+    """Two form cells as a saved notebook holds them, the first with its widget state kept, the
+    second without (JupyterLab saves none unless asked). Their sources are comments, so running
+    all cells only clears them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from kvlab.ui.widgets import PlanForm
+
+    return saved_form_cells(
+        PlanForm(gpu="H200-141GB"),
+        PlanForm(model="Mistral-7B"),
+        sources=["# saved: PlanForm(gpu='H200-141GB'), widget state kept", "# saved: no state"],
+    )
+
+
 HOTEL = """(index) => {
   const root = document.querySelectorAll('.kvh')[index];
   const rooms = (sel) => [...root.querySelectorAll(sel)].map(c => Number(c.dataset.room));
@@ -127,7 +160,9 @@ def notebook_url(tmp_path):
     reason = why_not()
     if reason:
         pytest.skip(reason)
-    with jupyter_lab(tmp_path, NOTEBOOK) as url:
+    cells, widgets = saved_forms()
+    notebook = [*NOTEBOOK, *cells, LIVE_FORM]
+    with jupyter_lab(tmp_path, notebook, metadata={"widgets": widgets}, trusted=True) as url:
         yield url
 
 
@@ -329,6 +364,88 @@ def measure_big_hotel(page) -> dict:
     }
 
 
+PLANS = """(cell) => {
+  const root = window.jupyterapp.shell.currentWidget.content.widgets[cell].node;
+  const shown = (e) => !!e && e.getClientRects().length > 0 && e.getBoundingClientRect().height > 0;
+  const page = root.querySelector('.kvlab-static-plan'), form = root.querySelector('.widget-vbox');
+  return {page: shown(page), form: shown(form), text: root.querySelector('.jp-OutputArea').innerText,
+          styles: root.querySelectorAll('.jp-OutputArea style').length};
+}"""
+
+
+def plans_in(page, cell: int) -> dict:
+    """Which of a form cell's two plans shows: its static page, its widget."""
+    return page.evaluate(PLANS, cell)
+
+
+def check_saved_forms(page) -> None:
+    """As the notebook opens: the widget from its saved state, its page hidden; where no state was
+    saved, the page (and ipywidgets' "model not found")."""
+    cells = page.locator(".jp-Notebook .jp-Cell")
+    cells.nth(SAVED).locator(".widget-vbox").first.wait_for(timeout=60_000)
+    cells.nth(UNSAVED).get_by_text("model not found").wait_for(timeout=30_000)
+    saved, unsaved = plans_in(page, SAVED), plans_in(page, UNSAVED)
+    assert (saved["page"], saved["form"]) == (False, True), saved
+    assert saved["text"].count("Llama-3-8B on H200-141GB") == 1, saved["text"][:300]
+    assert (unsaved["page"], unsaved["form"]) == (True, False), unsaved
+    assert unsaved["text"].count("Mistral-7B on H100-80GB") == 1, unsaved["text"][:300]
+    assert "$0.027–$0.054 per million" in unsaved["text"], unsaved["text"]  # not typeset as math
+    cells.nth(SAVED).screenshot(path=str(ARTIFACTS / "plan_form_reopened_with_state.png"))
+    cells.nth(UNSAVED).screenshot(path=str(ARTIFACTS / "plan_form_reopened_no_state.png"))
+
+
+def check_live_form(page) -> None:
+    """Run: the widget, its page hidden; made untrusted (as a notebook from elsewhere opens), the
+    widget cannot render and the page shows, once."""
+    cell = page.locator(".jp-Notebook .jp-Cell").nth(LIVE)
+    cell.locator(".widget-vbox").first.wait_for()
+    live = plans_in(page, LIVE)
+    assert (live["page"], live["form"]) == (False, True), live
+    assert live["text"].count("Llama-3-8B on H100-80GB") == 1, live["text"][:300]
+    assert plans_in(page, SAVED)["text"] == plans_in(page, UNSAVED)["text"] == ""  # run: cleared
+    cell.screenshot(path=str(ARTIFACTS / "plan_form_run.png"))
+    page.evaluate(
+        "(i) => { window.jupyterapp.shell.currentWidget.content.widgets[i].model.trusted = false; }",
+        LIVE,
+    )
+    cell.get_by_text("PlanForm(model='Llama-3-8B'").wait_for()  # the widget's text instead
+    untrusted = plans_in(page, LIVE)
+    assert (untrusted["page"], untrusted["form"]) == (True, False), untrusted
+    assert untrusted["text"].count("Llama-3-8B on H100-80GB") == 1
+    assert "$0.028–$0.056 per million" in untrusted["text"], untrusted["text"]
+    cell.screenshot(path=str(ARTIFACTS / "plan_form_untrusted.png"))
+
+
+def check_form_export(browser) -> None:
+    """The saved forms exported as ``jupyter nbconvert --to html`` does (lab template), opened
+    offline: each shows its static page; the widget's output is empty (its script is on a CDN).
+    Where the script did render the widget, its page is hidden."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    cells, widgets = saved_forms()
+    nb = nbformat.v4.new_notebook(cells=cells, metadata={"widgets": widgets})
+    exported, _ = HTMLExporter(template_name="lab").from_notebook_node(nb)
+    page = browser.new_page(viewport={"width": 1366, "height": 900})
+    page.route(re.compile(r"^https?://"), lambda route: route.abort())  # offline
+    page.set_content(exported)
+    areas = page.locator(".jp-OutputArea")
+    for k, (setup, widget) in enumerate([("H200-141GB", ""), ("H100-80GB", "PlanForm(")]):
+        static = areas.nth(k).locator(".kvlab-static-plan")
+        assert static.is_visible() and f"on {setup}" in static.inner_text()
+        after = areas.nth(k).locator(".jp-OutputArea-child").nth(1).inner_text().strip()
+        assert after.startswith(widget) if widget else after == "", after
+    page.screenshot(path=str(ARTIFACTS / "plan_form_export_offline.png"))
+    # the html-manager, online, renders the view into the widget's output: the page then hides
+    areas.nth(0).locator(".jupyter-widgets").evaluate(
+        "e => { const v = document.createElement('div'); v.className = 'widget-vbox';"
+        " v.textContent = 'the form'; e.appendChild(v); }"
+    )
+    assert not areas.nth(0).locator(".kvlab-static-plan").is_visible()
+    assert areas.nth(1).locator(".kvlab-static-plan").is_visible()
+    page.close()
+
+
 def test_hotel_widget_in_jupyterlab(notebook_url):
     from playwright.sync_api import sync_playwright
 
@@ -337,8 +454,19 @@ def test_hotel_widget_in_jupyterlab(notebook_url):
     with sync_playwright() as p:
         browser = launch(p)
         page = browser.new_page(viewport={"width": 1366, "height": 900})
-        run_all(page, notebook_url, 5, errors, ARTIFACTS / "failure.png")
+        seconds = []
+
+        def opened(page):
+            started = time.perf_counter()
+            check_saved_forms(page)
+            seconds.append(time.perf_counter() - started)
+
+        run_all(page, notebook_url, 5, errors, ARTIFACTS / "failure.png", opened)
         try:
+            started = time.perf_counter()
+            check_live_form(page)
+            check_form_export(browser)
+            seconds.append(time.perf_counter() - started)
             check_small_hotel(page)
             check_compare(page)
             check_cached_hotel(page)
@@ -350,6 +478,9 @@ def test_hotel_widget_in_jupyterlab(notebook_url):
             browser.close()
 
     widget_errors = [e for e in errors if re.search(r"widget|kvh|anywidget|hotel", e, re.I)]
+    # the saved form without widget state says so, as ipywidgets does (check_saved_forms)
+    widget_errors = [e for e in widget_errors if not e.startswith("Error: widget model not found")]
     assert widget_errors == [], widget_errors
     (ARTIFACTS / "widget_timing.json").write_text(json.dumps(figures, indent=2) + "\n")
     print(f"\nhotel widget, 2,000 rooms x 500 frames: {figures}")
+    print(f"planner form checks: {seconds[0]:.1f} s as it opened, {seconds[1]:.1f} s after the run")

@@ -10,7 +10,9 @@ picture inlined), then the widget. An HTML export (``jupyter nbconvert --to html
 notebook picks the widget's view whenever the widget state was saved, and that view needs
 JavaScript from a CDN, so offline it is blank; the static page beside it still shows the plan. A
 style in the static page hides it wherever the widget itself rendered (JupyterLab, Notebook 7, an
-export whose widget script loaded), so a live notebook shows the form once.
+export whose widget script loaded), so a live notebook shows the form once. MathJax is kept off
+the static page: JupyterLab and an export typeset HTML outputs, and the plan's prices
+("$0.027–$0.054") would read as math.
 
 Starting values are checked like the planner's arguments, with the same names (``gpu="h100"`` and
 ``model="llama-3-8b"`` as :func:`kvlab.perf.planner.plan` takes them); a bad one raises a
@@ -47,6 +49,8 @@ LABELS = {
     "weights_bytes": "weights",
     "overhead_bytes": "overhead",
 }
+# classes MathJax skips: version 3 (JupyterLab, Notebook 7), version 2 (nbconvert's templates)
+NO_MATH = "mathjax_ignore tex2jax_ignore"
 # hides the static page where the widget next to it rendered (see the module docstring)
 HIDE_WHERE_WIDGETS_RUN = (
     "<style>.jp-OutputArea-child:has(.kvlab-static-plan):has(+ .jp-OutputArea-child "
@@ -271,11 +275,13 @@ class PlanForm(widgets.VBox):
         return f'{lines}<table class="kvlab-plan"><tr>{head}</tr>{body}</table>'
 
     def static_html(self) -> str:
-        """The form's current plan as HTML with its picture inlined (no widget needed)."""
+        """The form's current plan as HTML with its picture inlined (no widget needed), in a block
+        MathJax leaves alone (its prices' dollar signs are not math)."""
         if self.plan is None:
-            return self.summary.value
+            return f'<div class="{NO_MATH}">{self.summary.value}</div>'
         picture = base64.b64encode(self.picture.value).decode("ascii")
-        return f'{self.summary_html()}<img src="data:image/png;base64,{picture}"/>'
+        page = f'{self.summary_html()}<img src="data:image/png;base64,{picture}"/>'
+        return f'<div class="{NO_MATH}">{page}</div>'
 
     def __repr__(self) -> str:
         return (
