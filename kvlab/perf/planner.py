@@ -21,7 +21,10 @@ checks the result against :func:`kvlab.serving.simulate` on the same set-up):
    (:mod:`kvlab.perf.memory_budget`, :mod:`kvlab.perf.overhead`). With tensor parallelism each
    GPU holds its share of the KV heads (at least one head: with more GPUs than KV heads the heads
    are copied, as vLLM does).
-2. Concurrency under continuous batching with every request waiting (a saturated server). A
+2. Concurrency under continuous batching with every request waiting (a saturated server), at
+   most ``max_num_seqs`` (vLLM's default for the GPU unless given) and never more than a step's
+   ``max_num_batched_tokens`` (each running request needs one); ``min_tokens_per_user`` lowers
+   the cap to what leaves each request that speed. A
    running request is seen for as many steps as it generates tokens, so by Little's law the mean
    number running is ``memory / F``, where ``F`` is the *time-weighted* mean footprint: each
    request's tokens booked, averaged over its own steps, weighted by its number of steps
@@ -49,10 +52,12 @@ checks the result against :func:`kvlab.serving.simulate` on the same set-up):
    also recomputes preempted requests, lands close to or between the two. Both are bounds of
    the hardware: real kernels reach a fraction of the peaks.
 4. Cost per million generated tokens: ``price x num_gpus / (tokens_per_s x 3600) x 1e6``; GPUs
-   for a target: ``ceil(target / tokens_per_s)`` replicas of ``num_gpus`` GPUs.
+   for a target: ``ceil(target / tokens_per_s)`` replicas of ``num_gpus`` GPUs. Both are also
+   given for an engine at :data:`REALISTIC_FRACTION` of the roofline, as a range.
 
 Measured against :func:`kvlab.serving.simulate` (``compare_with_simulation``: steady state of a
-saturated day, a seed other than the planner's; plan defaults otherwise), planned / simulated - 1:
+saturated day, a seed other than the planner's; no cap on requests at once and 2 GiB of overhead per
+GPU, the defaults when it was measured, hence the slots below), planned / simulated - 1:
 
 =============================  ==========  ================================  ============
 set-up                         workload    concurrency (Max, Pow2, Oracle,   tokens/s
