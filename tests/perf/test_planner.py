@@ -134,7 +134,10 @@ def test_tensor_parallel_splits_weights_and_kv_and_adds_bandwidth():
     assert p.memory.source == "given" and p.memory.spread is None
     predicted = plan("OPT-13B", "A100-80GB", num_gpus=2)
     one = plan("OPT-13B", "A100-80GB", num_gpus=1)
-    assert predicted.memory.source == "predicted" and "real vLLM start-up logs" in predicted.memory.spread
+    assert (
+        predicted.memory.source == "predicted"
+        and "real vLLM start-up logs" in predicted.memory.spread
+    )
     # each GPU pays its own activations (a share of the MLP's) and non-torch memory
     assert one.overhead_bytes < predicted.overhead_bytes <= 2 * one.overhead_bytes
     assert predicted.kv_cache_bytes == pytest.approx(
