@@ -64,3 +64,47 @@ TTFT = (
     "that compares the time to first token: the target is on the gap between two tokens, "
     "result.itl(99)"
 )
+
+# --- 09.chunk_attention and 09.chunk_kernel --------------------------------------------------
+
+CAUSAL_EXCLUDES_SELF = (
+    "causal mask off by one: query i of the chunk sits at position num_computed + i and sees "
+    "itself too: keep key positions j <= num_computed + i (a mask of j < num_computed + i leaves "
+    "the chunk's first query of a prompt with nothing to attend to)"
+)
+CAUSAL_ONE_AHEAD = (
+    "causal mask off by one: query i (position num_computed + i) sees key positions "
+    "j <= num_computed + i, not one position further ahead"
+)
+NO_CAUSAL = (
+    "the chunk's queries saw the tokens after them: within the chunk attention is causal, "
+    "query i sees key positions j <= num_computed + i (mask the rest with -inf)"
+)
+DIAGONAL_TILE = (
+    "the causal mask is missing on the diagonal tile: a room that holds the chunk's own tokens "
+    "has keys after some of the tile's queries; mask scores where key position > query position "
+    "(num_computed + row) in every room the chunk reaches, not only past the tile's last row"
+)
+PREFIX_FORGOTTEN = (
+    "the cached prefix was left out of the causal mask: query i is at position num_computed + i, "
+    "not i; it sees every one of the num_computed tokens before the chunk and the chunk up to "
+    "itself"
+)
+KV_HEAD_MODULO = (
+    "query head h reads KV head h // GROUP (GROUP = q_heads // kv_heads query heads share one), "
+    "not h % kv_heads"
+)
+KV_HEAD_ZERO = (
+    "every query head read KV head 0: query head h reads KV head h // GROUP, at h // GROUP * "
+    "stride_kh (and stride_vh)"
+)
+READ_PAST = (
+    "memory past the chunk was read: right when it holds zeros, NaN when it holds NaN. Only "
+    "positions below num_computed + n hold K and V (the rest of the last room, and the rooms "
+    "past the key card's used entries, are unread memory): mask the key loads with position < "
+    "num_computed + n as well as the causal mask, and give masked scores -inf"
+)
+NO_RESCALE = (
+    "the online softmax was not rescaled: when a room raises the running max from m to m_new, "
+    "multiply acc and l by alpha = exp(m - m_new) before adding the room (Lab 05)"
+)

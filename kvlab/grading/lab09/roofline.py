@@ -39,12 +39,11 @@ def almost_free_tokens(spec, gpu: GPU, batch: int, context: int, **options) -> i
     """The largest chunk k >= 0 with compute time <= memory time (0 when even the decodes alone
     are compute-bound)."""
     low, high = 0, 1
-    fits = lambda k: (
-        _times(spec, gpu, batch, context, k, **options)[0]
-        <= _times(  # noqa: E731
-            spec, gpu, batch, context, k, **options
-        )[1]
-    )
+
+    def fits(k):
+        compute, memory = _times(spec, gpu, batch, context, k, **options)
+        return compute <= memory
+
     if not fits(0):
         return 0
     while fits(high):
