@@ -118,7 +118,9 @@ def _slips(args, kernel: bool):
     q_heads, kv_heads = q.shape[1], k_cache.shape[2]
     slips = [
         Slip(hints.CAUSAL_EXCLUDES_SELF, lambda a: attend(a, lambda i, j: j < nc + i)),
-        Slip(hints.CAUSAL_ONE_AHEAD, lambda a: attend(a, lambda i, j: j <= nc + i + 1)),
+        Slip(
+            hints.CAUSAL_ONE_AHEAD, lambda a: attend(a, lambda i, j: j <= nc + i + 1 and j < total)
+        ),
         # in a kernel, no causal mask at all reads as the diagonal tile's mask missing
         Slip(
             hints.DIAGONAL_TILE if kernel else hints.NO_CAUSAL,
