@@ -36,7 +36,9 @@ class Engine:
     ``step_seconds`` (the clock then runs in steps, and arrivals are read on it). An executor
     declaring ``can_swap = True`` keeps the K/V of sequences preempted by swapping. ``schedule``
     replaces :meth:`Scheduler.step`, the learner's own step in Lab 06: a function
-    ``(scheduler, now) -> ScheduledStep``. ``observer.after_step(engine, step)`` is called after
+    ``(scheduler, now) -> ScheduledStep``. With a token budget (Lab 09's own budgeted step) it
+    sets ``num_scheduled`` and ``samples`` of every sequence it schedules, and the step's
+    ``num_batched_tokens``, as :meth:`Scheduler.step` does under a budget. ``observer.after_step(engine, step)`` is called after
     every step that ran a batch. ``fast_forward=False`` makes :meth:`run` step one at a time even
     where it could run a stretch of decode steps at once (:meth:`decode_run`; the results are the
     same). The remaining options go to the :class:`~kvlab.serving.scheduler.Scheduler`.
@@ -73,8 +75,6 @@ class Engine:
             raise TypeError(
                 f"schedule must be a function (scheduler, now) or None, got {schedule!r}"
             )
-        if schedule is not None and max_num_batched_tokens is not None:
-            raise ValueError("a custom schedule cannot keep a token budget: drop one of them")
         if isinstance(step_seconds, bool) or not (
             isinstance(step_seconds, int | float) and step_seconds > 0
         ):

@@ -400,7 +400,8 @@ def simulate(
     each batch until its longest member is done. Requests arriving at the same time are served in
     the given order; ``seed`` other than 0 shuffles such ties (a seeded, reproducible order).
     ``record=True`` keeps a frame per event in ``result.trace`` (small days only).
-    ``schedule`` and ``preempt`` replace the scheduler's own (Lab 06's exercises).
+    ``schedule`` and ``preempt`` replace the scheduler's own (Lab 06's exercises; with a token
+    budget, a schedule sets each scheduled sequence's ``num_scheduled`` and ``samples``: Lab 09).
     ``prefix_caching=True`` (paged only) shares cached prompt prefixes: requests with
     ``prompt_ids`` are compared by token; the others, and every generated token, get ids of
     their own that nobody else has (a preempted request may still find its own blocks).
@@ -431,8 +432,6 @@ def simulate(
         raise TypeError(f"chunked_prefill must be a bool, got {chunked_prefill!r}")
     if chunked_prefill and max_num_batched_tokens is None:
         raise ValueError("chunked_prefill needs a token budget: give max_num_batched_tokens")
-    if schedule is not None and max_num_batched_tokens is not None:
-        raise ValueError("a custom schedule cannot keep a token budget: drop one of them")
     kv_cache = make_cache(cache, kv_capacity_tokens, max_seq_len, block_size, prefix_caching)
     _check_fits(requests, cache, kv_capacity_tokens, max_seq_len, block_size)
     _check_budget(requests, max_num_batched_tokens, chunked_prefill, preemption)

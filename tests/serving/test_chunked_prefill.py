@@ -15,7 +15,7 @@ from kvlab.perf.roofline import StepTime
 from kvlab.serving import Engine, simulate
 from kvlab.serving.scheduler import Scheduler, Sequence, SequenceStatus
 from kvlab.serving.simulate import weighted_percentile
-from kvlab.serving.workload import Request
+from kvlab.serving.workload import Request, sharegpt_like
 
 
 class Checking:
@@ -261,8 +261,6 @@ def test_bad_budgets_are_refused_by_name():
         Scheduler(PagedCache(4, 4), max_num_batched_tokens=0)
     with pytest.raises(TypeError, match="chunked_prefill must be a bool"):
         Scheduler(PagedCache(4, 4), max_num_batched_tokens=4, chunked_prefill="yes")
-    with pytest.raises(ValueError, match="custom schedule cannot keep a token budget"):
-        Engine(PagedCache(4, 4), schedule=Scheduler.step, max_num_batched_tokens=4)
     day = [Request(20, 4)]
     with pytest.raises(ValueError, match=r"requests\[0\] may need 23 tokens"):
         simulate(
@@ -270,3 +268,15 @@ def test_bad_budgets_are_refused_by_name():
         )
     with pytest.raises(ValueError, match="prefix_caching must be False, True or one of"):
         simulate(day, cache="paged", kv_capacity_tokens=64, max_seq_len=64, prefix_caching="lru")
+
+
+def test_a_custom_schedule_under_a_budget_serves_as_the_scheduler_does():
+    """Lab 09: a schedule of one's own may keep the token budget (it sets num_scheduled and
+    samples itself); Scheduler.step handed in as that schedule serves the day as the engine's own."""
+    day = sharegpt_like(30, seed=5, rate=3.0)
+    setup = dict(cache="paged", kv_capacity_tokens=4096, max_seq_len=4096, block_size=16)
+    setup.update(max_num_batched_tokens=64, chunked_prefill=True)
+    own = simulate(day, **setup)
+    custom = simulate(day, schedule=Scheduler.step, **setup)
+    assert custom.summary() == own.summary()
+    assert custom.scheduled_tokens == own.scheduled_tokens

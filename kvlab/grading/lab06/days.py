@@ -71,10 +71,17 @@ class Day:
     # a day that tells apart the slips this one cannot (only a slip that does there what the
     # learner's step does there gives the hint)
     second: str | None = None
+    # a token budget (Lab 09): max_num_batched_tokens, with chunked prefill
+    budget: int | None = None
 
     def start(self, schedule=None) -> tuple[Engine, list[Sequence]]:
         engine = Engine(
-            self.cache(), max_batch=self.max_batch, preemption=self.preemption, schedule=schedule
+            self.cache(),
+            max_batch=self.max_batch,
+            preemption=self.preemption,
+            schedule=schedule,
+            max_num_batched_tokens=self.budget,
+            chunked_prefill=self.budget is not None,
         )
         guests = [Sequence(*g) for g in self.guests]
         for seq in guests:
@@ -87,6 +94,8 @@ class Day:
         cap = "" if self.max_batch is None else f", max_batch={self.max_batch}"
         if self.preemption != "recompute":
             cap += f", preemption={self.preemption!r}"
+        if self.budget is not None:
+            cap += f", max_num_batched_tokens={self.budget} (chunked prefill)"
         guests = ", ".join(f"{g} {p}+{o}@{a:g}" for g, p, o, a in self.guests)
         return f"{cache_text(self.cache())}{cap}; guests (prompt+answer@arrival): {guests}"
 

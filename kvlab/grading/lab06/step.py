@@ -16,6 +16,9 @@ small day with ``simulate(..., schedule=step)``, as the lab does, and compares i
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
 from kvlab.core.block_manager import PagedCache
 from kvlab.grading import slips
 from kvlab.grading.blame import explain_exception, raised
@@ -42,6 +45,26 @@ STEP_REFERENCE = (
 STEP_TASK = "scheduling the step"
 
 
+@dataclass(frozen=True)
+class Rules:
+    """What a lockstep exercise compares against: kvlab's step (``reference``), the guard and
+    task of the learner's calls, the state-diff ``table``, the usual ``slips`` and the ``days``
+    they serve, the mistakes seen in a step's outcome itself (``direct``), and how a report names
+    the learner's function and the module whose ``show_day`` replays a day. 06.step's are
+    :data:`LAB06`; Lab 09's budgeted step has its own (:mod:`kvlab.grading.lab09.budget`)."""
+
+    reference: Callable
+    guard: tuple
+    task: str
+    table: tuple
+    slips: tuple
+    days: dict
+    direct: Callable | None = None
+    any_refused: frozenset = field(default_factory=frozenset)
+    module: str = "kvlab.grading.lab06"
+    name: str = "step"
+
+
 class Stopped(Exception):
     """The learner's step raised, or returned what a ScheduledStep should be: the day stops."""
 
@@ -50,8 +73,9 @@ class Captured:
     """A schedule function for an Engine that keeps what each step did (before the engine's own
     bookkeeping): the reference's, a slip's, or the learner's (guarded, checked for type)."""
 
-    def __init__(self, step, guests: list[Sequence], learner: bool = False):
+    def __init__(self, step, guests: list[Sequence], learner: bool = False, rules=None):
         self.step, self.guests, self.learner = step, guests, learner
+        self.rules = LAB06 if rules is None else rules
         self.now = 0.0
         self.view = self.value = self.error = None
         self.unsized = False  # the learner asked cache.refusal without the tokens to generate
@@ -60,9 +84,10 @@ class Captured:
         self.now = now
         self.unsized = False
         if self.learner:
-            where = f"step(scheduler, now={now:g})"
+            rules = self.rules
+            where = f"{rules.name}(scheduler, now={now:g})"
             value, self.error = call_own(
-                self.step, scheduler, now, guard=STEP_REFERENCE, task=STEP_TASK, where=where
+                self.step, scheduler, now, guard=rules.guard, task=rules.task, where=where
             )
         else:
             try:
@@ -72,7 +97,7 @@ class Captured:
         self.value = value
         if self.error is not None or not well_formed(value):
             raise Stopped
-        self.view = read(STEP, value, scheduler, self.guests)
+        self.view = read(self.rules.table, value, scheduler, self.guests)
         return value
 
 
@@ -100,13 +125,14 @@ def watch_refusal(cache, capture: Captured) -> None:
     cache.refusal = watched
 
 
-def _lockstep(fn, day: Day, replay: bool = True) -> None:
+def _lockstep(fn, day: Day, replay: bool = True, rules: Rules | None = None) -> None:
     """Run ``day`` with the learner's step beside kvlab's; fail at the first step that differs."""
-    mine_capture = Captured(fn, [], learner=True)
+    rules = LAB06 if rules is None else rules
+    mine_capture = Captured(fn, [], learner=True, rules=rules)
     mine, mine_guests = day.start(mine_capture)
     mine_capture.guests = mine_guests
     watch_refusal(mine.scheduler.cache, mine_capture)
-    ref_capture = Captured(Scheduler.step, [])
+    ref_capture = Captured(rules.reference, [], rules=rules)
     ref, ref_guests = day.start(ref_capture)
     ref_capture.guests = ref_guests
     before = state_text(ref.scheduler)
@@ -117,13 +143,13 @@ def _lockstep(fn, day: Day, replay: bool = True) -> None:
         try:
             mine.step()
         except Stopped:
-            _step_failed(day, k, mine_capture, None, before, replay, history)
+            _step_failed(day, k, mine_capture, None, before, replay, history, rules)
         except CheckFailed as handover:
             handover.input = _where(day, k, mine_capture.now, before)
             raise
         ref.step()
         if mine_capture.view != ref_capture.view:
-            _step_failed(day, k, mine_capture, ref_capture.view, before, replay, history)
+            _step_failed(day, k, mine_capture, ref_capture.view, before, replay, history, rules)
         history.append(ref_capture.view)
         before = state_text(ref.scheduler)
 
@@ -132,17 +158,21 @@ def _where(day: Day, k: int, now: float, before: str) -> str:
     return f"{day.describe()}; step {k} (now={now:g}), before it: {before}"
 
 
-def _step_failed(day: Day, k: int, mine: Captured, expected: dict | None, before, replay, history):
+def _step_failed(
+    day: Day, k: int, mine: Captured, expected: dict | None, before, replay, history, rules=None
+):
+    rules = LAB06 if rules is None else rules
     where = _where(day, k, mine.now, before)
     again = (
-        f'`from kvlab.grading.lab06 import show_day; show_day(step, "{day.name}")` prints the day '
+        f"`from {rules.module} import show_day; show_day({rules.name}, "
+        f'"{day.name}")` prints the day '
         "step by step, kvlab's beside yours"
         if replay
         else None
     )
     details = dict(input=where, replay=again)
     if mine.error is not None:
-        hint = _unsized(mine) or _slip(day, mine, None, history)
+        hint = _unsized(mine) or _slip(day, mine, None, history, rules)
         hint = hint or error_slip(mine.error, step=True)
         if hint is None and isinstance(mine.error, MemoryError):
             hint = hints.MEMORY
@@ -172,17 +202,18 @@ def _step_failed(day: Day, k: int, mine: Captured, expected: dict | None, before
             hint=hints.SEQ_NOT_ID if ids else None,
             **details,
         )
-    d = first_difference(STEP, expected, mine.view)
+    d = first_difference(rules.table, expected, mine.view)
     want, got = d.shown
     queue = history[-1]["scheduler.waiting"] if history else [g[0] for g in day.guests]
-    hint = _unsized(mine) or _slip(day, mine, expected, history)
-    hint = hint or _direct(day, mine, expected, queue)
+    hint = _unsized(mine) or _slip(day, mine, expected, history, rules)
+    direct = rules.direct or _direct
+    hint = hint or direct(day, mine, expected, queue)
     raise CheckFailed(
         f"step {k}: {d.name} differs from kvlab's",
         expected=want,
         got=got,
         hint=hint,
-        cause=hint or f"06.step: {d.name}",
+        cause=hint or f"{rules.name}: {d.name}",
         **details,
     )
 
@@ -199,24 +230,30 @@ def _well_formed_field(items, field: str) -> bool:
     return isinstance(items, list) and all(isinstance(q, Sequence) for q in items)
 
 
-def _slip(day: Day, mine: Captured, expected: dict | None, history: list[dict]) -> str | None:
+def _slip(
+    day: Day, mine: Captured, expected: dict | None, history: list[dict], rules=None
+) -> str | None:
     """The hint of the one usual slip that does what the learner's step did (see ``_agrees``);
     where several do and the day has a ``second``, the one that departs from kvlab's step there
     as the learner's step does."""
-    found = [slip for slip in STEP_SLIPS if _agrees(slip, day, mine, expected, history)]
+    rules = LAB06 if rules is None else rules
+    found = [s for s in rules.slips if _agrees(s, day, mine, expected, history, rules)]
     if len({slip.mistake for slip in found}) > 1 and day.second is not None:
-        second = DAYS[day.second]
-        there = departure(mine.step, second, learner=True)
-        found = [slip for slip in found if departure(slip.answer, second) == there]
+        second = rules.days[day.second]
+        there = departure(mine.step, second, learner=True, rules=rules)
+        found = [s for s in found if departure(s.answer, second, rules=rules) == there]
     return slips.hint(slips.only(found))
 
 
-def _agrees(slip, day: Day, mine: Captured, expected: dict | None, history: list[dict]) -> bool:
+def _agrees(
+    slip, day: Day, mine: Captured, expected: dict | None, history: list[dict], rules=None
+) -> bool:
     """Whether ``slip`` does as the learner's step did: the same as kvlab's step in every earlier
     step of the day (``history``), then, in this one, the learner's error, or the learner's
     report and state where kvlab's differ. In this step the refusal reported with a guest is not
     compared, nor, for the slips of ``ANY_REFUSED``, which guest is reported."""
-    capture = Captured(slip.answer, [])
+    rules = LAB06 if rules is None else rules
+    capture = Captured(slip.answer, [], rules=rules)
     engine, capture.guests = day.start(capture)
     for earlier in history:
         try:
@@ -236,7 +273,7 @@ def _agrees(slip, day: Day, mine: Captured, expected: dict | None, history: list
         return capture.error is not None and (
             (type(capture.error), str(capture.error)) == (type(mine.error), str(mine.error))
         )
-    any_refused = bool(slip.answer.keywords.keys() & ANY_REFUSED)
+    any_refused = bool(slip.answer.keywords.keys() & rules.any_refused)
     return (
         capture.error is None
         and capture.view is not None
@@ -245,12 +282,13 @@ def _agrees(slip, day: Day, mine: Captured, expected: dict | None, history: list
     )
 
 
-def departure(fn, day: Day, learner: bool = False):
+def departure(fn, day: Day, learner: bool = False, rules=None):
     """Where ``fn`` first departs from kvlab's step in ``day``: None when it never does, else
     the step and what it did there (its report and state, its error, or what it returned)."""
-    mine = Captured(fn, [], learner=learner)
+    rules = LAB06 if rules is None else rules
+    mine = Captured(fn, [], learner=learner, rules=rules)
     engine, mine.guests = day.start(mine)
-    ref = Captured(Scheduler.step, [])
+    ref = Captured(rules.reference, [], rules=rules)
     reference, ref.guests = day.start(ref)
     k = 0
     while reference.has_unfinished():
@@ -303,14 +341,15 @@ def _direct(day: Day, mine: Captured, expected: dict, queue: list) -> str | None
     return None
 
 
-def show_day(step, day: str = "arrivals", steps: int | None = None) -> None:
+def show_day(step, day: str = "arrivals", steps: int | None = None, rules=None) -> None:
     """Print a day of the 06.step checks step by step, kvlab's step beside ``step``, up to the
     first step that differs (or ``steps`` steps)."""
-    plan = DAYS[day]
+    rules = LAB06 if rules is None else rules
+    plan = rules.days[day]
     print(plan.describe())
-    mine_capture = Captured(step, [], learner=True)
+    mine_capture = Captured(step, [], learner=True, rules=rules)
     mine, mine_capture.guests = plan.start(mine_capture)
-    ref_capture = Captured(Scheduler.step, [])
+    ref_capture = Captured(rules.reference, [], rules=rules)
     ref, ref_capture.guests = plan.start(ref_capture)
     keys = ("out.finished", "out.admitted", "out.refused", "out.preempted", "out.scheduled")
 
@@ -336,12 +375,23 @@ def show_day(step, day: str = "arrivals", steps: int | None = None) -> None:
             print(f"  yours returned {short(mine_capture.value)}")
             return
         print(f"  yours: {line(mine_capture.view)}")
-        d = first_difference(STEP, ref_capture.view, mine_capture.view)
+        d = first_difference(rules.table, ref_capture.view, mine_capture.view)
         if d is not None:
             want, got = d.shown
             print(f"  first difference: {d.name}: kvlab {want}; yours {got}")
             return
     print("the same at every step")
+
+
+LAB06 = Rules(
+    reference=Scheduler.step,
+    guard=STEP_REFERENCE,
+    task=STEP_TASK,
+    table=STEP,
+    slips=STEP_SLIPS,
+    days=DAYS,
+    any_refused=frozenset(ANY_REFUSED),
+)
 
 
 @step_ex.check("guests check in when they arrive and check out when their answer is done")

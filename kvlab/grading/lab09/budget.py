@@ -1,0 +1,344 @@
+"""09.budget_step: the learner's ``budget_step(scheduler, now)`` serves short scripted days under
+a token budget (``max_num_batched_tokens``, chunked prefill) in an Engine beside an engine running
+kvlab's own budgeted step, compared after every step on Lab 06's state-diff table plus the tokens
+each guest computes (:data:`TABLE`). The lockstep, the replay and the slip matching are 06.step's
+(:mod:`kvlab.grading.lab06.step`, run with :data:`RULES`); only the reference, the slips, the
+days and the table are this lab's.
+
+kvlab's step is vLLM v1's: retire, then the running guests in check-in order (a decode costs one
+token, a prompt still being read its next chunk, min(what is left of it, what is left of the
+budget)), preempting when a bed is missing, then, in a step that preempted nobody, the queue
+first come first served while budget is left: each newcomer is asked of the cache for its whole
+prompt and first token, checked in, and given its first chunk (its first token too when the chunk
+ends the prompt). The usual slips (:data:`SLIPS`) are that step with one mistake put in.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from kvlab.core.block_manager import PagedCache
+from kvlab.grading.lab06 import hints as lab06_hints
+from kvlab.grading.lab06.days import Day, same_figures
+from kvlab.grading.lab06.days import figures as day_figures
+from kvlab.grading.lab06.step import Rules, _direct, _lockstep
+from kvlab.grading.lab06.step import show_day as _show_day
+from kvlab.grading.lab06.views import STEP, show
+from kvlab.grading.lab09 import hints
+from kvlab.grading.registry import exercise
+from kvlab.grading.slips import Slip
+from kvlab.grading.state_diff import Field, each
+from kvlab.serving import make_cache, simulate
+from kvlab.serving.scheduler import ScheduledStep, Scheduler, SequenceStatus
+from kvlab.serving.workload import Request, documents_among_chats
+
+RUNNING = SequenceStatus.RUNNING
+
+budget_ex = exercise("09.budget_step", "one step under a token budget: decodes first, then chunks")
+
+
+def slipped_budget_step(
+    scheduler: Scheduler,
+    now: float,
+    *,
+    order: str = "running first",
+    left: str = "what is left",
+    newcomer: str = "chunked",
+    partial: str = "chunk",
+    memory: str = "whole prompt",
+    hold: bool = True,
+    fcfs: bool = True,
+    arrival: str = "<=",
+) -> ScheduledStep:
+    """kvlab's budgeted step as the lab asks for it, with the usual slips as options (the defaults
+    are right): ``order="admit first"`` checks newcomers in before the running guests get their
+    tokens; ``left="whole budget"`` gives every guest up to the whole budget (not what the guests
+    before it left); ``newcomer="whole"`` reads a newcomer's prompt whole; ``partial="skip"``
+    forgets the running guests whose prompt is partly read, ``partial="whole"`` reads the rest of
+    it at once; ``memory="chunk"`` asks the cache for the first chunk only, ``memory="none when
+    chunked"`` does not ask when the prompt is chunked; ``hold``, ``fcfs`` and ``arrival`` are
+    06.step's (admitting in a step that preempted, past a refused guest, before arrival)."""
+    out = ScheduledStep()
+    budget = scheduler.max_num_batched_tokens
+    out.finished = scheduler.retire()
+
+    def chunk(seq, n):  # given in the lab
+        seq.num_scheduled, seq.samples = n, False
+        out.num_batched_tokens += n
+        out.scheduled.append(seq)
+
+    def decode(seq):  # given in the lab
+        seq.num_scheduled, seq.samples = seq.num_uncomputed, True
+        out.num_batched_tokens += seq.num_scheduled
+        scheduler.cache.append(seq.seq_id)
+        seq.num_generated += 1
+        out.scheduled.append(seq)
+
+    def what_is_left():
+        return budget if left == "whole budget" else budget - out.num_batched_tokens
+
+    def run_running():
+        for seq in list(scheduler.running):
+            room = what_is_left()
+            if room <= 0:
+                break
+            if seq.status is not RUNNING or seq in out.scheduled:
+                continue
+            if seq.num_uncomputed > 1 and partial == "skip":
+                continue
+            if seq.num_uncomputed > room and partial != "whole":
+                chunk(seq, room)
+                continue
+            while not scheduler.cache.can_append(seq.seq_id):
+                victim = scheduler.preempt()
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                decode(seq)
+
+    def admit_arrived():
+        waiting, i = scheduler.waiting, 0
+        while i < len(waiting) and not (hold and out.preempted):
+            seq = waiting[i]
+            if arrival == "<=" and seq.arrival > now:
+                break
+            room = what_is_left()
+            if room <= 0:
+                break
+            if scheduler.max_batch is not None and len(scheduler.running) >= scheduler.max_batch:
+                break
+            chunked = seq.num_uncomputed > room and newcomer == "chunked"
+            refusal = None
+            if memory == "whole prompt" or memory == "none when chunked" and not chunked:
+                refusal = scheduler.cache.refusal(seq.num_tokens, seq.remaining)
+            elif memory == "chunk":
+                refusal = scheduler.cache.refusal(min(room, seq.num_tokens), seq.remaining)
+            if refusal is not None:
+                if out.refused is None:
+                    out.refused, out.refusal = seq, refusal
+                if fcfs:
+                    break
+                i += 1
+                continue
+            scheduler.admit(seq)
+            out.admitted.append(seq)
+            if chunked:
+                chunk(seq, room)
+            else:
+                decode(seq)
+
+    if order == "admit first":
+        admit_arrived()
+        run_running()
+    else:
+        run_running()
+        admit_arrived()
+    return out
+
+
+def _slip(hint: str, **options) -> Slip:
+    return Slip(hint, functools.partial(slipped_budget_step, **options))
+
+
+SLIPS = (
+    _slip(hints.PREFILL_FIRST, order="admit first"),
+    _slip(hints.OVER_BUDGET, left="whole budget"),
+    _slip(hints.OVER_BUDGET, newcomer="whole"),
+    _slip(hints.OVER_BUDGET, partial="whole"),
+    _slip(hints.FORGOTTEN, partial="skip"),
+    _slip(hints.MEMORY_CHUNK, memory="chunk"),
+    _slip(hints.MEMORY_CHUNK, memory="none when chunked"),
+    _slip(lab06_hints.HOLD, hold=False),
+    _slip(lab06_hints.FCFS, fcfs=False),
+)
+
+
+def _tokens(out, s, guests):
+    """What each scheduled guest computes in the step: its tokens, and + when it samples."""
+    scheduled = out.scheduled if isinstance(out.scheduled, list) else []
+    return [
+        f"{q.seq_id}:{q.num_scheduled}{'+' if q.samples else ''}"
+        for q in scheduled
+        if hasattr(q, "num_scheduled")
+    ]
+
+
+# Lab 06's table, with the tokens computed in the step after the guests scheduled
+TABLE = (
+    *STEP[:6],
+    Field("out.num_batched_tokens", lambda out, s, g: out.num_batched_tokens, show=each(str)),
+    Field("tokens computed (guest:tokens, + where a token is produced)", _tokens, show=each(show)),
+    *STEP[6:],
+)
+
+GUARD = (
+    Scheduler.step,
+    Scheduler.schedule,
+    Scheduler._schedule_budgeted,
+    Scheduler._admit_arrived,
+    Scheduler._make_room,
+    Scheduler._chunk,
+    Scheduler._decode,
+)
+
+
+def direct(day: Day, mine, expected: dict, queue: list) -> str | None:
+    """Mistakes seen in the step's outcome itself: more tokens than the budget, then 06.step's."""
+    got = mine.view
+    if isinstance(got["out.num_batched_tokens"], int) and day.budget is not None:
+        if got["out.num_batched_tokens"] > day.budget:
+            return hints.OVER_BUDGET
+    if any(entry.endswith(":0") for entry in got[TABLE[7].name]):
+        return hints.BUDGET_SPENT
+    return _direct(day, mine, expected, queue)
+
+
+# the lab's day, shrunk: chats with long documents among them, at a tenth of their length
+SIM_DAY = [
+    Request(max(1, r.prompt_len // 10), max(1, r.output_len // 10), r.arrival)
+    for r in documents_among_chats(40, seed=4, rate=40.0, document_share=0.15)
+]
+SIM_SETUP = dict(
+    cache="paged",
+    kv_capacity_tokens=1024,
+    max_seq_len=1024,
+    block_size=8,
+    max_num_batched_tokens=48,
+    chunked_prefill=True,
+)
+SIM_TEXT = (
+    "40 chats with long documents among them at a tenth of their length "
+    "(kvlab.grading.lab09.budget.SIM_DAY), simulate(SIM_DAY, cache='paged', "
+    "kv_capacity_tokens=1024, max_seq_len=1024, block_size=8, max_num_batched_tokens=48, "
+    "chunked_prefill=True)"
+)
+
+
+def _simulated_day() -> Day:
+    order = sorted(range(len(SIM_DAY)), key=lambda i: SIM_DAY[i].arrival)
+    guests = tuple(
+        (f"r{i}", SIM_DAY[i].prompt_len, SIM_DAY[i].output_len, SIM_DAY[i].arrival) for i in order
+    )
+    cache = functools.partial(make_cache, "paged", 1024, 1024, 8)
+    return Day("simulate", cache, guests, text=SIM_TEXT, budget=48, second="chunks")
+
+
+# the full hotel of 06.step: 6 rooms of 4 beds
+FULL_HOTEL = (
+    ("ann", 5, 4, 0.0),
+    ("ben", 2, 6, 0.0),
+    ("cat", 7, 3, 1.0),
+    ("dan", 3, 3, 1.0),
+    ("eve", 9, 2, 1.0),
+)
+
+DAYS = {
+    day.name: day
+    for day in (
+        # step 1: ann (3) and ben's first chunk of 5; steps 2-3: ann decodes, ben's chunks of 7;
+        # step 4: ben's last 2 with its first token, cat checks in with a chunk of 6 ...
+        Day(
+            "chunks",
+            lambda: PagedCache(32, 4),
+            (("ann", 3, 5, 0.0), ("ben", 19, 3, 0.0), ("cat", 10, 2, 2.0), ("dan", 2, 3, 2.0)),
+            budget=8,
+            second="decodes first",
+        ),
+        # one long prompt among decoders: the budget is shared, decodes first
+        Day(
+            "decodes first",
+            lambda: PagedCache(32, 4),
+            (("ann", 2, 6, 0.0), ("ben", 2, 6, 0.0), ("cat", 3, 6, 0.0), ("dan", 25, 2, 1.0)),
+            budget=6,
+            second="chunks",
+        ),
+        # ben's prompt fits a chunk of the budget, not the rooms left: refused, not checked in
+        Day(
+            "memory",
+            lambda: PagedCache(8, 4),
+            (("ann", 6, 6, 0.0), ("ben", 23, 2, 0.0), ("cat", 2, 2, 0.0)),
+            budget=4,
+            second="chunks",
+        ),
+        Day("preemption", lambda: PagedCache(6, 4), FULL_HOTEL, budget=6, second="chunks"),
+        Day(
+            "swap",
+            lambda: PagedCache(6, 4),
+            FULL_HOTEL,
+            preemption="swap",
+            budget=6,
+            second="preemption",
+        ),
+        Day(
+            "full batch",
+            lambda: PagedCache(32, 4),
+            (("ann", 9, 2, 0.0), ("ben", 4, 3, 0.0), ("cat", 12, 2, 0.0), ("dan", 4, 1, 0.0)),
+            max_batch=2,
+            budget=5,
+            second="chunks",
+        ),
+        _simulated_day(),
+    )
+}
+
+RULES = Rules(
+    reference=Scheduler.step,
+    guard=GUARD,
+    task="scheduling the step under its budget",
+    table=TABLE,
+    slips=SLIPS,
+    days=DAYS,
+    direct=direct,
+    any_refused=frozenset({"fcfs"}),
+    module="kvlab.grading.lab09",
+    name="budget_step",
+)
+
+
+def show_day(budget_step, day: str = "chunks", steps: int | None = None) -> None:
+    """Print a day of the 09.budget_step checks step by step, kvlab's step beside yours."""
+    _show_day(budget_step, day, steps, rules=RULES)
+
+
+def lockstep(fn, name: str) -> None:
+    _lockstep(fn, DAYS[name], rules=RULES)
+
+
+@budget_ex.check("a long prompt is read in chunks that fill what the budget leaves")
+def _chunks(fn):
+    lockstep(fn, "chunks")
+
+
+@budget_ex.check("decodes first: a long prompt takes only what the running guests leave")
+def _decodes_first(fn):
+    lockstep(fn, "decodes first")
+
+
+@budget_ex.check("a guest whose prompt fits the budget but not the rooms left is refused")
+def _memory(fn):
+    lockstep(fn, "memory")
+
+
+@budget_ex.check("a full hotel: the guest checked in last leaves, and comes back first")
+def _preemption(fn):
+    lockstep(fn, "preemption")
+
+
+@budget_ex.check("the full hotel by swap")
+def _swap(fn):
+    lockstep(fn, "swap")
+
+
+@budget_ex.check("max_batch=2 caps the guests, the budget caps the tokens")
+def _full_batch(fn):
+    lockstep(fn, "full batch")
+
+
+@budget_ex.check("the lab's way: simulate(..., schedule=budget_step) serves a day as kvlab does")
+def _simulate(fn):
+    lockstep(fn, "simulate")
+    setup = {k: v for k, v in SIM_SETUP.items()}
+    got = simulate(SIM_DAY, schedule=fn, **setup)
+    want = simulate(SIM_DAY, **setup)
+    same_figures(day_figures(got), day_figures(want), SIM_TEXT + ", schedule=budget_step")

@@ -1,0 +1,284 @@
+"""09.chunk_attention (torch) and 09.chunk_kernel (Triton): attention for a chunk of one guest's
+prompt through its key card, checked against :func:`kvlab.ops.attention.chunk_attention_reference`.
+
+A case (:func:`make_chunk_case`) is one guest whose K/V of positions ``0 .. num_computed + n - 1``
+sit in rooms scattered over a small cache; every other bed (the rest of the last room, the rooms no
+entry names, the padding entry's room) holds NaN, so a read of unread memory that reaches the
+answer spoils it. A wrong answer is diagnosed by (1) the same case with zeros in that memory (right
+there: the code read past the chunk), then (2) the usual slips' answers on the case (a causal mask
+off by one, none, none on the diagonal tile, the prefix left out of it, the wrong KV head, an
+online softmax without rescaling), a hint only when one slip explains it. The kernel is launched
+by :func:`launch_chunk_kernel` on the grid (query tiles of ``BLOCK_Q`` rows, query heads).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kvlab.grading.expect import CheckFailed, max_error, preview
+from kvlab.grading.lab05 import _unwrap_unimplemented, explain_triton_error
+from kvlab.grading.lab09 import hints
+from kvlab.grading.registry import exercise
+from kvlab.grading.slips import Slip, matching, only
+from kvlab.ops.attention import chunk_attention_reference
+from kvlab.ops.kernels.sizes import pow2
+from kvlab.ops.runtime import kernel_mode
+
+attention_ex = exercise("09.chunk_attention", "attention for a chunk through the key card (torch)")
+kernel_ex = exercise(
+    "09.chunk_kernel",
+    "a Triton kernel for a chunk: query tiles × rooms, online softmax, causal mask",
+    isolate=kernel_mode() == "interpreter",
+)
+BLOCK_Q = 4  # query rows per program of the kernel
+
+
+def make_chunk_case(
+    num_computed: int,
+    n: int,
+    block_size: int = 4,
+    q_heads: int = 2,
+    kv_heads: int = 1,
+    head_dim: int = 8,
+    seed: int = 0,
+    garbage: float = math.nan,
+):
+    """(q, k_cache, v_cache, block_table, num_computed) for one guest: ``n`` queries at positions
+    ``num_computed ..``, K/V of the positions before ``num_computed + n`` in scattered rooms, one
+    padding entry, and ``garbage`` in every bed that holds no token of the guest."""
+    g = torch.Generator().manual_seed(seed)
+    total = num_computed + n
+    rooms = -(-total // block_size)
+    num_blocks = rooms + 3
+    k_cache = torch.full((num_blocks, block_size, kv_heads, head_dim), garbage)
+    v_cache = torch.full_like(k_cache, garbage)
+    table = torch.randperm(num_blocks, generator=g)[: rooms + 1].to(torch.int32)
+    k = torch.randn(total, kv_heads, head_dim, generator=g)
+    v = torch.randn(total, kv_heads, head_dim, generator=g)
+    for pos in range(total):
+        room = int(table[pos // block_size])
+        k_cache[room, pos % block_size], v_cache[room, pos % block_size] = k[pos], v[pos]
+    q = torch.randn(n, q_heads, head_dim, generator=g)
+    return q, k_cache, v_cache, table, num_computed
+
+
+def describe(num_computed: int, n: int, block_size: int = 4, q_heads=2, kv_heads=1, **_) -> str:
+    return (
+        f"a chunk of {n} queries after {num_computed} cached tokens, rooms of {block_size}, "
+        f"{q_heads} query heads on {kv_heads} KV head{'s' if kv_heads > 1 else ''}, NaN in every "
+        "bed that holds no token"
+    )
+
+
+# --- what the slips compute --------------------------------------------------------------------
+
+
+def attend(args, visible, kv_of=None, rescale=True):
+    """fp32 attention of each query row over the key positions ``visible(i, j)`` (True: seen),
+    reading keys through the key card (NaN where a slip reads unread memory); ``kv_of[h]`` the KV
+    head of query head h; ``rescale=False``: an online softmax room by room without alpha."""
+    q, k_cache, v_cache, table, nc = args
+    n, q_heads, head_dim = q.shape
+    size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = q_heads // kv_heads
+    kv_of = [h // group for h in range(q_heads)] if kv_of is None else kv_of
+    reach = (len(table)) * size
+    keys = torch.stack([k_cache[int(table[j // size]), j % size] for j in range(reach)])
+    values = torch.stack([v_cache[int(table[j // size]), j % size] for j in range(reach)])
+    scale = 1.0 / math.sqrt(head_dim)
+    out = torch.empty(n, q_heads, head_dim)
+    for i in range(n):
+        seen = [j for j in range(reach) if visible(i, j)]
+        for h in range(q_heads):
+            if not seen:
+                out[i, h] = math.nan
+                continue
+            k, v = keys[seen, kv_of[h]], values[seen, kv_of[h]]
+            scores = (k @ q[i, h]) * scale
+            if rescale:
+                w = torch.softmax(scores, dim=0)
+                out[i, h] = w @ v
+                continue
+            m, denom, acc = -math.inf, 0.0, torch.zeros(head_dim)
+            for start in range(0, len(seen), size):  # rooms of the seen keys, in order
+                s, vv = scores[start : start + size], v[start : start + size]
+                m_new = max(m, float(s.max()))
+                p = torch.exp(s - m_new)
+                denom, acc, m = denom + float(p.sum()), acc + p @ vv, m_new
+            out[i, h] = acc / denom
+    return out
+
+
+def _slips(args, kernel: bool):
+    q, k_cache, _, _, nc = args
+    n = q.shape[0]
+    total = nc + n
+    q_heads, kv_heads = q.shape[1], k_cache.shape[2]
+    slips = [
+        Slip(hints.CAUSAL_EXCLUDES_SELF, lambda a: attend(a, lambda i, j: j < nc + i)),
+        Slip(
+            hints.CAUSAL_ONE_AHEAD, lambda a: attend(a, lambda i, j: j <= nc + i + 1 and j < total)
+        ),
+        # in a kernel, no causal mask at all reads as the diagonal tile's mask missing
+        Slip(
+            hints.DIAGONAL_TILE if kernel else hints.NO_CAUSAL,
+            lambda a: attend(a, lambda i, j: j < total),
+        ),
+        Slip(hints.PREFIX_FORGOTTEN, lambda a: attend(a, lambda i, j: j <= i)),
+    ]
+    if kernel:
+
+        def tile_end(i):
+            return min(nc + (i // BLOCK_Q + 1) * BLOCK_Q, total)
+
+        slips.append(Slip(hints.DIAGONAL_TILE, lambda a: attend(a, lambda i, j: j < tile_end(i))))
+        causal = lambda i, j: j <= nc + i  # noqa: E731
+        slips.append(Slip(hints.NO_RESCALE, lambda a: attend(a, causal, rescale=False)))
+    if 1 < kv_heads < q_heads:
+        modulo = [h % kv_heads for h in range(q_heads)]
+        slips.append(
+            Slip(hints.KV_HEAD_MODULO, lambda a: attend(a, lambda i, j: j <= nc + i, modulo))
+        )
+    if kv_heads > 1:
+        zero = [0] * q_heads
+        slips.append(Slip(hints.KV_HEAD_ZERO, lambda a: attend(a, lambda i, j: j <= nc + i, zero)))
+    return slips
+
+
+def _close(a, b) -> bool:
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.shape != b.shape:
+        return False
+    return torch.allclose(a.float().cpu(), b.float().cpu(), atol=1e-4, rtol=1e-4, equal_nan=True)
+
+
+def _expect_chunk(fn, run, kernel: bool, **case) -> None:
+    what = describe(**case)
+    args = make_chunk_case(**case)
+    want = chunk_attention_reference(*args)
+    got = run(fn, args)
+    if not isinstance(got, torch.Tensor):
+        raise CheckFailed("chunk attention must return a tensor", input=what, got=repr(got)[:80])
+    if got.shape != want.shape:
+        raise CheckFailed(
+            "the output has the wrong shape",
+            input=what,
+            expected=f"{tuple(want.shape)} (the chunk's queries, q_heads, head_dim)",
+            got=str(tuple(got.shape)),
+        )
+    if _close(got, want):
+        return
+    diff = (got.float() - want.float()).abs().nan_to_num(nan=math.inf)
+    row = int(diff.amax(dim=(1, 2)).argmax())
+    head = int(diff[row].amax(dim=1).argmax())
+    hint = None
+    zeroed = make_chunk_case(**case, garbage=0.0)
+    try:
+        again = run(fn, zeroed)
+    except Exception:
+        again = None
+    if _close(again, chunk_attention_reference(*zeroed)):
+        hint = hints.READ_PAST
+    else:
+        found = matching(_slips(args, kernel), got, (args,), want, same=_close)
+        hint = None if only(found) is None else only(found).hint
+    raise CheckFailed(
+        f"query {row} of the chunk, head {head} differs from the reference "
+        f"({max_error(got.float(), diff)})",
+        input=what,
+        expected=preview(want[row, head]),
+        got=preview(got[row, head].float()),
+        hint=hint,
+        replay=f"from kvlab.grading.lab09.chunk import make_chunk_case; make_chunk_case(**{case})",
+    )
+
+
+def _call_torch(fn, args):
+    q, k_cache, v_cache, table, nc = args
+    return fn(q.clone(), k_cache.clone(), v_cache.clone(), table.clone(), nc)
+
+
+def _register(ex, run, kernel: bool):
+    def check(name, *cases):
+        @ex.check(name)
+        def _(fn):
+            for case in cases:
+                _expect_chunk(fn, run, kernel, **case)
+
+    check("a chunk of 1 (a decode) after 5 cached tokens", dict(num_computed=5, n=1))
+    check(
+        "a first chunk of block_size - 1, block_size and block_size + 1 tokens",
+        dict(num_computed=0, n=3, seed=1),
+        dict(num_computed=0, n=4, seed=2),
+        dict(num_computed=0, n=5, seed=3),
+    )
+    check("a chunk that starts mid-room", dict(num_computed=6, n=5, seed=4))
+    check("a prompt that ends mid-room (NaN in the rest of the room)", dict(num_computed=8, n=3))
+    check(
+        "grouped-query attention: 4 query heads on 2 KV heads",
+        dict(num_computed=3, n=6, q_heads=4, kv_heads=2, seed=5),
+    )
+
+
+_register(attention_ex, _call_torch, kernel=False)
+
+
+# --- the kernel ------------------------------------------------------------------------------
+
+
+def launch_chunk_kernel(kernel, q, k_cache, v_cache, block_table, num_computed, out=None):
+    """Run a kernel with Lab 09's chunk-kernel signature on the grid (ceil(n / BLOCK_Q),
+    q_heads) and return its output ``[n, q_heads, head_dim]``."""
+    n, q_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[2]
+    if out is None:
+        out = torch.full_like(q, math.nan)
+    if n:
+        kernel[(-(-n // BLOCK_Q), q_heads)](
+            q, k_cache, v_cache, block_table, out,
+            q.stride(0), q.stride(1), q.stride(2),
+            *k_cache.stride(), *v_cache.stride(),
+            block_table.stride(0),
+            out.stride(0), out.stride(1), out.stride(2),
+            int(num_computed), n, 1.0 / math.sqrt(head_dim),
+            GROUP=q_heads // kv_heads, BLOCK_Q=BLOCK_Q, BLOCK_SIZE=k_cache.shape[1],
+            HEAD_DIM=head_dim, D_P2=pow2(head_dim),
+        )  # fmt: skip
+    return out
+
+
+def _call_kernel(fn, args):
+    try:
+        return launch_chunk_kernel(fn, *args)
+    except NotImplementedError:
+        raise
+    except Exception as error:
+        _unwrap_unimplemented(error)
+        explain_triton_error(error, "launching your kernel")
+        raise
+
+
+_register(kernel_ex, _call_kernel, kernel=True)
+
+
+def launch_isolated(fn, *case, timeout: float = 60.0):
+    """``launch_chunk_kernel(fn, *case)`` for a notebook cell, isolated as the checks are (in
+    Triton's interpreter, in a forked child): ``(output, None)`` or ``(None, what went wrong)``."""
+    from kvlab.grading.blame import explain_exception
+    from kvlab.grading.limits import CheckTimeout, ChildCrashed, can_fork, in_child_process
+
+    def launch():
+        try:
+            return launch_chunk_kernel(fn, *case), None
+        except Exception as error:
+            return None, f"it raised {explain_exception(error)[0]}"
+
+    if kernel_mode() != "interpreter" or not can_fork():
+        return launch()
+    try:
+        return in_child_process(launch, timeout)
+    except CheckTimeout:
+        return None, f"it did not finish within {timeout:g} s"
+    except ChildCrashed as crash:
+        return None, f"it crashed its process ({crash.how})"

@@ -1,0 +1,192 @@
+"""09.almost_free (the prefill tokens a decode step carries before it turns compute-bound, as
+kvlab's StepTime counts a mixed step) and 09.choose_chunk (the largest budget whose p99 gap
+between two tokens is under a target). Wrong answers are matched against the usual slips'
+answers on the same input; a hint is given only when one slip explains it."""
+
+from __future__ import annotations
+
+import functools
+
+from kvlab.grading import slips
+from kvlab.grading.expect import CheckFailed, short
+from kvlab.grading.lab09 import hints
+from kvlab.grading.registry import exercise
+from kvlab.grading.slips import Slip
+from kvlab.models import LLAMA_3_8B, preset
+from kvlab.perf.roofline import A100_80GB, GPU, H100_SXM, H200
+from kvlab.serving import simulate
+from kvlab.serving.workload import Request, documents_among_chats
+
+almost_free_ex = exercise("09.almost_free", "the prefill tokens a decode step carries for free")
+choose_ex = exercise("09.choose_chunk", "the largest chunk that keeps p99 under a target")
+
+
+def _times(spec, gpu: GPU, batch: int, context: int, k: int, kv=True, attention=True):
+    """(compute seconds, memory seconds) of a step decoding ``batch`` guests that hold
+    ``context`` tokens each, carrying the first ``k`` tokens of a new prompt (StepTime's sums)."""
+    new = batch + k
+    attended = batch * (context + 1) + k * (k + 1) / 2
+    flops = 2 * spec.num_params * new
+    if attention:
+        flops += 4 * spec.num_layers * spec.num_q_heads * spec.head_dim * attended
+    moved = spec.num_params * spec.dtype_bytes
+    if kv:
+        moved += (batch * (context + 1) + k) * spec.kv_bytes_per_token
+    return flops / gpu.peak_flops, moved / gpu.hbm_bytes_per_s
+
+
+def almost_free_tokens(spec, gpu: GPU, batch: int, context: int, **options) -> int:
+    """The largest chunk k >= 0 with compute time <= memory time (0 when even the decodes alone
+    are compute-bound)."""
+    low, high = 0, 1
+
+    def fits(k):
+        compute, memory = _times(spec, gpu, batch, context, k, **options)
+        return compute <= memory
+
+    if not fits(0):
+        return 0
+    while fits(high):
+        high *= 2
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low
+
+
+ALMOST_FREE_SLIPS = (
+    Slip(hints.WEIGHTS_ONLY, functools.partial(almost_free_tokens, kv=False, attention=False)),
+    Slip(hints.NO_ATTENTION, functools.partial(almost_free_tokens, attention=False)),
+    Slip(hints.TOTAL_TOKENS, lambda spec, gpu, b, c: almost_free_tokens(spec, gpu, b, c) + b),
+    Slip(hints.ONE_PAST, lambda spec, gpu, b, c: almost_free_tokens(spec, gpu, b, c) + 1),
+)
+
+
+def _expect_free(fn, spec, gpu: GPU, batch: int, context: int) -> None:
+    what = f"{spec.name} on an {gpu.name}, {batch} guests decoding with {context} tokens each"
+    want = almost_free_tokens(spec, gpu, batch, context)
+    try:
+        got = fn(spec, gpu, batch, context)
+    except NotImplementedError:
+        raise
+    if isinstance(got, float) and got.is_integer():
+        got = int(got)
+    if not isinstance(got, int) or isinstance(got, bool):
+        raise CheckFailed(
+            "almost_free_tokens must return an int (a number of tokens)",
+            input=what,
+            expected=str(want),
+            got=short(got, typed=True),
+        )
+    if got != want:
+        args = (spec, gpu, batch, context)
+        found = slips.matching(ALMOST_FREE_SLIPS, got, args, want)
+        raise CheckFailed(
+            "a different chunk",
+            input=what,
+            expected=f"{want:,} tokens",
+            got=f"{got:,} tokens",
+            hint=slips.hint(slips.only(found)),
+        )
+
+
+@almost_free_ex.check("Llama-3-8B on an H100: 32 guests of 1,000 tokens")
+def _h100(fn):
+    _expect_free(fn, LLAMA_3_8B, H100_SXM, 32, 1000)
+
+
+@almost_free_ex.check("Llama-3-8B on an A100-80GB and an H200: other ridge points")
+def _other_gpus(fn):
+    _expect_free(fn, LLAMA_3_8B, A100_80GB, 32, 1000)
+    _expect_free(fn, LLAMA_3_8B, H200, 8, 4000)
+
+
+@almost_free_ex.check("a batch whose K and V reads alone keep the step memory-bound longer")
+def _long_context(fn):
+    _expect_free(fn, preset("Llama-3-70B"), H100_SXM, 64, 8000)
+
+
+# --- 09.choose_chunk --------------------------------------------------------------------------
+
+# a small day of chats with documents (in steps of the roofline: Llama-3-8B on an H100)
+CHOOSE_DAY = documents_among_chats(60, seed=2, rate=40.0, document_share=0.1)
+CHOOSE_BUDGETS = (256, 512, 1024, 2048, 4096)
+
+
+@functools.cache
+def choose_sweep() -> dict:
+    """budget -> the day's SimResult with chunked prefill under that budget."""
+    from kvlab.perf.roofline import StepTime
+
+    step_time = StepTime(LLAMA_3_8B, H100_SXM)
+    return {
+        b: simulate(
+            CHOOSE_DAY,
+            cache="paged",
+            kv_capacity_tokens=200_000,
+            max_seq_len=8192,
+            step_time=step_time,
+            max_num_batched_tokens=b,
+            chunked_prefill=True,
+        )
+        for b in CHOOSE_BUDGETS
+    }
+
+
+def largest_chunk(results: dict, target: float, measure=lambda r: r.itl(99), largest=True):
+    """The largest (or, slipped, smallest) budget whose measure is under the target, or None."""
+    under = [b for b, r in results.items() if measure(r) <= target]
+    if not under:
+        return None
+    return max(under) if largest else min(under)
+
+
+CHOOSE_SLIPS = (
+    Slip(hints.MEDIAN, functools.partial(largest_chunk, measure=lambda r: r.itl(50))),
+    Slip(hints.SMALLEST, functools.partial(largest_chunk, largest=False)),
+    Slip(hints.TTFT, functools.partial(largest_chunk, measure=lambda r: r.ttft(99))),
+)
+
+
+def _expect_choice(fn, target: float) -> None:
+    results = choose_sweep()
+    what = (
+        f"a sweep of budgets {', '.join(map(str, CHOOSE_BUDGETS))} over 60 chats with documents "
+        f"(kvlab.grading.lab09.roofline.choose_sweep()), target {target * 1e3:g} ms"
+    )
+    want = largest_chunk(results, target)
+    got = fn(dict(results), target)
+    if got != want:
+        found = slips.matching(CHOOSE_SLIPS, got, (results, target), want)
+        raise CheckFailed(
+            "a different budget",
+            input=what,
+            expected=short(want),
+            got=short(got),
+            hint=slips.hint(slips.only(found)),
+        )
+
+
+def _target_between(a: int, b: int) -> float:
+    """A target between the p99 gaps of budgets a < b (a under it, b over it)."""
+    results = choose_sweep()
+    return (results[a].itl(99) + results[b].itl(99)) / 2
+
+
+@choose_ex.check("the target of the lab's sweep: 30 ms")
+def _thirty(fn):
+    _expect_choice(fn, 0.030)
+
+
+@choose_ex.check("a target between two budgets' p99 gaps")
+def _between(fn):
+    _expect_choice(fn, _target_between(512, 1024))
+
+
+@choose_ex.check("a target that no budget meets: None")
+def _none(fn):
+    results = choose_sweep()
+    _expect_choice(fn, min(r.itl(99) for r in results.values()) / 2)
+
+
+_ = Request  # the day's requests are kvlab.serving.workload.Request
