@@ -215,6 +215,109 @@ def chunk_attention_reference(
     return torch.einsum("hts,shd->thd", probs, v.float()).to(q.dtype)
 
 
+def check_prefill_inputs(q, k_cache, v_cache, block_tables, query_start_loc, num_computed):
+    """Raise a ValueError/TypeError naming the argument when the inputs of a batch of chunks (packed
+    varlen, as vLLM packs them) do not fit; return the chunk lengths and ``num_computed`` as lists.
+
+    q ``[num_tokens, q_heads, head_dim]`` (chunk b's queries are rows ``query_start_loc[b] ..
+    query_start_loc[b + 1] - 1``); k/v_cache ``[num_blocks, block_size, kv_heads, head_dim]``;
+    block_tables int32 ``[num_seqs, max_blocks]``; query_start_loc int32 ``[num_seqs + 1]``, from 0
+    up to num_tokens, never decreasing; num_computed int32 ``[num_seqs]`` (tokens of each sequence
+    cached before its chunk). Each table must list the rooms of the sequence's first
+    ``num_computed + chunk`` tokens, in range. Reads the small index tensors back to the CPU."""
+    _check_q_and_cache(q, k_cache, v_cache, rows="num_tokens")
+    named = (
+        ("block_tables", block_tables),
+        ("query_start_loc", query_start_loc),
+        ("num_computed", num_computed),
+    )
+    for name, t in named:
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
+            got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+            raise TypeError(f"{name} must be an int32 tensor, got {got}")
+    if block_tables.dim() != 2:
+        raise ValueError(
+            f"block_tables must be [num_seqs, max_blocks], got {tuple(block_tables.shape)}"
+        )
+    num_seqs = block_tables.shape[0]
+    if query_start_loc.shape != (num_seqs + 1,):
+        raise ValueError(
+            f"query_start_loc must be [num_seqs + 1 = {num_seqs + 1}] (block_tables has {num_seqs} "
+            f"rows), got {tuple(query_start_loc.shape)}"
+        )
+    if num_computed.shape != (num_seqs,):
+        raise ValueError(
+            f"num_computed must be [num_seqs={num_seqs}], got {tuple(num_computed.shape)}"
+        )
+    devices = {t.device for t in (q, k_cache, v_cache, block_tables, query_start_loc, num_computed)}
+    if len(devices) > 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    starts = query_start_loc.tolist()
+    if starts[0] != 0 or starts[-1] != q.shape[0]:
+        raise ValueError(
+            f"query_start_loc must run from 0 to num_tokens = {q.shape[0]}, got {starts[0]} .. "
+            f"{starts[-1]}"
+        )
+    lengths = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    if any(n < 0 for n in lengths):
+        b = next(i for i, n in enumerate(lengths) if n < 0)
+        raise ValueError(
+            f"query_start_loc must never decrease, got {starts[b]} then {starts[b + 1]} (chunk {b})"
+        )
+    computed = num_computed.tolist()
+    if any(c < 0 for c in computed):
+        raise ValueError(f"num_computed must be >= 0, got {min(computed)}")
+    block_size, max_blocks = k_cache.shape[1], block_tables.shape[1]
+    needed = [-(-(c + n) // block_size) for c, n in zip(computed, lengths, strict=True)]
+    for b, need in enumerate(needed):
+        if need > max_blocks:
+            raise ValueError(
+                f"block_tables lists {max_blocks} blocks per sequence; sequence {b} "
+                f"({computed[b]} cached + {lengths[b]} in its chunk, {block_size} per block) "
+                f"needs {need}"
+            )
+    if num_seqs:
+        used = (
+            torch.arange(max_blocks, device=block_tables.device)[None, :]
+            < torch.tensor(needed, device=block_tables.device)[:, None]
+        )
+        rooms = block_tables[used]
+        if len(rooms) and (int(rooms.min()) < 0 or int(rooms.max()) >= k_cache.shape[0]):
+            raise ValueError(
+                f"block_tables entries a sequence needs must be in 0..{k_cache.shape[0] - 1}, "
+                f"got {int(rooms.min())} .. {int(rooms.max())}"
+            )
+    return lengths, computed
+
+
+def paged_prefill_attention_ref(
+    q, k_cache, v_cache, block_tables, query_start_loc, num_computed, *, scale=None
+) -> torch.Tensor:
+    """Attention for a batch of chunks (chunked prefill), packed varlen as vLLM v1 packs a step.
+
+    Chunk b's queries are rows ``query_start_loc[b] .. query_start_loc[b + 1] - 1`` of q
+    (``[num_tokens, q_heads, head_dim]``): the positions ``num_computed[b] ..`` of sequence b,
+    whose K/V (the chunk's own included) sit in the rooms its row of ``block_tables`` lists. Each
+    chunk attends to its cached prefix and causally to itself
+    (:func:`chunk_attention_reference`, one chunk at a time). A decode is a chunk of one, so a
+    step that mixes decodes and prefill chunks is one call, as in vLLM v1's unified attention.
+    fp32 accumulation; returns ``[num_tokens, q_heads, head_dim]`` in q's dtype. See
+    :func:`check_prefill_inputs` for the shapes and dtypes.
+    """
+    lengths, computed = check_prefill_inputs(
+        q, k_cache, v_cache, block_tables, query_start_loc, num_computed
+    )
+    out = torch.empty_like(q)
+    start = 0
+    for b, (n, c) in enumerate(zip(lengths, computed, strict=True)):
+        if n:
+            out[start : start + n] = chunk_attention_reference(
+                q[start : start + n], k_cache, v_cache, block_tables[b], c, scale=scale
+            )
+        start += n
+    return out
+
+
 def write_kv_reference(k_cache, v_cache, slot_mapping, k, v) -> None:
     """Store new tokens' K and V (``[n, kv_heads, head_dim]``) at flat slots
     ``block_id * block_size + offset`` (vLLM's reshape-and-cache), in place: the reference for

@@ -6,6 +6,8 @@ the notebooks, so that all of them judge kernels on the same cases with the same
   stored column by column).
 - ``uniform_case``: every sequence the same length, built where it will run (a GPU's memory for
   the benchmark), with its rooms scattered at random.
+- ``make_prefill_case`` and ``PREFILL_CASES``: batches of prefill chunks (and decodes) packed
+  varlen, with NaN in every bed, room and key-card entry that must never be read.
 - ``TOLERANCE`` and ``close``: how far a kernel may be from the torch reference, per dtype.
 """
 
@@ -152,3 +154,65 @@ def repaged(case, block_size, seed=0):
             new_k, new_v, slots, *gather_kv(k_cache.cpu(), v_cache.cpu(), tables[s].cpu(), n)
         )
     return q, new_k, new_v, new_tables, lens
+
+
+def make_prefill_case(
+    chunks,
+    block_size,
+    q_heads=4,
+    kv_heads=2,
+    head_dim=16,
+    dtype=torch.float32,
+    seed=0,
+    garbage=NAN_ROOM,
+    transposed=False,
+):
+    """A step of chunked prefill: ``chunks`` lists ``(num_computed, chunk_len)`` per sequence (a
+    decode is ``(n, 1)``, a chunk of 0 a sequence with nothing to do this step). Every sequence
+    has ``num_computed + chunk_len`` tokens of K/V in rooms scattered over the cache; the beds past
+    its last token, the rooms nobody holds and the key-card entries past the ones it needs are
+    poison: NaN beds and rooms, and entries that are ``garbage`` (``NAN_ROOM``: a room full of NaN;
+    a number such as ``FAR``: no room at all). Returns ``q, k_cache, v_cache, block_tables,
+    query_start_loc, num_computed`` on the CPU, q packed varlen (``[num_tokens, q_heads,
+    head_dim]``); the same arguments always give the same tensors."""
+    g = torch.Generator().manual_seed(seed)
+    totals = [c + n for c, n in chunks]
+    rooms_each = [-(-t // block_size) for t in totals]
+    width = max(rooms_each, default=0) + 2
+    num_blocks = sum(rooms_each) + 3
+    shape = (num_blocks, block_size, kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=g).to(dtype)
+    v_cache = torch.randn(shape, generator=g).to(dtype)
+    order = torch.randperm(num_blocks, generator=g).tolist()
+    held, spare = order[: sum(rooms_each)], order[sum(rooms_each) :]
+    k_cache[spare] = v_cache[spare] = float("nan")  # rooms nobody holds
+    entry = spare[0] if garbage == NAN_ROOM else garbage
+    tables = torch.full((len(chunks), width), entry, dtype=torch.int32)
+    first = 0
+    for s, (rooms, total) in enumerate(zip(rooms_each, totals, strict=True)):
+        tables[s, :rooms] = torch.tensor(held[first : first + rooms], dtype=torch.int32)
+        first += rooms
+        if total % block_size:  # the beds past the sequence's last token
+            last = held[first - 1]
+            k_cache[last, total % block_size :] = v_cache[last, total % block_size :] = float("nan")
+    if transposed:
+        tables = tables.t().contiguous().t()
+    lengths = [n for _, n in chunks]
+    q = torch.randn(sum(lengths), q_heads, head_dim, generator=g).to(dtype)
+    starts = torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0).to(torch.int32)
+    computed = torch.tensor([c for c, _ in chunks], dtype=torch.int32)
+    return q, k_cache, v_cache, tables, starts, computed
+
+
+# Batches of chunks every prefill kernel is judged on: (id, chunks as (num_computed, chunk_len),
+# block_size, (q_heads, kv_heads), head_dim, dtype). Small, for Triton's interpreter.
+PREFILL_CASES = [
+    ("one query", [(0, 1)], 16, (4, 4), 32, torch.float32),
+    ("chunk = block_size - 1, = , + 1", [(0, 15), (16, 16), (32, 17)], 16, (8, 2), 40, torch.float32),
+    ("starts and ends mid-room", [(7, 6), (3, 9)], 5, (8, 1), 24, torch.float16),
+    ("decodes among chunks", [(20, 1), (0, 12), (9, 1), (13, 7)], 1, (4, 2), 16, torch.bfloat16),
+    ("head_dim 128", [(5, 9)], 16, (2, 2), 128, torch.float32),
+    ("an empty chunk", [(4, 0), (0, 3)], 4, (4, 1), 32, torch.float16),
+    ("long prefix, several key tiles", [(70, 40), (0, 1)], 5, (6, 2), 40, torch.bfloat16),
+    ("whole prompt in one chunk", [(0, 33)], 1, (8, 8), 16, torch.float32),
+]  # fmt: skip

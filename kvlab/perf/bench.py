@@ -358,6 +358,8 @@ def main(
         print(f"device-to-device copy: {report['copy_GB_per_s']:,} GB/s")
     for row in report.get("rows", []):
         print("  ".join(f"{k}={v}" for k, v in row.items()))
+    for row in report.get("prefill_rows", []):
+        print("prefill  " + "  ".join(f"{k}={v}" for k, v in row.items()))
     if "caches" in report:
         print_caches(report)
     if "chunks" in report:
@@ -410,10 +412,14 @@ def _header(device, copy: float) -> dict:
 def attention(device: str | None = None) -> dict:
     """Paged decode attention on a GPU: achieved bandwidth against the device's peak and its
     measured copy bandwidth, the ratio to torch's SDPA on a contiguous cache of the same tokens,
-    split-K at batch 1, and the Lab 05 teaching kernel for comparison. Kernels are timed as a
-    server launches them: planned once (``prepare_paged_decode``), then launched."""
+    split-K at batch 1, and the Lab 05 teaching kernel for comparison; then paged prefill (chunks
+    of ``PREFILL_CHUNK`` tokens ending at each of ``PREFILL_CONTEXTS``): TFLOP/s against the data
+    sheet's dense bf16 peak and against SDPA's causal attention on a contiguous cache. Kernels are
+    timed as a server launches them: planned once (``prepare_paged_decode``,
+    ``prepare_paged_prefill``), then launched."""
     import torch
 
+    from kvlab.ops.kernels.prefill import prefill_launch_defaults
     from kvlab.ops.kernels.tiled import launch_defaults
     from kvlab.perf.roofline import GPUS
 
@@ -430,6 +436,13 @@ def attention(device: str | None = None) -> dict:
         _attention_row(batch, context, hq, hkv, d, bs, dtype, device, peak, copy)
         for batch, context in SHAPES
     ]
+    peak_flops = next(
+        (g.peak_flops for key, g in GPUS.items() if key.split()[0].split("-")[0] in name), None
+    )
+    prefill = [
+        _prefill_row(PREFILL_BATCH, PREFILL_CHUNK, context, hq, hkv, d, bs, dtype, device, peak_flops)
+        for context in PREFILL_CONTEXTS
+    ]  # fmt: skip
     return {
         "benchmark": "attention",
         **header,
@@ -438,7 +451,17 @@ def attention(device: str | None = None) -> dict:
         "peak_GB_per_s": peak / 1e9 if peak else None,
         "shape": {"q_heads": hq, "kv_heads": hkv, "head_dim": d, "block_size": bs, "dtype": "bf16"},
         "rows": rows,
-        "targets": attention_targets(rows),
+        "prefill_launch_defaults": _prefill_config_dict(prefill_launch_defaults(d, dtype)),
+        "peak_TFLOP_per_s": peak_flops / 1e12 if peak_flops else None,
+        "prefill_shape": {
+            "batch": PREFILL_BATCH,
+            "chunk": PREFILL_CHUNK,
+            "context": "the sequence's length after its chunk (num_computed + chunk)",
+            "flops": "4 x q_heads x head_dim x keys each query sees (causal work only)",
+            "sdpa": "causal_lower_right on a contiguous copy, K/V expanded to every query head",
+        },
+        "prefill_rows": prefill,
+        "targets": {**attention_targets(rows), **prefill_targets(prefill)},
     }
 
 
@@ -548,6 +571,107 @@ def _attention_row(batch, context, hq, hkv, d, bs, dtype, device, peak, copy) ->
         "speed_vs_room_by_room": round(teaching / ms, 2),
         "max_error_vs_sdpa": float(f"{error:.2g}"),
     }
+
+
+# --- paged prefill attention on a GPU ------------------------------------------------------------
+
+# Lab 09's chunk: 8 sequences each run a chunk of 512 tokens that ends at 2k or 8k tokens.
+PREFILL_BATCH, PREFILL_CHUNK, PREFILL_CONTEXTS = 8, 512, (2048, 8192)
+PREFILL_TARGET_VS_SDPA = 0.7
+
+
+def _prefill_inputs(batch, chunk, context, hq, hkv, d, bs, dtype, device):
+    """``batch`` chunks of ``chunk`` queries, each sequence ``context`` tokens long after its
+    chunk, in rooms scattered at random: the arguments of ``paged_prefill_attention``."""
+    import torch
+
+    from kvlab.ops.testing import uniform_case
+
+    _, k_cache, v_cache, tables, _ = uniform_case(
+        batch, context, bs, q_heads=hq, kv_heads=hkv, head_dim=d, dtype=dtype, device=device
+    )
+    g = torch.Generator(device=device).manual_seed(1)
+    q = torch.randn(batch * chunk, hq, d, device=device, dtype=dtype, generator=g)
+    starts = torch.arange(0, batch * chunk + 1, chunk, device=device, dtype=torch.int32)
+    computed = torch.full((batch,), context - chunk, device=device, dtype=torch.int32)
+    return q, k_cache, v_cache, tables, starts, computed
+
+
+def prefill_flops(batch, chunk, context, hq, d) -> int:
+    """FLOPs of the causal work: query i of a chunk sees ``context - chunk + i + 1`` keys, each
+    costing 2 x head_dim for QK^T and as much for PV, per query head."""
+    keys = chunk * (context - chunk) + chunk * (chunk + 1) // 2
+    return 4 * hq * d * keys * batch
+
+
+def _contiguous_sdpa_prefill(args, batch, chunk, context):
+    """SDPA's causal attention (aligned to the bottom right: the chunk is the last queries) on a
+    contiguous copy of the same tokens, K/V expanded to every query head (not every backend
+    takes GQA with that mask). Returns a function giving ``[num_tokens, q_heads, head_dim]``."""
+    import torch
+    from torch.nn.attention.bias import causal_lower_right
+
+    q, k_cache, v_cache, tables, _, _ = args
+    hq, d = q.shape[1:]
+    hkv = k_cache.shape[2]
+
+    def contiguous(cache):
+        x = cache[tables.long()].reshape(batch, -1, hkv, d)[:, :context]
+        return x.repeat_interleave(hq // hkv, dim=2).transpose(1, 2).contiguous()
+
+    k, v = contiguous(k_cache), contiguous(v_cache)
+    queries = q.view(batch, chunk, hq, d).transpose(1, 2)
+    mask = causal_lower_right(chunk, context)
+
+    def sdpa():
+        out = torch.nn.functional.scaled_dot_product_attention(queries, k, v, attn_mask=mask)
+        return out.transpose(1, 2).reshape(batch * chunk, hq, d)
+
+    return sdpa
+
+
+def _prefill_row(batch, chunk, context, hq, hkv, d, bs, dtype, device, peak_flops) -> dict:
+    """The prefill kernel and SDPA on the same chunks: ms, TFLOP/s, share of the peak, ratio."""
+    import triton.testing
+
+    from kvlab.ops.kernels import prepare_paged_prefill
+
+    args = _prefill_inputs(batch, chunk, context, hq, hkv, d, bs, dtype, device)
+    run = prepare_paged_prefill(*args)
+    ms = triton.testing.do_bench(run)
+    sdpa = _contiguous_sdpa_prefill(args, batch, chunk, context)
+    sdpa_ms = triton.testing.do_bench(sdpa)
+    error = (run().float() - sdpa().float()).abs().max().item()
+    flops = prefill_flops(batch, chunk, context, hq, d)
+    rate = flops / (ms * 1e-3)
+    return {
+        "batch": batch,
+        "chunk": chunk,
+        "context": context,
+        "ms": round(ms, 4),
+        "TFLOP_per_s": round(rate / 1e12, 1),
+        "fraction_of_peak": round(rate / peak_flops, 3) if peak_flops else None,
+        "sdpa_ms": round(sdpa_ms, 4),
+        "sdpa_TFLOP_per_s": round(flops / (sdpa_ms * 1e-3) / 1e12, 1),
+        "speed_vs_sdpa_contiguous": round(sdpa_ms / ms, 3),
+        "max_error_vs_sdpa": float(f"{error:.2g}"),
+    }
+
+
+def prefill_targets(rows: list[dict]) -> dict:
+    """Lab 09's target for the prefill kernel at each context: at least 0.7x SDPA's speed."""
+    goal = PREFILL_TARGET_VS_SDPA
+    return {
+        f"prefill chunk {r['chunk']} ctx {r['context']}: >= {goal}x SDPA speed": [
+            r["speed_vs_sdpa_contiguous"],
+            r["speed_vs_sdpa_contiguous"] >= goal,
+        ]
+        for r in rows
+    }
+
+
+def _prefill_config_dict(config) -> dict:
+    return {k: getattr(config, k) for k in ("rows", "tile_k", "num_warps", "num_stages")}
 
 
 # --- the launch-option sweep ---------------------------------------------------------------------

@@ -33,6 +33,7 @@ KERNELS = {
     "tiled": {"paged_decode_tiled_kernel"},
     "room_by_room": {"paged_decode_kernel"},
     "write_kv": {"write_kv_kernel"},
+    "prefill": {"paged_prefill_kernel"},
 }
 
 
@@ -96,7 +97,7 @@ def test_kernels_compile(compiled, arch):
         for r in rows:
             kernels.setdefault(r["case"], set()).add(r["kernel"])
             assert r["shared_bytes"] <= MAX_SHARED[arch], (name, r)
-            if r["kernel"] == "paged_decode_tiled_kernel":
+            if r["kernel"] in ("paged_decode_tiled_kernel", "paged_prefill_kernel"):
                 low_precision = "bf16" in r["case"] or "fp16" in r["case"]
                 # tensor cores for bf16/fp16 from sm_80 on (Triton has none before); exact fp32
                 # products (no TF32 mma) for fp32

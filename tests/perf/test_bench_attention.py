@@ -150,3 +150,31 @@ def _small_inputs():
 
 def _uniform_inputs():
     return uniform_case(2, 48, 16, q_heads=4, kv_heads=2, head_dim=32, dtype=torch.float32)
+
+
+@cpu_only
+def test_prefill_row_arithmetic(monkeypatch):
+    """The prefill row on CPU tensors: the kernel and SDPA's bottom-right causal attention on a
+    contiguous copy agree, and the FLOPs count only the keys each query sees."""
+    calls = []
+    monkeypatch.setattr("triton.testing.do_bench", _counting(calls))
+    row = bench._prefill_row(2, 8, 20, 4, 2, 16, 4, torch.float32, "cpu", 1e15)
+    keys = 8 * 12 + 8 * 9 // 2  # a chunk of 8 after 12 cached tokens
+    assert bench.prefill_flops(2, 8, 20, 4, 16) == 4 * 4 * 16 * keys * 2
+    assert len(calls) == 2  # the kernel, SDPA
+    assert row["TFLOP_per_s"] == round(4 * 4 * 16 * keys * 2 / 1e-3 / 1e12, 1)
+    assert row["speed_vs_sdpa_contiguous"] == 1.0
+    assert row["max_error_vs_sdpa"] < 1e-5
+
+
+def test_prefill_targets():
+    rows = [
+        {"chunk": 512, "context": 2048, "speed_vs_sdpa_contiguous": 0.75},
+        {"chunk": 512, "context": 8192, "speed_vs_sdpa_contiguous": 0.5},
+    ]
+    targets = bench.prefill_targets(rows)
+    assert list(targets) == [
+        "prefill chunk 512 ctx 2048: >= 0.7x SDPA speed",
+        "prefill chunk 512 ctx 8192: >= 0.7x SDPA speed",
+    ]
+    assert [met for _, met in targets.values()] == [True, False]

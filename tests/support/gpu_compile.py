@@ -54,6 +54,7 @@ def cases(arch: int):
         launch_paged_decode,
         paged_decode_attention,
         paged_decode_kernel,
+        paged_prefill_attention,
         write_kv,
     )
     from kvlab.ops.testing import flash_layout, uniform_case
@@ -76,6 +77,17 @@ def cases(arch: int):
         new = [torch.zeros(3, 8, 128, dtype=dtype)] * 2
         return lambda: write_kv(*caches, torch.zeros(3, dtype=torch.int64), *new)
 
+    def prefill(shape, dtype, **options):
+        """Chunks of ``chunk`` tokens ending at ``context`` (shapes only: a cache of four rooms)."""
+        seqs, chunk, context, block_size, q_heads, kv_heads, head_dim = shape
+        _, k, v, tables, _ = uniform_case(
+            seqs, context, block_size, q_heads, kv_heads, head_dim, dtype, num_blocks=4
+        )
+        q = torch.zeros(seqs * chunk, q_heads, head_dim, dtype=dtype)
+        starts = torch.arange(0, seqs * chunk + 1, chunk, dtype=torch.int32)
+        computed = torch.full((seqs,), context - chunk, dtype=torch.int32)
+        return lambda: paged_prefill_attention(q, k, v, tables, starts, computed, **options)
+
     llama = (32, 8192, 16, 32, 8, 128)  # seqs, context, block_size, q_heads, kv_heads, head_dim
     head_40, head_256, mqa = (
         (3, 17, 16, 8, 2, 40),
@@ -91,6 +103,20 @@ def cases(arch: int):
         ("tiled bf16 MQA group 32", tiled(mqa, BF16)),
         ("room_by_room bf16 llama", room_by_room(llama, BF16)),
         ("write_kv bf16 flash layout", write(BF16)),
+    ]
+    # seqs, chunk, context, block_size, q_heads, kv_heads, head_dim
+    chunks, chunks_256, chunks_mqa = (
+        (4, 512, 8192, 16, 32, 8, 128),
+        (2, 64, 300, 16, 8, 2, 256),
+        (2, 64, 300, 16, 32, 1, 128),
+    )
+    defaults += [
+        ("prefill bf16 llama", prefill(chunks, BF16)),
+        ("prefill fp16 llama", prefill(chunks, FP16)),
+        ("prefill fp32 llama", prefill(chunks, FP32)),
+        ("prefill bf16 head_dim 256", prefill(chunks_256, BF16)),
+        ("prefill fp32 head_dim 256", prefill(chunks_256, FP32)),
+        ("prefill bf16 MQA group 32", prefill(chunks_mqa, BF16)),
     ]
     if arch != 90:
         return defaults
