@@ -51,7 +51,7 @@ def kvlab_cli() -> list[str]:
 # scope they share.
 SPLIT_FILES: dict[str, dict[str, str]] = {
     "tests/course/test_notebooks.py": {
-        "test_labs_run_top_to_bottom_and_score_zero": "course",
+        "test_the_unsolved_lab_01_runs_top_to_bottom_and_scores_zero": "course",
         "test_solutions_get_full_marks": "course",
     },
     "tests/grading/test_judge.py": {},

@@ -241,8 +241,11 @@ def test_the_kernel_is_a_plain_python3_of_the_venv(venv):
 
 
 def test_every_lab_runs_in_a_plain_python3_kernel(started, venv):
-    """Run All in Colab's, Kaggle's or a hub's default kernel, nothing exported: only exercise
-    cells may raise, and every exercise is reported "not implemented" by its check cell."""
+    """Run All in Colab's, Kaggle's or a hub's default kernel, nothing exported: every lab runs
+    top to bottom, only its `raises-exception` (exercise) cells raise, and each of its exercises
+    (every one it registers: one whose check cell never reported reads "not run") is reported
+    "not implemented" by its check cell. This is where every unsolved lab is run: the judge's
+    grading in tests/course/test_notebooks.py runs the unsolved Lab 01 only."""
     _, course = started
     started_at = time.monotonic()
     argv = [venv.kvlab, "grade", "--json", "--kernel", "python3", "--jobs", "2", "."]

@@ -48,6 +48,33 @@ def submission(tmp_path: Path, number: str, cells: dict[str, str] | None = None,
     return out
 
 
+def cut_lab(folder: Path, number: str) -> Path:
+    """The judge's copy of Lab ``number`` cut to what its scores need: the set-up cell, the
+    exercise cells and their check cells. (Whole labs and solutions are judged where the course
+    is graded: tests/course/test_notebooks.py.)"""
+    _, lab = _lab(number)
+    code = [c for c in lab.cells if c.cell_type == "code"]
+    nb = copy.deepcopy(lab)
+    nb.cells = [
+        c
+        for c in nb.cells
+        if c.cell_type == "code"
+        and (
+            c.id == code[0].id
+            or "raises-exception" in c.metadata.get("tags", [])
+            or c.source.startswith("check(")
+        )
+    ]
+    out = folder / f"{number}_judged_lab.ipynb"
+    nbformat.write(nb, out)
+    return out
+
+
+def judged(path: Path, **options):
+    """``judge`` of a submission against its lab cut to set-up, exercise and check cells."""
+    return judge(path, lab_path=cut_lab(path.parent, path.name[:2]), **options)
+
+
 def scores(found) -> dict[str, tuple[int, int]]:
     return {k: (r.passed, r.total) for k, r in found.results.items()}
 
@@ -66,7 +93,7 @@ WRONG_KV_BYTES = """def kv_bytes_per_token(spec):
 
 def test_a_report_through_the_judge_reads_as_the_check_cell_prints_it(tmp_path):
     """The same slip, checked in the learner's kernel and by the judge: the same report."""
-    found = judge(submission(tmp_path, "00", {"lab00-14": WRONG_KV_BYTES}))
+    found = judged(submission(tmp_path, "00", {"lab00-14": WRONG_KV_BYTES}))
     namespace: dict = {}
     exec("from kvlab.models import ModelSpec\n" + WRONG_KV_BYTES, namespace)
     local = run_checks("00.kv_bytes", namespace["kv_bytes_per_token"])
@@ -136,7 +163,7 @@ def waste_split(booked, tokens, final):
     ],
 )
 def test_a_cheat_scores_no_more_than_its_honest_code(tmp_path, name, cell):
-    found = judge(submission(tmp_path, "01", {"lab01-07": cell}))
+    found = judged(submission(tmp_path, "01", {"lab01-07": cell}))
     passed, total = scores(found)["01.waste_split"]
     assert (passed, total) == (0, 6), (name, found.results["01.waste_split"].report())
     assert scores(found)["01.max_length_cache"] == (0, 10)
@@ -144,7 +171,7 @@ def test_a_cheat_scores_no_more_than_its_honest_code(tmp_path, name, cell):
 
 def test_a_message_forged_on_the_judges_channel_runs_no_code_in_the_judge(tmp_path):
     marker = tmp_path / "judge-was-made-to-run-this"
-    found = judge(submission(tmp_path, "01", {"lab01-07": POISON.format(marker=marker)}))
+    found = judged(submission(tmp_path, "01", {"lab01-07": POISON.format(marker=marker)}))
     assert not marker.exists()
     assert scores(found)["01.waste_split"][0] == 0
 
@@ -180,13 +207,13 @@ def kv_bytes_per_token(spec):
         os.kill(os.getpid(), signal.SIGSEGV)
     return 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * spec.dtype_bytes
 """
-    found = judge(submission(tmp_path, "00", {"lab00-14": crash}, solved=["lab00-07"]))
+    found = judged(submission(tmp_path, "00", {"lab00-14": crash}, solved=["lab00-07"]))
     kv = found.results["00.kv_bytes"]
     statuses = [o.status.value for o in kv.outcomes]
     assert statuses[0] == "crashed" and "SIGSEGV" in " ".join(kv.outcomes[0].details)
     assert kv.passed >= 2  # the checks without a 40-layer model still pass
     assert scores(found)["00.decode_step"] == (6, 6)
-    exits = judge(
+    exits = judged(
         submission(tmp_path, "00", {"lab00-07": "import os\nos._exit(3)"}, solved=["lab00-14"])
     )
     assert scores(exits)["00.kv_bytes"] == (5, 5)
@@ -196,7 +223,7 @@ def kv_bytes_per_token(spec):
 def test_a_hang_costs_its_exercise_only(tmp_path):
     hang = "def kv_bytes_per_token(spec):\n    while True:\n        pass\n"
     path = submission(tmp_path, "00", {"lab00-14": hang}, solved=["lab00-07"])
-    found = judge(path, check_timeout=3)
+    found = judged(path, check_timeout=3)
     kv = found.results["00.kv_bytes"]
     assert kv.passed == 0 and kv.outcomes[0].status.value == "timed out"
     assert scores(found)["00.decode_step"] == (6, 6)
@@ -206,7 +233,7 @@ def test_judged_results_are_the_same_every_time(tmp_path):
     path = submission(
         tmp_path, "01", {"lab01-07": "def waste_split(b, t, f):\n    return (t, b - t, 0)"}
     )
-    first, second = judge(path), judge(path)
+    first, second = judged(path), judged(path)
     assert [r.report() for r in first.results.values()] == [
         r.report() for r in second.results.values()
     ]
@@ -245,12 +272,12 @@ def test_the_package_stays_as_it_was_and_no_process_outlives_the_submission(tmp_
     before = sorted(p.name for p in folder.iterdir())
     lab01 = (folder / "lab01.py").read_bytes()
     marker = tmp_path / "planted-code-ran"
-    found = judge(submission(tmp_path, "01", {"lab01-07": WRITE_INTO_KVLAB.format(marker=marker)}))
+    found = judged(submission(tmp_path, "01", {"lab01-07": WRITE_INTO_KVLAB.format(marker=marker)}))
     assert sorted(p.name for p in folder.iterdir()) == before
     assert (folder / "lab01.py").read_bytes() == lab01 and not marker.exists()
     assert scores(found)["01.waste_split"][0] == 0
     late = tmp_path / "written-after-grading"
-    judge(submission(tmp_path, "01", {"lab01-07": OUTLIVE.format(marker=late)}))
+    judged(submission(tmp_path, "01", {"lab01-07": OUTLIVE.format(marker=late)}))
     time.sleep(6)
     assert not late.exists()
 
@@ -259,11 +286,11 @@ def test_kvlabs_own_objects_asked_to_do_the_work_are_refused_across_the_channel(
     """The scheduler the judge hands the learner's preempt stays in the judge: asking it for
     its own preempt is a hand-over there, as it is in the learner's kernel."""
     handover = "def preempt(scheduler):\n    return scheduler.preempt()\n"
-    found = judge(submission(tmp_path, "06", {"lab06-09": handover}, solved=["lab06-12"]))
+    found = judged(submission(tmp_path, "06", {"lab06-09": handover}, solved=["lab06-12"]))
     result = found.results["06.preempt"]
     assert result.passed == 0, result.report()
     assert "hands the work to kvlab's" in result.report()
-    assert scores(found)["06.step"] == (7, 7)
+    assert scores(found)["06.step"] == (7, 7), found.results["06.step"].report()
 
 
 FORGED_EXIT = """import gc, pickle, struct
@@ -282,7 +309,7 @@ def test_a_forged_exit_with_forged_output_ends_nothing_and_prints_nothing(tmp_pa
     _, lab = _lab("01")
     stub = next(c.source for c in lab.cells if c.get("id") == "lab01-10")
     cells = {"lab01-10": FORGED_EXIT + stub}
-    found = judge(submission(tmp_path, "01", cells, solved=["lab01-07"]))
+    found = judged(submission(tmp_path, "01", cells, solved=["lab01-07"]))
     assert "16/16" not in capsys.readouterr().out
     assert scores(found) == {"01.waste_split": (6, 6), "01.max_length_cache": (0, 10)}
 
@@ -297,5 +324,5 @@ def test_honest_code_returning_a_namedtuple_or_a_defaultdict_scores_as_in_the_ke
         'from collections import namedtuple\nSplit = namedtuple("Split", "used future internal")\n'
         + split
     )
-    found = judge(submission(tmp_path, "01", {"lab01-07": split}))
+    found = judged(submission(tmp_path, "01", {"lab01-07": split}))
     assert scores(found)["01.waste_split"] == (6, 6)

@@ -3,11 +3,13 @@
 Triton's compiler (and the ptxas it ships) needs no GPU: only its launcher does. This script swaps
 in a driver that names a target architecture, turns every ``kernel[grid](...)`` launch made by
 kvlab's own launchers into a compile-only warm-up, and prints one JSON line per compiled kernel.
-Run it in a process of its own (``TRITON_INTERPRET`` must be off before any kernel is defined):
+Run it in a process of its own (``TRITON_INTERPRET`` must be off before any kernel is defined),
+one or more targets per process (each compiled as if it were its own device):
 
     python tests/support/gpu_compile.py 90      # sm_90: H100 / H200, every kernel and launch option
     python tests/support/gpu_compile.py 80      # sm_80: A100, the defaults of every dtype and head size
     python tests/support/gpu_compile.py 75      # sm_75: T4 (no bf16 tensor cores), the same
+    python tests/support/gpu_compile.py --defaults-only 90 80 75   # the defaults only, on all three
 """
 
 from __future__ import annotations
@@ -31,13 +33,16 @@ class CompileOnlyDriver:
     """Just enough of Triton's CUDA driver to compile: a target, device 0, stream 0."""
 
     def __init__(self, arch: int):
+        self.arch = arch
         self.target = GPUTarget("cuda", arch, 32)
 
     def get_current_target(self):
         return self.target
 
     def get_current_device(self):
-        return 0
+        # a device per target: Triton keeps its compiled kernels (and their target) per device,
+        # so one process compiles for several targets with no kernel of one reused for another
+        return self.arch
 
     def get_current_stream(self, device=None):
         return 0
@@ -46,10 +51,10 @@ class CompileOnlyDriver:
         return torch.cuda
 
 
-def cases(arch: int):
+def cases(arch: int, defaults_only: bool = False):
     """(label, zero-argument call of a kvlab launcher): on sm_90 every kernel and launch option
-    the sweep tries one at a time; on older GPUs the launchers' defaults for each dtype and head
-    size (what a learner's T4 or a rented A100 runs)."""
+    the sweep tries one at a time (unless ``defaults_only``); on older GPUs the launchers'
+    defaults for each dtype and head size (what a learner's T4 or a rented A100 runs)."""
     from kvlab.ops.kernels import (
         launch_paged_decode,
         paged_decode_attention,
@@ -110,15 +115,18 @@ def cases(arch: int):
         (2, 64, 300, 16, 8, 2, 256),
         (2, 64, 300, 16, 32, 1, 128),
     )
+    # one case per launch config (bf16 and fp16 share one from sm_80 on; a T4 runs fp16)
     defaults += [
         ("prefill bf16 llama", prefill(chunks, BF16)),
-        ("prefill fp16 llama", prefill(chunks, FP16)),
         ("prefill fp32 llama", prefill(chunks, FP32)),
         ("prefill bf16 head_dim 256", prefill(chunks_256, BF16)),
         ("prefill fp32 head_dim 256", prefill(chunks_256, FP32)),
-        ("prefill bf16 MQA group 32", prefill(chunks_mqa, BF16)),
     ]
-    if arch != 90:
+    if arch == 75:
+        defaults.append(("prefill fp16 llama", prefill(chunks, FP16)))
+    if arch == 90:
+        defaults.append(("prefill bf16 MQA group 32", prefill(chunks_mqa, BF16)))
+    if arch != 90 or defaults_only:
         return defaults
     return defaults + [
         ("tiled bf16 llama split", tiled(llama, BF16, num_splits=3)),
@@ -136,8 +144,7 @@ def cases(arch: int):
     ]  # fmt: skip
 
 
-def main(arch: int) -> int:
-    driver.set_active(CompileOnlyDriver(arch))
+def main(archs: list[int], defaults_only: bool = False) -> int:
     compiled = []
 
     def compile_only(self, grid):
@@ -150,13 +157,30 @@ def main(arch: int) -> int:
 
     JITFunction.__getitem__ = compile_only
     failed = 0
-    for label, call in cases(arch):
+    for arch in archs:
+        driver.set_active(CompileOnlyDriver(arch))
+        failed += compile_cases(arch, defaults_only, compiled)
+    return 1 if failed else 0
+
+
+def compile_cases(arch: int, defaults_only: bool, compiled: list) -> int:
+    """One JSON line per kernel each case compiled for ``arch``; the number of cases that failed."""
+    failed = 0
+    for label, call in cases(arch, defaults_only):
         compiled.clear()
         try:
             call()
         except Exception as error:  # report every case, then fail
             failed += 1
-            print(json.dumps({"case": label, "error": f"{type(error).__name__}: {error}"[:2000]}))
+            print(
+                json.dumps(
+                    {
+                        "case": label,
+                        "arch": arch,
+                        "error": f"{type(error).__name__}: {error}"[:2000],
+                    }
+                )
+            )
             continue
         for name, kernel in compiled:
             ptx = kernel.asm["ptx"]
@@ -166,6 +190,7 @@ def main(arch: int) -> int:
                         "case": label,
                         "kernel": name,
                         "arch": arch,
+                        "compiled_for": kernel.metadata.target.arch,
                         "shared_bytes": kernel.metadata.shared,
                         "num_warps": kernel.metadata.num_warps,
                         "tensor_core_mma": ptx.count("mma.sync") + ptx.count("wgmma.mma_async"),
@@ -174,8 +199,11 @@ def main(arch: int) -> int:
                     }
                 )
             )
-    return 1 if failed else 0
+    return failed
 
 
 if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1]) if len(sys.argv) > 1 else 90))
+    args = sys.argv[1:]
+    defaults_only = "--defaults-only" in args
+    archs = [int(a) for a in args if a != "--defaults-only"] or [90]
+    sys.exit(main(archs, defaults_only))
