@@ -37,8 +37,9 @@ WEIGHTS_ONLY = (
     "× q_heads × head_dim FLOPs per position attended), as StepTime counts them"
 )
 TOTAL_TOKENS = (
-    "that counts the decodes too: return the prefill tokens the step can carry on top of its "
-    "batch decodes (the chunk), not all the tokens of the step"
+    "that is the chunk and the batch's decodes together (batch tokens too many): return the "
+    "prompt tokens the step carries on top of its batch decodes, not all the tokens of the step; "
+    "and the decodes' own compute counts in the step's FLOPs (2 × params × (batch + k))"
 )
 NO_ATTENTION = (
     "the attention FLOPs are missing: each new token attends to every position before it (a "
@@ -55,6 +56,10 @@ ONE_PAST = (
 MEDIAN = (
     "that is the median gap (itl(50)): the target is on the 99th percentile, result.itl(99), the "
     "gap that one token in a hundred waits longer than"
+)
+PERCENT_AS_FRACTION = (
+    "result.itl takes a percentile from 0 to 100: the 99th is result.itl(99), not itl(0.99) "
+    "(that is the 0.99th percentile, about the shortest gap)"
 )
 SMALLEST = (
     "that is the smallest budget under the target: the largest one is the answer (bigger chunks "
@@ -91,8 +96,9 @@ PREFIX_FORGOTTEN = (
     "itself"
 )
 KV_HEAD_MODULO = (
-    "query head h reads KV head h // GROUP (GROUP = q_heads // kv_heads query heads share one), "
-    "not h % kv_heads"
+    "the query heads took turns over the KV heads (a modulo): query head h reads KV head "
+    "h // GROUP, as GROUP = q_heads // kv_heads consecutive query heads share one KV head "
+    "(heads 0 and 1 share KV head 0 when GROUP is 2), not h % kv_heads"
 )
 KV_HEAD_ZERO = (
     "every query head read KV head 0: query head h reads KV head h // GROUP, at h // GROUP * "
