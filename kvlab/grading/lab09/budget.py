@@ -49,6 +49,7 @@ def slipped_budget_step(
     hold: bool = True,
     fcfs: bool = True,
     arrival: str = "<=",
+    spent: str = "stop",
 ) -> ScheduledStep:
     """kvlab's budgeted step as the lab asks for it, with the usual slips as options (the defaults
     are right): ``order="admit first"`` checks newcomers in before the running guests get their
@@ -56,8 +57,10 @@ def slipped_budget_step(
     before it left); ``newcomer="whole"`` reads a newcomer's prompt whole; ``partial="skip"``
     forgets the running guests whose prompt is partly read, ``partial="whole"`` reads the rest of
     it at once; ``memory="chunk"`` asks the cache for the first chunk only, ``memory="none when
-    chunked"`` does not ask when the prompt is chunked; ``hold``, ``fcfs`` and ``arrival`` are
-    06.step's (admitting in a step that preempted, past a refused guest, before arrival)."""
+    chunked"`` does not ask when the prompt is chunked; ``spent="go on"`` does not stop when the
+    budget is spent (a guest is then given a chunk of 0 tokens, a newcomer checked in with it);
+    ``hold``, ``fcfs`` and ``arrival`` are 06.step's (admitting in a step that preempted, past a
+    refused guest, before arrival)."""
     out = ScheduledStep()
     budget = scheduler.max_num_batched_tokens
     out.finished = scheduler.retire()
@@ -80,7 +83,7 @@ def slipped_budget_step(
     def run_running():
         for seq in list(scheduler.running):
             room = what_is_left()
-            if room <= 0:
+            if room <= 0 and spent == "stop":
                 break
             if seq.status is not RUNNING or seq in out.scheduled:
                 continue
@@ -104,7 +107,7 @@ def slipped_budget_step(
             if arrival == "<=" and seq.arrival > now:
                 break
             room = what_is_left()
-            if room <= 0:
+            if room <= 0 and spent == "stop":
                 break
             if scheduler.max_batch is not None and len(scheduler.running) >= scheduler.max_batch:
                 break
@@ -149,8 +152,10 @@ SLIPS = (
     _slip(hints.FORGOTTEN, partial="skip"),
     _slip(hints.MEMORY_CHUNK, memory="chunk"),
     _slip(hints.MEMORY_CHUNK, memory="none when chunked"),
+    _slip(hints.BUDGET_SPENT, spent="go on"),
     _slip(lab06_hints.HOLD, hold=False),
     _slip(lab06_hints.FCFS, fcfs=False),
+    _slip(lab06_hints.ARRIVAL, arrival="any"),
 )
 
 
@@ -245,12 +250,13 @@ DAYS = {
             budget=8,
             second="decodes first",
         ),
-        # one long prompt among decoders: the budget is shared, decodes first
+        # one long prompt among decoders: the budget is shared, decodes first; step 1 leaves a
+        # token of the budget, but dan has not arrived yet
         Day(
             "decodes first",
             lambda: PagedCache(32, 4),
             (("ann", 2, 6, 0.0), ("ben", 2, 6, 0.0), ("cat", 3, 6, 0.0), ("dan", 25, 2, 1.0)),
-            budget=6,
+            budget=8,
             second="chunks",
         ),
         # ben's prompt fits a chunk of the budget, not the rooms left: refused, not checked in
