@@ -21,10 +21,11 @@ almost_free_ex = exercise("09.almost_free", "the prefill tokens a decode step ca
 choose_ex = exercise("09.choose_chunk", "the largest chunk that keeps p99 under a target")
 
 
-def _times(spec, gpu: GPU, batch: int, context: int, k: int, kv=True, attention=True):
+def _times(spec, gpu: GPU, batch: int, context: int, k: int, kv=True, attention=True, decodes=True):
     """(compute seconds, memory seconds) of a step decoding ``batch`` guests that hold
-    ``context`` tokens each, carrying the first ``k`` tokens of a new prompt (StepTime's sums)."""
-    new = batch + k
+    ``context`` tokens each, carrying the first ``k`` tokens of a new prompt (StepTime's sums;
+    ``decodes=False``: the decodes' own 2 × params FLOPs left out, a slip)."""
+    new = batch + k if decodes else k
     attended = batch * (context + 1) + k * (k + 1) / 2
     flops = 2 * spec.num_params * new
     if attention:
@@ -58,8 +59,23 @@ ALMOST_FREE_SLIPS = (
     Slip(hints.WEIGHTS_ONLY, functools.partial(almost_free_tokens, kv=False, attention=False)),
     Slip(hints.NO_ATTENTION, functools.partial(almost_free_tokens, attention=False)),
     Slip(hints.TOTAL_TOKENS, lambda spec, gpu, b, c: almost_free_tokens(spec, gpu, b, c) + b),
+    # answers as the one above on every input (batch more): the same hint names both ways
+    Slip(hints.TOTAL_TOKENS, functools.partial(almost_free_tokens, decodes=False)),
     Slip(hints.ONE_PAST, lambda spec, gpu, b, c: almost_free_tokens(spec, gpu, b, c) + 1),
 )
+
+# every input the checks ask about: a slip found on one is confirmed on all of them (a slip that
+# answers one token too many on one input need not be the one past the last that fits)
+FREE_INPUTS = (
+    (LLAMA_3_8B, H100_SXM, 32, 1000),
+    (LLAMA_3_8B, A100_80GB, 32, 1000),
+    (LLAMA_3_8B, H200, 8, 4000),
+    (preset("Llama-3-70B"), H100_SXM, 64, 8000),
+)
+
+
+def _whole_number(answer) -> bool:
+    return isinstance(answer, int | float) and not isinstance(answer, bool)
 
 
 def _expect_free(fn, spec, gpu: GPU, batch: int, context: int) -> None:
@@ -81,6 +97,9 @@ def _expect_free(fn, spec, gpu: GPU, batch: int, context: int) -> None:
     if got != want:
         args = (spec, gpu, batch, context)
         found = slips.matching(ALMOST_FREE_SLIPS, got, args, want)
+        found = slips.told_apart(
+            found, fn, FREE_INPUTS, almost_free_tokens, always=True, readable=_whole_number
+        )
         raise CheckFailed(
             "a different chunk",
             input=what,
@@ -92,18 +111,18 @@ def _expect_free(fn, spec, gpu: GPU, batch: int, context: int) -> None:
 
 @almost_free_ex.check("Llama-3-8B on an H100: 32 guests of 1,000 tokens")
 def _h100(fn):
-    _expect_free(fn, LLAMA_3_8B, H100_SXM, 32, 1000)
+    _expect_free(fn, *FREE_INPUTS[0])
 
 
 @almost_free_ex.check("Llama-3-8B on an A100-80GB and an H200: other ridge points")
 def _other_gpus(fn):
-    _expect_free(fn, LLAMA_3_8B, A100_80GB, 32, 1000)
-    _expect_free(fn, LLAMA_3_8B, H200, 8, 4000)
+    _expect_free(fn, *FREE_INPUTS[1])
+    _expect_free(fn, *FREE_INPUTS[2])
 
 
 @almost_free_ex.check("a batch whose K and V reads alone keep the step memory-bound longer")
 def _long_context(fn):
-    _expect_free(fn, preset("Llama-3-70B"), H100_SXM, 64, 8000)
+    _expect_free(fn, *FREE_INPUTS[3])
 
 
 # --- 09.choose_chunk --------------------------------------------------------------------------
@@ -141,11 +160,31 @@ def largest_chunk(results: dict, target: float, measure=lambda r: r.itl(99), lar
     return max(under) if largest else min(under)
 
 
+MEASURES = {
+    hints.MEDIAN: lambda r: r.itl(50),
+    hints.PERCENT_AS_FRACTION: lambda r: r.itl(0.99),
+    hints.TTFT: lambda r: r.ttft(99),
+}
 CHOOSE_SLIPS = (
-    Slip(hints.MEDIAN, functools.partial(largest_chunk, measure=lambda r: r.itl(50))),
+    Slip(hints.MEDIAN, functools.partial(largest_chunk, measure=MEASURES[hints.MEDIAN])),
+    Slip(
+        hints.PERCENT_AS_FRACTION,
+        functools.partial(largest_chunk, measure=MEASURES[hints.PERCENT_AS_FRACTION]),
+    ),
     Slip(hints.SMALLEST, functools.partial(largest_chunk, largest=False)),
-    Slip(hints.TTFT, functools.partial(largest_chunk, measure=lambda r: r.ttft(99))),
+    Slip(hints.TTFT, functools.partial(largest_chunk, measure=MEASURES[hints.TTFT])),
 )
+
+
+@functools.cache
+def probe_targets() -> tuple[float, ...]:
+    """Targets between every two values that the right rule and the slips compare (on the
+    check's sweep): a slip found at one target is confirmed at all of them (many wrong measures
+    pick the largest budget at a loose target, as the median does)."""
+    results = choose_sweep()
+    measures = (lambda r: r.itl(99), *MEASURES.values())
+    values = sorted({m(r) for m in measures for r in results.values()})
+    return tuple((a + b) / 2 for a, b in zip(values, values[1:], strict=False))
 
 
 def _expect_choice(fn, target: float) -> None:
@@ -158,6 +197,8 @@ def _expect_choice(fn, target: float) -> None:
     got = fn(dict(results), target)
     if got != want:
         found = slips.matching(CHOOSE_SLIPS, got, (results, target), want)
+        probes = [(dict(results), t) for t in probe_targets()]
+        found = slips.told_apart(found, fn, probes, largest_chunk, always=True)
         raise CheckFailed(
             "a different budget",
             input=what,
