@@ -9,6 +9,7 @@ import pytest
 
 from kvlab.grading import Status, run_checks
 from kvlab.grading import lab09 as checks
+from kvlab.grading.expect import CheckFailed
 from kvlab.grading.lab06 import hints as lab06_hints
 from kvlab.grading.lab06.step import departure
 from kvlab.grading.report import SAME_PROBLEM
@@ -129,6 +130,31 @@ def prefill_first():
     )
 
 
+def skips_a_refused_guest():
+    """The queue walked as a list, going on past a guest the cache refused."""
+    return budget_step(
+        "    while not out.preempted and scheduler.waiting and scheduler.waiting[0].arrival <= now:\n"
+        " =>     for seq in list(scheduler.waiting) if not out.preempted else []:\n"
+        "        if seq.arrival > now:\n            break\n",
+        "        seq = scheduler.waiting[0]\n => ",
+        "            out.refused, out.refusal = seq, refusal\n            break\n"
+        " =>             if out.refused is None:\n                out.refused, out.refusal = seq, refusal\n"
+        "            continue\n",
+    )
+
+
+def test_no_stop_when_the_budget_is_spent_is_named_on_every_day_it_shows():
+    """A guest checked in with 0 tokens on the simulated day is refused just as when every guest
+    may take the whole budget: the hint is still the budget spent, not the budget overrun."""
+    fn = budget_step(
+        "        left = budget - out.num_batched_tokens\n        if left == 0:\n            break\n"
+        " =>         left = budget - out.num_batched_tokens\n"
+    )
+    with pytest.raises(CheckFailed) as failure:
+        checks.budget.lockstep(fn, "simulate")
+    assert " ".join(str(failure.value.hint).split()) == checks.BUDGET_SPENT
+
+
 @pytest.mark.parametrize(
     "fn, hint",
     [
@@ -158,6 +184,25 @@ def prefill_first():
             checks.MEMORY_CHUNK,
         ),
         (lambda: budget_step("while not out.preempted and => while"), lab06_hints.HOLD),
+        (
+            lambda: budget_step(
+                "        if seq.num_uncomputed > left:\n            chunk(seq, left)\n            continue\n"
+                " => "
+            ),
+            checks.OVER_BUDGET,
+        ),
+        (
+            lambda: budget_step(
+                "        left = budget - out.num_batched_tokens\n        if left == 0:\n            break\n"
+                " =>         left = budget - out.num_batched_tokens\n"
+            ),
+            checks.BUDGET_SPENT,
+        ),
+        (skips_a_refused_guest, lab06_hints.FCFS),
+        (
+            lambda: budget_step(" and scheduler.waiting[0].arrival <= now: => :"),
+            lab06_hints.ARRIVAL,
+        ),
     ],
     ids=[
         "prefill first",
@@ -166,6 +211,10 @@ def prefill_first():
         "a partial prompt forgotten",
         "a chunk asks memory for itself",
         "admits after a preemption",
+        "a partial prompt read whole",
+        "no stop when the budget is spent",
+        "past a refused guest",
+        "before arrival",
     ],
 )
 def test_each_budget_slip_gets_its_hint_only(fn, hint):
@@ -212,8 +261,18 @@ def test_the_roofline_solutions_pass_and_the_stubs_are_not_written_yet():
         ),
         (["            return k\n =>             return batch + k\n"], checks.TOTAL_TOKENS),
         (["            return k\n =>             return k + 1\n"], checks.ONE_PAST),
+        (
+            ["flops = 2 * spec.num_params * (batch + k) => flops = 2 * spec.num_params * k"],
+            checks.TOTAL_TOKENS,
+        ),
     ],
-    ids=["weights only", "no attention", "the decodes counted", "one past"],
+    ids=[
+        "weights only",
+        "no attention",
+        "the decodes counted",
+        "one past",
+        "the decodes' FLOPs left out",
+    ],
 )
 def test_each_almost_free_slip_gets_its_hint_only(edits, hint):
     assert_only_hint(run_checks("09.almost_free", almost_free(*edits)), hint)
@@ -225,10 +284,30 @@ def test_each_almost_free_slip_gets_its_hint_only(edits, hint):
         ("r.itl(99) => r.itl(50)", checks.MEDIAN),
         ("max(under) => min(under)", checks.SMALLEST),
         ("r.itl(99) => r.ttft(99)", checks.TTFT),
+        ("r.itl(99) => r.itl(0.99)", checks.PERCENT_AS_FRACTION),
     ],
 )
 def test_each_choice_slip_gets_its_hint_only(edit, hint):
     assert_only_hint(run_checks("09.choose_chunk", choose_chunk(edit)), hint)
+
+
+def test_attention_counted_at_half_is_not_called_one_past():
+    """2 FLOPs per position attended instead of 4 answers one token more on three inputs and 7
+    more on the fourth: not the one-past slip (which is one more on every input), so no hint."""
+    fn = almost_free(
+        "flops += 4 * spec.num_layers => flops += 2 * spec.num_layers",
+    )
+    result = run_checks("09.almost_free", fn)
+    assert result.status is Status.FAILED and hints_of(result) == [], result.report()
+
+
+@pytest.mark.parametrize("edit", ["r.itl(99) => r.itl(1)", "r.itl(99) => r.itl(5)"])
+def test_a_low_percentile_is_not_called_the_median(edit):
+    """At a loose target any low percentile picks the largest budget, as the median does; the
+    other targets tell them apart, so no hint (it would name a mistake not made)."""
+    result = run_checks("09.choose_chunk", choose_chunk(edit))
+    assert result.status is Status.FAILED, result.report()
+    assert checks.MEDIAN not in [" ".join(h.split()) for h in hints_of(result)], result.report()
 
 
 # --- 09.chunk_attention and 09.chunk_kernel -----------------------------------------------------
@@ -243,12 +322,12 @@ def chunk_kernel(*edits):
 
 
 def test_the_chunk_solutions_pass_and_the_stubs_are_not_written_yet():
-    for exercise, fn in (
-        ("09.chunk_attention", chunk_attention()),
-        ("09.chunk_kernel", chunk_kernel()),
+    for exercise, fn, checks_ in (
+        ("09.chunk_attention", chunk_attention(), 6),
+        ("09.chunk_kernel", chunk_kernel(), 5),
     ):
         result = run_checks(exercise, fn)
-        assert result.ok and result.passed == result.total == 5, result.report()
+        assert result.ok and result.passed == result.total == checks_, result.report()
     stub = learner(
         "def chunk_attention(q, k, v, t, n):\n    raise NotImplementedError\n", "chunk_attention"
     )
@@ -304,6 +383,17 @@ def test_each_chunk_attention_slip_gets_its_hint_only(edits, hint):
     assert_only_hint(run_checks("09.chunk_attention", chunk_attention(*edits)), hint)
 
 
+def test_an_answer_left_in_fp32_fails_the_bfloat16_check():
+    result = run_checks(
+        "09.chunk_attention",
+        chunk_attention(
+            'return torch.einsum("hij,jhd->ihd", weights, v).to(q.dtype) => return torch.einsum("hij,jhd->ihd", weights, v)'
+        ),
+    )
+    assert result.status is Status.FAILED and result.passed == result.total - 1, result.report()
+    assert "not q's dtype" in failures(result)[0].details[0], result.report()
+
+
 SEEN = "seen = (key_pos[None, :] <= query_pos[:, None]) & (key_pos < end)[None, :]"
 
 
@@ -322,6 +412,19 @@ SEEN = "seen = (key_pos[None, :] <= query_pos[:, None]) & (key_pos < end)[None, 
             checks.READ_PAST,
         ),
         (["kvh = h // GROUP => kvh = 0"], checks.KV_HEAD_ZERO),
+        (["kvh = h // GROUP => kvh = h % (tl.num_programs(1) // GROUP)"], checks.KV_HEAD_MODULO),
+        (
+            [SEEN + " => " + SEEN.replace("query_pos[:, None]", "query_pos[:, None] + 1")],
+            checks.CAUSAL_ONE_AHEAD,
+        ),
+        (
+            [
+                SEEN + " => " + SEEN.replace("query_pos[:, None]", "query_pos[:, None] + 1"),
+                "end = tl.minimum(num_computed + (tile + 1) * BLOCK_Q, num_computed + num_tokens) => "
+                "end = num_computed + num_tokens",
+            ],
+            checks.CAUSAL_ONE_AHEAD,
+        ),
         (
             [
                 "denom = denom * alpha + tl.sum(p, axis=1) => denom = denom + tl.sum(p, axis=1)",
@@ -335,8 +438,24 @@ SEEN = "seen = (key_pos[None, :] <= query_pos[:, None]) & (key_pos < end)[None, 
         "no mask on the diagonal tile",
         "reads past the chunk",
         "kv head 0",
+        "kv head modulo",
+        "one ahead (keys up to the tile's last row)",
+        "one ahead (keys up to the chunk's end)",
         "no rescale",
     ],
 )
 def test_each_chunk_kernel_slip_gets_its_hint_only(edits, hint):
     assert_only_hint(run_checks("09.chunk_kernel", chunk_kernel(*edits)), hint)
+
+
+def test_launch_isolated_says_an_unwritten_kernel_is_not_written_yet():
+    stub = learner(
+        CHUNK_KERNEL.split("    tile = tl.program_id(0)")[0] + "    raise NotImplementedError\n",
+        "my_chunk_kernel",
+        header=KERNEL_HEADER,
+    )
+    case = checks.chunk.make_chunk_case(num_computed=6, n=7, q_heads=4, kv_heads=2, seed=9)
+    out, trouble = checks.chunk.launch_isolated(stub, *case)
+    assert out is None and "not written yet" in trouble, trouble
+    out, trouble = checks.chunk.launch_isolated(chunk_kernel(), *case)
+    assert trouble is None and out.shape == case[0].shape
