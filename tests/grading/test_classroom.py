@@ -335,11 +335,9 @@ def test_a_grader_that_raises_dies_or_hangs_costs_one_row(tmp_path):
     subs = discover(
         [write_notebook(tmp_path / f"{who}_00.ipynb", [cmd]) for who, cmd in commands.items()]
     ).submissions
-    started = time.monotonic()
     records = grade_submissions(
         subs, jobs=3, notebook_timeout=6, grader=classroom_fakes_grader(), progress=False
     )
-    seconds = time.monotonic() - started
     got = {r["student"]: (r["passed"], r["total"], r["error"]) for r in records}
     assert got == {
         "alice": (5, 5, None),
@@ -358,7 +356,6 @@ def test_a_grader_that_raises_dies_or_hangs_costs_one_row(tmp_path):
         ("00.decode_step", "not run"),
     ]
     assert records[0]["exercises"][0]["report"].startswith("00.kv_bytes · KV bytes per token")
-    assert seconds < 30, seconds  # the hangs ran side by side with the rest, and were stopped
     # what a stopped grading started (a kernel, in a session of its own) is gone too
     grandchild = int(pidfile.read_text())
     assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == "zombie"
