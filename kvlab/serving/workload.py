@@ -51,6 +51,8 @@ class Request:
 
 def _token_ids(ids) -> tuple[int, ...]:
     """Token ids as a tuple of ints (NumPy integers too; never bools or strings)."""
+    if type(ids) is tuple and set(map(type, ids)) <= {int}:  # already so: a day of 100,000
+        return ids
     try:
         if isinstance(ids, (str, bytes)) or any(isinstance(t, bool) for t in ids):
             raise TypeError
@@ -213,6 +215,71 @@ def shared_prefix_like(
         ids = prefix + own
         requests.append(Request(len(ids), output, round(t, 6), prompt_ids=ids))
     return requests
+
+
+def many_tenants(
+    num_requests: int,
+    *,
+    tenants: int = 32,
+    system_prompt_len: int = 1_024,
+    user_len: tuple[int, int] = (16, 128),
+    output_len: tuple[int, int] = (16, 128),
+    rate: float | None = None,
+    seed: int = 0,
+    zipf: float = 1.0,
+) -> list[Request]:
+    """A day of many tenants (Lab 10's fleet): ``tenants`` system prompts of
+    ``system_prompt_len`` token ids each, and every request is its tenant's system prompt followed
+    by ids of its own (``user_len`` tokens, drawn uniformly from the inclusive range), with an
+    answer of ``output_len`` tokens (likewise). A tenant's share of the requests falls as
+    ``1 / rank ** zipf`` (``zipf=0``: every tenant alike; 1: the first of 32 tenants sends about a
+    quarter of them). Sized for a fleet whose every replica holds only a few tenants' prompts:
+    a router that sends each tenant to the replica holding its prompt finds it cached, one that
+    spreads every tenant over every replica mostly does not. ``rate`` gives Poisson arrivals
+    (requests per second, or per step without a cost model); None puts every arrival at 0.
+    Token ids are seeded draws from a 32,000-token vocabulary; the same arguments give the same
+    day, and the tenants' prompts do not depend on ``num_requests``."""
+    positive_int("num_requests", num_requests)
+    positive_int("tenants", tenants)
+    positive_int("system_prompt_len", system_prompt_len)
+    user_low, user_high = _length_range("user_len", user_len, minimum=0)
+    out_low, out_high = _length_range("output_len", output_len, minimum=1)
+    if rate is not None and non_negative_number("rate", rate) == 0:
+        raise ValueError("rate must be > 0 requests per second (or None for all at t=0)")
+    non_negative_number("zipf", zipf)
+    rng = random.Random(seed)
+    prompts = [
+        tuple(rng.randrange(VOCAB_SIZE) for _ in range(system_prompt_len)) for _ in range(tenants)
+    ]
+    weights = [1.0 / (rank + 1) ** zipf for rank in range(tenants)]
+    chosen = rng.choices(range(tenants), weights=weights, k=num_requests)
+    draw = rng.randrange
+    t, requests = 0.0, []
+    for tenant in chosen:
+        own = tuple(draw(VOCAB_SIZE) for _ in range(rng.randint(user_low, user_high)))
+        ids = prompts[tenant] + own
+        if rate is not None:
+            t += rng.expovariate(rate)
+        requests.append(
+            Request(len(ids), rng.randint(out_low, out_high), round(t, 6), prompt_ids=ids)
+        )
+    return requests
+
+
+def _length_range(name: str, pair, *, minimum: int) -> tuple[int, int]:
+    """``(low, high)`` token counts with ``minimum <= low <= high``."""
+    try:
+        low, high = pair
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"{name} must be a pair (low, high) of token counts, got {pair!r}"
+        ) from None
+    for value in (low, high):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be a pair (low, high) of ints, got {pair!r}")
+    if not minimum <= low <= high:
+        raise ValueError(f"{name} must be (low, high) with {minimum} <= low <= high, got {pair!r}")
+    return low, high
 
 
 def mean_lengths(requests: list[Request]) -> tuple[float, float]:
