@@ -54,7 +54,10 @@ def _prompt(prompt) -> tuple[int, list[int] | None]:
         raise TypeError(
             f"prompt must be a token count (int) or a sequence of token ids, got {prompt!r}"
         )
-    ids = [_token_id(t, f"prompt[{i}]") for i, t in enumerate(prompt)]
+    if type(prompt) in (list, tuple) and set(map(type, prompt)) <= {int}:
+        ids = list(prompt)  # already ints: the simulator's prompts (a fleet's day is long)
+    else:
+        ids = [_token_id(t, f"prompt[{i}]") for i, t in enumerate(prompt)]
     if not ids:
         raise ValueError("prompt must hold at least one token id, got none")
     return len(ids), ids
