@@ -25,12 +25,14 @@ ALPACA_MEANS = (19.31, 58.45)
 @dataclass(frozen=True)
 class Request:
     """One guest: a prompt to read and a number of tokens to generate. ``prompt_ids``, when
-    given, are the prompt's token ids (what prefix caching compares, Lab 07)."""
+    given, are the prompt's token ids (what prefix caching compares, Lab 07); ``output_ids``
+    the answer's, when it is a recorded one (a multi-round chat's next prompt carries it)."""
 
     prompt_len: int
     output_len: int
     arrival: float = 0.0
     prompt_ids: tuple[int, ...] | None = field(default=None, repr=False)
+    output_ids: tuple[int, ...] | None = field(default=None, repr=False)
 
     def __post_init__(self):
         positive_int("prompt_len", self.prompt_len)
@@ -43,13 +45,20 @@ class Request:
                 raise ValueError(
                     f"prompt_ids holds {len(ids)} ids for prompt_len={self.prompt_len}"
                 )
+        if self.output_ids is not None:
+            ids = _token_ids(self.output_ids, "output_ids")
+            object.__setattr__(self, "output_ids", ids)
+            if len(ids) != self.output_len:
+                raise ValueError(
+                    f"output_ids holds {len(ids)} ids for output_len={self.output_len}"
+                )
 
     @property
     def total_len(self) -> int:
         return self.prompt_len + self.output_len
 
 
-def _token_ids(ids) -> tuple[int, ...]:
+def _token_ids(ids, name: str = "prompt_ids") -> tuple[int, ...]:
     """Token ids as a tuple of ints (NumPy integers too; never bools or strings)."""
     if type(ids) is tuple and set(map(type, ids)) <= {int}:  # already so: a day of 100,000
         return ids
@@ -58,9 +67,7 @@ def _token_ids(ids) -> tuple[int, ...]:
             raise TypeError
         return tuple(operator.index(t) for t in ids)
     except TypeError:
-        raise TypeError(
-            f"prompt_ids must be a sequence of int token ids, got {ids!r:.80}"
-        ) from None
+        raise TypeError(f"{name} must be a sequence of int token ids, got {ids!r:.80}") from None
 
 
 def _phi(z: float) -> float:
@@ -280,6 +287,75 @@ def _length_range(name: str, pair, *, minimum: int) -> tuple[int, int]:
     if not minimum <= low <= high:
         raise ValueError(f"{name} must be (low, high) with {minimum} <= low <= high, got {pair!r}")
     return low, high
+
+
+def multi_round_qa(
+    num_users: int,
+    rounds: int,
+    *,
+    context_len: int = 2_000,
+    question_len: int = 50,
+    answer_len: int = 150,
+    think_time: float = 60.0,
+    seed: int = 0,
+) -> list[Request]:
+    """A multi-round QA day (LMCache's benchmark in spirit): ``num_users`` users, each with a
+    document of its own (``context_len`` tokens), ask ``rounds`` questions in turn. Each
+    question's prompt carries the whole conversation so far: the document, every earlier
+    question and answer, then the new question (``question_len`` tokens). So a round's prompt
+    starts with the previous round's prompt and answer (``output_ids``: the answer is replayed,
+    ``answer_len`` tokens), the prefix a cache can keep.
+
+    Users start spread over one ``think_time`` (seconds; user ``u`` at about ``u / num_users``
+    of it, seeded jitter) and come back ``think_time`` after their last question: enough, on
+    any GPU the course models, for the answer to be done, so the conversation is all cached
+    by then, if the cache kept it. With many users a cache in HBM keeps only the most recent
+    conversations: least-recently-used eviction drops exactly the user who asks next. Requests
+    come sorted by arrival; token ids are seeded draws from a 32,000-token vocabulary.
+    """
+    positive_int("num_users", num_users)
+    positive_int("rounds", rounds)
+    for name, value in (("context_len", context_len), ("question_len", question_len)):
+        positive_int(name, value)
+    positive_int("answer_len", answer_len)
+    if non_negative_number("think_time", think_time) == 0:
+        raise ValueError("think_time must be > 0 seconds")
+    rng = random.Random(seed)
+
+    def draw(n: int) -> tuple[int, ...]:
+        return tuple(rng.randrange(VOCAB_SIZE) for _ in range(n))
+
+    requests = []
+    gap = think_time / num_users
+    for user in range(num_users):
+        history = draw(context_len)
+        start = gap * (user + rng.random() * 0.5)
+        for r in range(rounds):
+            prompt = history + draw(question_len)
+            answer = draw(answer_len)
+            arrival = round(start + r * think_time, 6)
+            requests.append(
+                Request(len(prompt), answer_len, arrival, prompt_ids=prompt, output_ids=answer)
+            )
+            history = prompt + answer
+    requests.sort(key=lambda r: r.arrival)
+    return requests
+
+
+def conversation_tokens(requests: list[Request]) -> int:
+    """Tokens a cache must keep to hold every conversation of a :func:`multi_round_qa` day
+    whole: the prompt and answer of each request that no later prompt carries on (each
+    user's last round; earlier rounds are prefixes of it)."""
+    ended = {r.prompt_ids + (r.output_ids or ()) for r in requests if r.prompt_ids is not None}
+    lengths = {len(ids) for ids in ended}
+    carried = {
+        r.prompt_ids[:n]
+        for r in requests
+        if r.prompt_ids is not None
+        for n in lengths
+        if n < r.prompt_len
+    }
+    return sum(len(ids) for ids in ended - carried)
 
 
 def mean_lengths(requests: list[Request]) -> tuple[float, float]:

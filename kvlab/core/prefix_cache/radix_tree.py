@@ -233,10 +233,13 @@ class RadixTreeCache:
         if not 0 <= num_blocks <= self.evictable_blocks:
             raise ValueError(f"cannot evict {num_blocks} blocks: {self.evictable_blocks} evictable")
         heap, left, append = self._evictable_leaves(), num_blocks, self.pool.free_queue.append
+        on_evict = self.pool.on_evict
         while left:
             _, _, leaf = heapq.heappop(heap)
             key = leaf.tokens[0]
             for _ in range(min(left, len(leaf.blocks))):
+                if on_evict is not None:
+                    on_evict(leaf.blocks[-1])
                 block = leaf.blocks.pop()
                 leaf.tokens.pop()
                 block.node = None
