@@ -172,3 +172,74 @@ def test_the_router_passes_and_the_stub_is_not_written_yet():
 )
 def test_each_router_slip_gets_its_hint_only(edits, hint):
     assert_only_hint(run_checks("10.prefix_score", prefix_router(*edits)), hint)
+
+
+# --- 10.fetch_or_recompute -------------------------------------------------------------------
+
+FETCH_RULE = """
+def fetch_beats_recompute(spec, gpu, num_tokens, pcie_bytes_per_s):
+    kv_per_token = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * spec.dtype_bytes
+    fetch = num_tokens * kv_per_token / pcie_bytes_per_s
+    attended = num_tokens * (num_tokens + 1) / 2
+    flops = 2 * spec.num_params * num_tokens
+    flops += 4 * spec.num_layers * spec.num_q_heads * spec.head_dim * attended
+    return fetch < flops / gpu.peak_flops
+"""
+
+
+def fetch_rule(*edits):
+    return learner(FETCH_RULE, "fetch_beats_recompute", *edits, header="")
+
+
+def test_the_rule_passes_and_the_stub_is_not_written_yet():
+    result = run_checks("10.fetch_or_recompute", fetch_rule())
+    assert result.ok and result.passed == result.total == len(checks.tiers.CARDS), result.report()
+    stub = learner(
+        "def fetch_beats_recompute(spec, gpu, num_tokens, pcie_bytes_per_s):\n"
+        "    raise NotImplementedError\n",
+        "fetch_beats_recompute",
+        header="",
+    )
+    assert run_checks("10.fetch_or_recompute", stub).status is Status.NOT_IMPLEMENTED
+
+
+def test_the_checks_agree_with_kvlab_and_tell_every_slip_apart():
+    from kvlab.perf.tiers import fetch_beats_recompute
+
+    rule = checks.tiers.reference_rule
+    answers = {None: [rule(*inp) for inp in checks.tiers.INPUTS]}
+    for spec, gpu, n, link in checks.tiers.INPUTS:
+        assert rule(spec, gpu, n, link) == fetch_beats_recompute(
+            spec, gpu, n, pcie_bytes_per_s=link
+        )
+    for _, slip in checks.tiers.SLIPS:
+        answers[slip] = [rule(*inp, slip=slip) for inp in checks.tiers.INPUTS]
+    vectors = list(answers.values())
+    assert len({tuple(v) for v in vectors}) == len(vectors)  # no two alike, none right
+
+
+@pytest.mark.parametrize(
+    "edits, hint",
+    [
+        (["flops += 4 => flops += 0 * 4"], checks.NO_ATTENTION),
+        (["kv_per_token = 2 * => kv_per_token = 1 *"], checks.K_ONLY),
+        (["/ pcie_bytes_per_s => / (pcie_bytes_per_s / 1e9 * 2**30)"], checks.GB_GIB),
+        (
+            ["kv_per_token / pcie_bytes_per_s => kv_per_token / 2**30 / (pcie_bytes_per_s / 1e9)"],
+            checks.GB_GIB,
+        ),
+        (["2 * spec.num_layers * spec.num_kv_heads => 2 * spec.num_kv_heads"], checks.PER_LAYER),
+        (["/ pcie_bytes_per_s => / gpu.hbm_bytes_per_s"], checks.HBM_NOT_PCIE),
+    ],
+    ids=["no attention", "K only", "GiB for GB", "bytes in GiB", "one layer", "HBM, not PCIe"],
+)
+def test_each_rule_slip_gets_its_hint_only(edits, hint):
+    assert_only_hint(run_checks("10.fetch_or_recompute", fetch_rule(*edits)), hint)
+
+
+def test_a_rule_that_is_wrong_another_way_gets_no_hint():
+    # (one that always fetches answers as the HBM slip does on every card: that hint it gets)
+    always = fetch_rule("return fetch < flops / gpu.peak_flops => return False")
+    result = run_checks("10.fetch_or_recompute", always)
+    assert result.status is Status.FAILED
+    assert not hints_of(result), result.report()

@@ -41,3 +41,30 @@ IN_BLOCKS = (
     "the cached prefix was counted in rooms, not tokens: load_penalty is in tokens per request, "
     "so compare view.cached_prefix_tokens(request) (tokens) with load_penalty * view.load"
 )
+
+# --- 10.fetch_or_recompute -------------------------------------------------------------------
+
+NO_ATTENTION = (
+    "the recompute counted the weights' FLOPs only (2 x num_params per token): attention adds "
+    "4 x num_layers x num_q_heads x head_dim FLOPs per position attended, and the i-th token "
+    "of the prefix attends to i positions (n (n + 1) / 2 in all), which is what makes a long "
+    "prefix dearer to compute than to fetch"
+)
+K_ONLY = (
+    "the copy moved only K: a cached token keeps K and V, so a token's bytes are "
+    "2 x num_layers x num_kv_heads x head_dim x bytes per element (spec.kv_bytes_per_token)"
+)
+GB_GIB = (
+    "GB and GiB were mixed: pcie_bytes_per_s is in bytes per second (25e9 is 25 GB/s, not "
+    "25 GiB/s); divide bytes by it as they are, with no 2**30 anywhere"
+)
+PER_LAYER = (
+    "the copy moved one layer's K and V: every layer keeps its own, so a token's bytes are "
+    "2 x num_layers x num_kv_heads x head_dim x bytes per element (spec.kv_bytes_per_token), "
+    "compared with the whole model's FLOPs"
+)
+HBM_NOT_PCIE = (
+    "the copy was timed at the GPU's memory bandwidth (gpu.hbm_bytes_per_s, the roofline's "
+    "memory time): the blocks come up from CPU memory over PCIe, at pcie_bytes_per_s, a "
+    "hundred times slower"
+)
