@@ -64,7 +64,8 @@ PER_LAYER = (
     "compared with the whole model's FLOPs"
 )
 HBM_NOT_PCIE = (
-    "the copy was timed at the GPU's memory bandwidth (gpu.hbm_bytes_per_s, the roofline's "
-    "memory time): the blocks come up from CPU memory over PCIe, at pcie_bytes_per_s, a "
-    "hundred times slower"
+    "your rule says fetch on every case, even where recomputing is cheaper: as if the copy were "
+    "timed at the GPU's memory bandwidth (gpu.hbm_bytes_per_s, the roofline's memory time), or "
+    "as if it never compared at all; the blocks come up from CPU memory over PCIe, at "
+    "pcie_bytes_per_s, a hundred times slower"
 )
