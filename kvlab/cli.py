@@ -210,7 +210,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="run a benchmark, print figures, write JSON")
     bench.add_argument(
         "name",
-        choices=["allocator", "serve", "chunked-prefill", "attention", "attention-sweep", "grade"],
+        choices=[
+            "allocator",
+            "serve",
+            "chunked-prefill",
+            "fleet",
+            "attention",
+            "attention-sweep",
+            "grade",
+        ],
         help="what to measure",
     )
     bench.add_argument("--out", help="JSON path (default: benchmarks/NAME.json)")

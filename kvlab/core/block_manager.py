@@ -54,7 +54,10 @@ def _prompt(prompt) -> tuple[int, list[int] | None]:
         raise TypeError(
             f"prompt must be a token count (int) or a sequence of token ids, got {prompt!r}"
         )
-    ids = [_token_id(t, f"prompt[{i}]") for i, t in enumerate(prompt)]
+    if type(prompt) in (list, tuple) and set(map(type, prompt)) <= {int}:
+        ids = list(prompt)  # already ints: the simulator's prompts (a fleet's day is long)
+    else:
+        ids = [_token_id(t, f"prompt[{i}]") for i, t in enumerate(prompt)]
     if not ids:
         raise ValueError("prompt must hold at least one token id, got none")
     return len(ids), ids
@@ -123,6 +126,10 @@ class BlockManager:
     nobody holds stay in the tree, and leaves are evicted least recently used first). Either way
     they count as free. ``prefix_cache`` is checked always and used only with prefix caching.
     ``hash_fn(parent_hash, token_ids)`` is for tests that force collisions (hash chain only).
+    ``cpu_cache_blocks`` (with prefix caching) puts a CPU tier of that many blocks below either
+    prefix cache (:class:`~kvlab.core.prefix_cache.TieredPrefixCache`): evicted blocks go down
+    to it, and a prompt whose prefix continues there gets those blocks copied up into new
+    blocks instead of computed (they count as cached); ``tier_mover`` is told of each copy.
 
     A block is findable once the K/V of all its tokens are written. Called by hand,
     ``append_slot(seq_id, token_id)`` means the token's K/V are written now. An engine that
@@ -138,6 +145,8 @@ class BlockManager:
         enable_prefix_caching: bool = False,
         prefix_cache: str = "hash",
         hash_fn=hash_block_tokens,
+        cpu_cache_blocks: int | None = None,
+        tier_mover=None,
     ):
         self.block_size = positive_int("block_size", block_size)
         if not isinstance(enable_prefix_caching, bool):
@@ -152,8 +161,18 @@ class BlockManager:
         self.prefix_cache = None  # with prefix caching: a kvlab.core.prefix_cache.PrefixCache
         if enable_prefix_caching:
             self.prefix_cache = make_prefix_cache(
-                prefix_cache, self.pool, self.block_size, hash_fn=hash_fn
+                prefix_cache,
+                self.pool,
+                self.block_size,
+                hash_fn=hash_fn,
+                cpu_blocks=cpu_cache_blocks,
+                mover=tier_mover,
             )
+        elif cpu_cache_blocks is not None:
+            raise ValueError(
+                "cpu_cache_blocks is a tier of the prefix cache: enable_prefix_caching"
+            )
+        self.cpu_cache_blocks = cpu_cache_blocks
         self._seqs: dict[Hashable, SequenceBlocks] = {}
         self._plan: AllocationPlan | None = None  # the last prompt asked about, until a change
 
@@ -359,9 +378,11 @@ class BlockManager:
         if ids is not None and self.prefix_cache is not None:
             # before new blocks are taken: a tree evicts nothing the prefix now holds
             prefix = self.prefix_cache.start(plan.match, plan.num_tokens)
+        # the first of the new blocks are filled by a copy up from a lower tier, if it found any
+        fetched = 0 if plan.match is None else plan.match.fetched
         table = cached + self.pool.get_new_blocks(needed)
         seq = self._seqs[seq_id] = SequenceBlocks(
-            table, plan.num_tokens, len(cached) * self.block_size
+            table, plan.num_tokens, (len(cached) + fetched) * self.block_size
         )
         if prefix is not None:
             if num_computed is not None and max(seq.num_cached, num_computed) < len(ids):
@@ -597,8 +618,8 @@ class PagedCache:
     block only when the last one is full, release checks out. Accounts only: the tensors live in
     :class:`kvlab.kv.tensors.PagedKVCache`. With ``enable_prefix_caching`` the scheduler passes
     token ids, and a prompt's cached prefix is shared and not computed again
-    (:meth:`num_cached_tokens`); ``prefix_cache`` ("hash" or "radix") is as for
-    :class:`BlockManager`. A :class:`kvlab.serving.interfaces.PrefixCachingKVCache`."""
+    (:meth:`num_cached_tokens`); ``prefix_cache`` ("hash" or "radix") and ``cpu_cache_blocks``
+    (a CPU tier below it) are as for :class:`BlockManager`. A :class:`kvlab.serving.interfaces.PrefixCachingKVCache`."""
 
     def __init__(
         self,
@@ -607,12 +628,14 @@ class PagedCache:
         *,
         enable_prefix_caching: bool = False,
         prefix_cache: str = "hash",
+        cpu_cache_blocks: int | None = None,
     ):
         self.manager = BlockManager(
             num_blocks,
             block_size,
             enable_prefix_caching=enable_prefix_caching,
             prefix_cache=prefix_cache,
+            cpu_cache_blocks=cpu_cache_blocks,
         )
 
     @property

@@ -15,7 +15,7 @@ queue runs short.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Protocol
 
 from kvlab.core.validate import positive_int
@@ -136,6 +136,8 @@ class BlockPool:
         self.num_shared = 0  # blocks held by more than one block table
         self.num_evictions = 0  # cached blocks handed out again (their tokens forgotten)
         self.evictor: Evictor | None = None  # keeps unheld cached blocks out of the free queue
+        # told of each cached block just before its prefix is forgotten (a lower tier keeps it)
+        self.on_evict: Callable[[Block], None] | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -172,6 +174,8 @@ class BlockPool:
         return blocks
 
     def _evict(self, block: Block) -> None:
+        if self.on_evict is not None:
+            self.on_evict(block)
         del self.cached[block.block_hash]
         block.block_hash = block.token_ids = block.parent = None
         self.num_evictions += 1

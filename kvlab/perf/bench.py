@@ -1,6 +1,7 @@
 """``kvlab bench``: figures, not asserts. Each benchmark prints a table and writes JSON.
 
 ``kvlab bench allocator``, ``kvlab bench serve [--requests N]``, ``kvlab bench chunked-prefill``,
+``kvlab bench fleet`` (16 replicas x 100,000 requests behind each router),
 ``kvlab bench attention`` and
 ``kvlab bench grade`` (a synthetic class through the judge, :mod:`kvlab.grading.bench_grade`);
 the launch-option sweep of the attention kernel (GPU only, a few minutes) runs as
@@ -312,6 +313,110 @@ def print_chunks(report: dict) -> None:
     print("  (milliseconds; ITL: the gap between two tokens of a request)")
 
 
+# --- a fleet: 16 replicas behind each router, on a many-tenant day (Lab 10) ----------------------
+
+FLEET_REPLICAS, FLEET_N = 16, 100_000
+# Llama-3-8B on an H100-80GB (roofline), each replica with 8,192 token slots of KV cache: a handful
+# of the day's 1,024-token system prompts (64 tenants, zipf 0.5), 25 requests a second per replica
+FLEET_DAY = {"tenants": 64, "system_prompt_len": 1_024, "zipf": 0.5, "seed": 0}
+FLEET_SETUP = {"kv_capacity_tokens": 8_192, "max_seq_len": 2_048, "block_size": 16}
+FLEET_RATE_PER_REPLICA = 25.0
+
+
+def fleet(
+    n: int = FLEET_N,
+    replicas: int = FLEET_REPLICAS,
+    routers: tuple = ("round_robin", "least_loaded", "prefix_aware"),
+    progress: bool = False,
+) -> dict:
+    """``n`` requests of a many-tenant day (:func:`kvlab.serving.workload.many_tenants`) through
+    :func:`kvlab.serving.fleet.simulate_fleet` on ``replicas`` replicas, once per router: the
+    simulation's speed (requests simulated per wall and per CPU second, one core: other programs
+    on a shared machine count less in CPU time) and what each router
+    measured (prefix hit rate, TTFT, throughput), costed on the roofline of Llama-3-8B on an
+    H100-80GB. The arrival rate grows with the fleet (25 requests a second per replica)."""
+    from kvlab.core.validate import positive_int
+    from kvlab.models import preset
+    from kvlab.perf.gpus import lookup
+    from kvlab.perf.roofline import StepTime
+    from kvlab.serving.fleet import simulate_fleet
+    from kvlab.serving.workload import many_tenants
+
+    positive_int("n", n)
+    positive_int("replicas", replicas)
+    rate = FLEET_RATE_PER_REPLICA * replicas
+    start = time.perf_counter()
+    day = many_tenants(n, rate=rate, **FLEET_DAY)
+    day_s = time.perf_counter() - start
+    step_time = StepTime(preset("Llama-3-8B"), lookup("H100-80GB"))
+    rows = []
+    for router in routers:
+        start_wall, start_cpu = time.perf_counter(), time.process_time()
+        r = simulate_fleet(
+            day,
+            replicas=replicas,
+            router=router,
+            step_time=step_time,
+            progress=progress,
+            **FLEET_SETUP,
+        )
+        wall, cpu = time.perf_counter() - start_wall, time.process_time() - start_cpu
+        counts = r.requests_per_replica
+        rows.append(
+            {
+                "router": router,
+                "completed": r.completed,
+                "prefix_hit_rate": round(r.prefix_hit_rate, 4),
+                "ttft_p50_ms": round(r.ttft(50) * 1e3, 1),
+                "ttft_p99_ms": round(r.ttft(99) * 1e3, 1),
+                "tokens_per_s": round(r.tokens_per_second),
+                "preemptions": r.preemptions,
+                "busiest_replica_share": round(max(counts) / n, 4),
+                "wall_s": round(wall, 2),
+                "cpu_s": round(cpu, 2),
+                "requests_per_s (simulated per wall second)": round(n / wall),
+                "requests_per_cpu_s (simulated per CPU second, one core)": round(n / cpu),
+            }
+        )
+    return {
+        "benchmark": "fleet",
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "workload": {
+            "requests": n,
+            "replicas": replicas,
+            "generator": f"kvlab.serving.workload.many_tenants(n, rate={rate:g}, "
+            + ", ".join(f"{k}={v!r}" for k, v in FLEET_DAY.items())
+            + ")",
+            "day_generated_s": round(day_s, 2),
+            **FLEET_SETUP,
+            "step_time": "roofline: Llama-3-8B on H100-80GB",
+            "load_penalty": "default (kvlab.serving.fleet.DEFAULT_LOAD_PENALTY)",
+        },
+        "routers": rows,
+    }
+
+
+def print_fleet(report: dict) -> None:
+    day = report["workload"]
+    print(f"{day['requests']:,} requests on {day['replicas']} replicas ({day['step_time']}):")
+    head = ("hit rate", "TTFT p50", "TTFT p99", "tokens/s", "busiest", "wall s", "req/CPU s")
+    print(f"  {'router':14s}" + "".join(f"{h:>11s}" for h in head))
+    for row in report["routers"]:
+        figures = (
+            f"{row['prefix_hit_rate']:.1%}",
+            f"{row['ttft_p50_ms']:,}",
+            f"{row['ttft_p99_ms']:,}",
+            f"{row['tokens_per_s']:,}",
+            f"{row['busiest_replica_share']:.1%}",
+            f"{row['wall_s']:,}",
+            f"{row['requests_per_cpu_s (simulated per CPU second, one core)']:,}",
+        )
+        print(f"  {row['router']:14s}" + "".join(f"{f:>11s}" for f in figures))
+    print("  (TTFT in milliseconds; busiest: the share of requests its busiest replica got)")
+
+
 def main(
     name: str, out: str | None, budget_s: float | None = None, requests: int | None = None
 ) -> int:
@@ -324,6 +429,7 @@ def main(
         "attention-sweep": attention_sweep,
         "grade": grade,
         "chunked-prefill": chunked_prefill,
+        "fleet": fleet,
     }
     if name not in benchmarks:
         print(f"kvlab bench: unknown benchmark {name!r}; choose from {', '.join(benchmarks)}")
@@ -364,6 +470,8 @@ def main(
         print_caches(report)
     if "chunks" in report:
         print_chunks(report)
+    if "routers" in report:
+        print_fleet(report)
     for label, (value, met) in report.get("targets", {}).items():
         print(f"target {label}: {value} ({'met' if met else 'NOT met'})")
     _write_json(path, report)

@@ -35,13 +35,16 @@ PREFIX_CACHES = tuple(PREFIX_CACHE_KINDS)  # "hash", "radix"
 
 class CostedSteps:
     """The simulator's executor: computes nothing, costs each step with ``step_time`` (a mixed
-    step of prompt chunks and decodes costs its FLOPs and its bytes together). A
+    step of prompt chunks and decodes costs its FLOPs and its bytes together). With a CPU tier,
+    ``copied_up()`` is how many prompt tokens have been copied up from it so far: a step pays
+    for the K/V of the ones its admissions copied, over PCIe (``step_time``'s
+    ``swapped_tokens``, at its ``pcie_bytes_per_s``), before it computes. A
     :class:`kvlab.serving.interfaces.DecodeRunExecutor`: a decode step's cost depends only on its batch
     and the K/V it reads, so a run of them is costed without seeing them."""
 
     can_swap = False
 
-    def __init__(self, step_time=None):
+    def __init__(self, step_time=None, copied_up=None):
         if step_time is not None and not callable(getattr(step_time, "seconds", None)):
             raise TypeError(
                 "step_time must be None or a cost model with a seconds(new_tokens, attended, "
@@ -49,6 +52,9 @@ class CostedSteps:
             )
         self.step_time = step_time
         self.timed = step_time is not None
+        # with a CPU tier: tokens copied up so far (a function); a step pays for its new ones
+        self.copied_up = copied_up
+        self._copied_up = 0
 
     def execute(self, step) -> float | None:
         if self.step_time is None:
@@ -61,7 +67,12 @@ class CostedSteps:
             new += stop - start
             attended += (stop * (stop + 1) - start * (start + 1)) / 2
             kv += stop
-        return self.step_time.seconds(new, attended, kv, step.swapped_tokens)
+        moved = step.swapped_tokens
+        if self.copied_up is not None:  # copies up for this step's admissions: over PCIe too
+            copied = self.copied_up()
+            moved += copied - self._copied_up
+            self._copied_up = copied
+        return self.step_time.seconds(new, attended, kv, moved)
 
     def decode_run_seconds(self, batch: int, kv_tokens: int, steps: int) -> list[float] | None:
         """What :meth:`execute` returns for each of ``steps`` decode steps of ``batch``
@@ -136,8 +147,13 @@ class SimResult:
     prefix_caching: bool = False
     prefix_cache: str | None = None  # "hash" or "radix", with prefix caching
     prefix_query_tokens: int = 0  # prompt tokens looked up in the prefix cache (recomputes too)
-    prefix_hit_tokens: int = 0  # of those, found cached (not computed again)
+    prefix_hit_tokens: int = 0  # of those, found cached (not computed again): HBM and tier
     evictions: int = 0  # cached blocks handed out again
+    cpu_cache_blocks: int | None = None  # the CPU tier's blocks, with one
+    prefix_tier_hit_tokens: int = 0  # of the hits, copied up from the CPU tier
+    copied_up_bytes: float | None = None  # their K/V over PCIe (with a step-time model's spec)
+    demoted_blocks: int = 0  # evicted blocks copied down to the CPU tier
+    tier_evictions: int = 0  # blocks the CPU tier dropped (their prefix lost)
     fast_forward_steps: int = 0  # of the steps, those run at once (kvlab.serving.fast_forward)
     fast_forward_runs: int = 0  # in how many runs
 
@@ -147,6 +163,11 @@ class SimResult:
         return (
             self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
         )
+
+    @property
+    def prefix_hbm_hit_tokens(self) -> int:
+        """Of the hits, the tokens found in HBM (shared in place, nothing moved)."""
+        return self.prefix_hit_tokens - self.prefix_tier_hit_tokens
 
     @property
     def completed(self) -> int:
@@ -252,6 +273,13 @@ class SimResult:
         }
         if self.prefix_caching:
             row.update(prefix_hit_rate=self.prefix_hit_rate, evictions=self.evictions)
+        if self.cpu_cache_blocks is not None:
+            row.update(
+                cpu_cache_blocks=self.cpu_cache_blocks,
+                prefix_hbm_hit_tokens=self.prefix_hbm_hit_tokens,
+                prefix_tier_hit_tokens=self.prefix_tier_hit_tokens,
+                copied_up_bytes=self.copied_up_bytes,
+            )
         if self.max_num_batched_tokens is not None:
             gaps = any(count for _, count in self.token_gaps)
             row.update(
@@ -279,11 +307,16 @@ def make_cache(
     max_seq_len: int,
     block_size: int = 16,
     prefix_caching: bool | str = False,
+    cpu_cache_blocks: int | None = None,
 ):
     """One of the four caches over ``kv_capacity_tokens`` token slots of memory (the paged one
     with prefix caching if asked: True or ``"hash"`` for the hash chain, ``"radix"`` for the
-    radix tree)."""
+    radix tree; ``cpu_cache_blocks``: a CPU tier of that many blocks below it)."""
     prefix_cache = _prefix_cache(prefix_caching)
+    if cpu_cache_blocks is not None:
+        positive_int("cpu_cache_blocks", cpu_cache_blocks)
+        if prefix_cache is None:
+            raise ValueError("cpu_cache_blocks is a tier of the prefix cache: set prefix_caching")
     if cache not in CACHES:
         raise ValueError(f"cache must be one of {tuple(CACHES)}, got {cache!r}")
     positive_int("kv_capacity_tokens", kv_capacity_tokens)
@@ -303,6 +336,7 @@ def make_cache(
             block_size,
             enable_prefix_caching=True,
             prefix_cache=prefix_cache,
+            cpu_cache_blocks=cpu_cache_blocks,
         )
     if prefix_cache is not None:
         raise ValueError(f"prefix_caching needs the paged cache, not cache={cache!r}")
@@ -390,6 +424,7 @@ def simulate(
     max_num_batched_tokens: int | None = None,
     chunked_prefill: bool = False,
     fast_forward: bool = True,
+    cpu_cache_blocks: int | None = None,
 ) -> SimResult:
     """Serve ``requests`` to completion on one cache; return a :class:`SimResult`.
 
@@ -411,7 +446,13 @@ def simulate(
     steps (``result.scheduled_tokens``, ``result.itls()``). Stretches of steps that only decode
     run at once (:mod:`kvlab.serving.fast_forward`; never with ``record``, ``schedule``,
     ``preempt`` or prefix caching), with results identical to stepping: ``fast_forward=False``
-    steps one at a time. Deterministic.
+    steps one at a time. ``cpu_cache_blocks`` (with prefix caching) puts a CPU tier of that
+    many blocks below HBM (:class:`kvlab.core.prefix_cache.TieredPrefixCache`): evicted cached
+    blocks go down to it, and a prompt whose prefix continues there copies those blocks up
+    instead of computing them; a step then also pays their K/V over PCIe (``step_time``'s
+    ``pcie_bytes_per_s``, 25 GB/s by default: PCIe 4.0 x16 in practice), while a miss pays its
+    prefill FLOPs as always (``result.prefix_tier_hit_tokens``, ``result.copied_up_bytes``).
+    Deterministic.
     """
     if not isinstance(requests, list | tuple):
         raise TypeError(
@@ -432,10 +473,16 @@ def simulate(
         raise TypeError(f"chunked_prefill must be a bool, got {chunked_prefill!r}")
     if chunked_prefill and max_num_batched_tokens is None:
         raise ValueError("chunked_prefill needs a token budget: give max_num_batched_tokens")
-    kv_cache = make_cache(cache, kv_capacity_tokens, max_seq_len, block_size, prefix_caching)
+    kv_cache = make_cache(
+        cache, kv_capacity_tokens, max_seq_len, block_size, prefix_caching, cpu_cache_blocks
+    )
     _check_fits(requests, cache, kv_capacity_tokens, max_seq_len, block_size)
     _check_budget(requests, max_num_batched_tokens, chunked_prefill, preemption)
-    executor = CostedSteps(step_time)
+    copied_up = None
+    if cpu_cache_blocks is not None:
+        tier = kv_cache.manager.prefix_cache
+        copied_up = lambda: tier.tier_hits  # noqa: E731
+    executor = CostedSteps(step_time, copied_up)
     recorder = Recorder(kv_cache) if record else None
     sequences = [
         Sequence(f"r{i}", r.prompt_len, r.output_len, r.arrival) for i, r in enumerate(requests)
@@ -482,16 +529,26 @@ def simulate(
         stats = kv_cache.prefix_cache_stats
         result.prefix_query_tokens, result.prefix_hit_tokens = stats.queries, stats.hits
         result.evictions = stats.evictions
+    if cpu_cache_blocks is not None:
+        result.cpu_cache_blocks = cpu_cache_blocks
+        result.prefix_tier_hit_tokens = stats.tier_hits
+        result.demoted_blocks, result.tier_evictions = stats.demotions, stats.tier_evictions
+        spec = getattr(step_time, "spec", None)
+        if spec is not None:
+            result.copied_up_bytes = float(stats.tier_hits * spec.kv_bytes_per_token)
     return result
 
 
 def _token_ids(index: int, request: Request) -> list[int]:
-    """A request's prompt ids (its own, or ids nobody else has) and ids for its answer, which no
-    other request shares (beyond any vocabulary: answers are never compared)."""
+    """A request's prompt ids (its own, or ids nobody else has) and ids for its answer: its
+    ``output_ids`` when given (a recorded conversation, whose next prompt carries the answer),
+    else ids no other request shares (beyond any vocabulary: such answers are never compared)."""
     own = (index + 1) << 32
     prompt = request.prompt_ids
     if prompt is None:
         prompt = range(own, own + request.prompt_len)
+    if request.output_ids is not None:  # a replayed answer: a later prompt may carry it
+        return [*prompt, *request.output_ids]
     start = own + (1 << 31)
     return [*prompt, *range(start, start + request.output_len)]
 

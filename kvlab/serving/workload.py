@@ -25,12 +25,14 @@ ALPACA_MEANS = (19.31, 58.45)
 @dataclass(frozen=True)
 class Request:
     """One guest: a prompt to read and a number of tokens to generate. ``prompt_ids``, when
-    given, are the prompt's token ids (what prefix caching compares, Lab 07)."""
+    given, are the prompt's token ids (what prefix caching compares, Lab 07); ``output_ids``
+    the answer's, when it is a recorded one (a multi-round chat's next prompt carries it)."""
 
     prompt_len: int
     output_len: int
     arrival: float = 0.0
     prompt_ids: tuple[int, ...] | None = field(default=None, repr=False)
+    output_ids: tuple[int, ...] | None = field(default=None, repr=False)
 
     def __post_init__(self):
         positive_int("prompt_len", self.prompt_len)
@@ -43,22 +45,29 @@ class Request:
                 raise ValueError(
                     f"prompt_ids holds {len(ids)} ids for prompt_len={self.prompt_len}"
                 )
+        if self.output_ids is not None:
+            ids = _token_ids(self.output_ids, "output_ids")
+            object.__setattr__(self, "output_ids", ids)
+            if len(ids) != self.output_len:
+                raise ValueError(
+                    f"output_ids holds {len(ids)} ids for output_len={self.output_len}"
+                )
 
     @property
     def total_len(self) -> int:
         return self.prompt_len + self.output_len
 
 
-def _token_ids(ids) -> tuple[int, ...]:
+def _token_ids(ids, name: str = "prompt_ids") -> tuple[int, ...]:
     """Token ids as a tuple of ints (NumPy integers too; never bools or strings)."""
+    if type(ids) is tuple and set(map(type, ids)) <= {int}:  # already so: a day of 100,000
+        return ids
     try:
         if isinstance(ids, (str, bytes)) or any(isinstance(t, bool) for t in ids):
             raise TypeError
         return tuple(operator.index(t) for t in ids)
     except TypeError:
-        raise TypeError(
-            f"prompt_ids must be a sequence of int token ids, got {ids!r:.80}"
-        ) from None
+        raise TypeError(f"{name} must be a sequence of int token ids, got {ids!r:.80}") from None
 
 
 def _phi(z: float) -> float:
@@ -213,6 +222,140 @@ def shared_prefix_like(
         ids = prefix + own
         requests.append(Request(len(ids), output, round(t, 6), prompt_ids=ids))
     return requests
+
+
+def many_tenants(
+    num_requests: int,
+    *,
+    tenants: int = 32,
+    system_prompt_len: int = 1_024,
+    user_len: tuple[int, int] = (16, 128),
+    output_len: tuple[int, int] = (16, 128),
+    rate: float | None = None,
+    seed: int = 0,
+    zipf: float = 1.0,
+) -> list[Request]:
+    """A day of many tenants (Lab 10's fleet): ``tenants`` system prompts of
+    ``system_prompt_len`` token ids each, and every request is its tenant's system prompt followed
+    by ids of its own (``user_len`` tokens, drawn uniformly from the inclusive range), with an
+    answer of ``output_len`` tokens (likewise). A tenant's share of the requests falls as
+    ``1 / rank ** zipf`` (``zipf=0``: every tenant alike; 1: the first of 32 tenants sends about a
+    quarter of them). Sized for a fleet whose every replica holds only a few tenants' prompts:
+    a router that sends each tenant to the replica holding its prompt finds it cached, one that
+    spreads every tenant over every replica mostly does not. ``rate`` gives Poisson arrivals
+    (requests per second, or per step without a cost model); None puts every arrival at 0.
+    Token ids are seeded draws from a 32,000-token vocabulary; the same arguments give the same
+    day, and the tenants' prompts do not depend on ``num_requests``."""
+    positive_int("num_requests", num_requests)
+    positive_int("tenants", tenants)
+    positive_int("system_prompt_len", system_prompt_len)
+    user_low, user_high = _length_range("user_len", user_len, minimum=0)
+    out_low, out_high = _length_range("output_len", output_len, minimum=1)
+    if rate is not None and non_negative_number("rate", rate) == 0:
+        raise ValueError("rate must be > 0 requests per second (or None for all at t=0)")
+    non_negative_number("zipf", zipf)
+    rng = random.Random(seed)
+    prompts = [
+        tuple(rng.randrange(VOCAB_SIZE) for _ in range(system_prompt_len)) for _ in range(tenants)
+    ]
+    weights = [1.0 / (rank + 1) ** zipf for rank in range(tenants)]
+    chosen = rng.choices(range(tenants), weights=weights, k=num_requests)
+    draw = rng.randrange
+    t, requests = 0.0, []
+    for tenant in chosen:
+        own = tuple(draw(VOCAB_SIZE) for _ in range(rng.randint(user_low, user_high)))
+        ids = prompts[tenant] + own
+        if rate is not None:
+            t += rng.expovariate(rate)
+        requests.append(
+            Request(len(ids), rng.randint(out_low, out_high), round(t, 6), prompt_ids=ids)
+        )
+    return requests
+
+
+def _length_range(name: str, pair, *, minimum: int) -> tuple[int, int]:
+    """``(low, high)`` token counts with ``minimum <= low <= high``."""
+    try:
+        low, high = pair
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"{name} must be a pair (low, high) of token counts, got {pair!r}"
+        ) from None
+    for value in (low, high):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be a pair (low, high) of ints, got {pair!r}")
+    if not minimum <= low <= high:
+        raise ValueError(f"{name} must be (low, high) with {minimum} <= low <= high, got {pair!r}")
+    return low, high
+
+
+def multi_round_qa(
+    num_users: int,
+    rounds: int,
+    *,
+    context_len: int = 2_000,
+    question_len: int = 50,
+    answer_len: int = 150,
+    think_time: float = 60.0,
+    seed: int = 0,
+) -> list[Request]:
+    """A multi-round QA day (LMCache's benchmark in spirit): ``num_users`` users, each with a
+    document of its own (``context_len`` tokens), ask ``rounds`` questions in turn. Each
+    question's prompt carries the whole conversation so far: the document, every earlier
+    question and answer, then the new question (``question_len`` tokens). So a round's prompt
+    starts with the previous round's prompt and answer (``output_ids``: the answer is replayed,
+    ``answer_len`` tokens), the prefix a cache can keep.
+
+    Users start spread over one ``think_time`` (seconds; user ``u`` at about ``u / num_users``
+    of it, seeded jitter) and come back ``think_time`` after their last question: enough, on
+    any GPU the course models, for the answer to be done, so the conversation is all cached
+    by then, if the cache kept it. With many users a cache in HBM keeps only the most recent
+    conversations: least-recently-used eviction drops exactly the user who asks next. Requests
+    come sorted by arrival; token ids are seeded draws from a 32,000-token vocabulary.
+    """
+    positive_int("num_users", num_users)
+    positive_int("rounds", rounds)
+    for name, value in (("context_len", context_len), ("question_len", question_len)):
+        positive_int(name, value)
+    positive_int("answer_len", answer_len)
+    if non_negative_number("think_time", think_time) == 0:
+        raise ValueError("think_time must be > 0 seconds")
+    rng = random.Random(seed)
+
+    def draw(n: int) -> tuple[int, ...]:
+        return tuple(rng.randrange(VOCAB_SIZE) for _ in range(n))
+
+    requests = []
+    gap = think_time / num_users
+    for user in range(num_users):
+        history = draw(context_len)
+        start = gap * (user + rng.random() * 0.5)
+        for r in range(rounds):
+            prompt = history + draw(question_len)
+            answer = draw(answer_len)
+            arrival = round(start + r * think_time, 6)
+            requests.append(
+                Request(len(prompt), answer_len, arrival, prompt_ids=prompt, output_ids=answer)
+            )
+            history = prompt + answer
+    requests.sort(key=lambda r: r.arrival)
+    return requests
+
+
+def conversation_tokens(requests: list[Request]) -> int:
+    """Tokens a cache must keep to hold every conversation of a :func:`multi_round_qa` day
+    whole: the prompt and answer of each request that no later prompt carries on (each
+    user's last round; earlier rounds are prefixes of it)."""
+    ended = {r.prompt_ids + (r.output_ids or ()) for r in requests if r.prompt_ids is not None}
+    lengths = {len(ids) for ids in ended}
+    carried = {
+        r.prompt_ids[:n]
+        for r in requests
+        if r.prompt_ids is not None
+        for n in lengths
+        if n < r.prompt_len
+    }
+    return sum(len(ids) for ids in ended - carried)
 
 
 def mean_lengths(requests: list[Request]) -> tuple[float, float]:

@@ -26,6 +26,12 @@ class PrefixCacheStats:
     hits: int
     evictions: int
     cached_blocks: int
+    # with a lower tier (kvlab.core.prefix_cache.tiered): of the hits, the tokens copied up from
+    # it; blocks it holds now; blocks sent down to it; blocks it dropped (their prefix lost)
+    tier_hits: int = 0
+    tier_blocks: int = 0
+    demotions: int = 0
+    tier_evictions: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -36,10 +42,13 @@ class PrefixCacheStats:
 class PrefixMatch:
     """The longest cached prefix of a prompt: its blocks (whole blocks, never the prompt's last
     token) and where the match ended, in the cache's own terms (a hash chain's hashes, a tree
-    node). Valid until the cache changes."""
+    node). A cache with a lower tier (CPU memory) may continue the prefix there: ``fetched``
+    more blocks, which the block manager takes fresh from the pool and the cache fills by a
+    copy up instead of a recompute. Valid until the cache changes."""
 
     blocks: list[Block]
     end: Any = None
+    fetched: int = 0  # blocks after ``blocks`` a lower tier copies up (into new blocks)
 
 
 @runtime_checkable

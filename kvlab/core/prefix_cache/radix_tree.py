@@ -178,6 +178,16 @@ class RadixTreeCache:
             node, i = child, end
         return node
 
+    def split(self, node: Node, k: int) -> Node:
+        """Cut ``node`` after its first ``k`` blocks (``0 < k < len(node.blocks)``): the new
+        upper node (returned) holds them, ``node`` the rest below it. Lab 10's walk splits an
+        edge a prompt leaves part way; nothing else changes (same blocks, holders and order)."""
+        if not isinstance(node, Node) or node.parent is None:
+            raise TypeError(f"split takes a node of the tree (not the root), got {node!r}")
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 < k < len(node.blocks):
+            raise ValueError(f"k must be an int in 1..{len(node.blocks) - 1}, got {k!r}")
+        return self._split(node, k)
+
     def _split(self, node: Node, k: int) -> Node:
         """Cut ``node`` after its first ``k`` blocks; returns the new upper node. ``node`` keeps
         the lower part, so every path that ended in it still does."""
@@ -223,10 +233,13 @@ class RadixTreeCache:
         if not 0 <= num_blocks <= self.evictable_blocks:
             raise ValueError(f"cannot evict {num_blocks} blocks: {self.evictable_blocks} evictable")
         heap, left, append = self._evictable_leaves(), num_blocks, self.pool.free_queue.append
+        on_evict = self.pool.on_evict
         while left:
             _, _, leaf = heapq.heappop(heap)
             key = leaf.tokens[0]
             for _ in range(min(left, len(leaf.blocks))):
+                if on_evict is not None:
+                    on_evict(leaf.blocks[-1])
                 block = leaf.blocks.pop()
                 leaf.tokens.pop()
                 block.node = None

@@ -1,0 +1,219 @@
+"""10.prefix_score: ``prefix_router(request, views, now, load_penalty=128.0) -> index``, the
+prefix-aware router (llm-d's prefix-cache scorer minus a load scorer): the replica with the
+highest ``cached_prefix_tokens(request) - load_penalty * load``.
+
+The checks hand the router replicas of their own making (:class:`StubView`: what a
+:class:`~kvlab.serving.ReplicaView` shows, with a cached prefix, guests running and waiting),
+built so that no two replicas tie, then run it in :func:`~kvlab.serving.simulate_fleet` on a
+small many-tenant day. A wrong pick is named when one usual slip (:data:`SLIPS`) picks it and,
+where several do, picks as the learner's router does on the other cases.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+
+from kvlab.grading.expect import CheckFailed, short
+from kvlab.grading.lab10 import hints
+from kvlab.grading.registry import exercise
+
+score_ex = exercise("10.prefix_score", "the prefix-aware router's score")
+
+PENALTY = 128.0
+RAISED = object()
+
+
+class StubView:
+    """One replica as a router sees it (the read-only part of ReplicaView the lab uses)."""
+
+    __slots__ = ("index", "num_running", "num_waiting", "_cached", "capacity_tokens")
+
+    def __init__(self, index: int, cached: int, running: int, waiting: int = 0):
+        self.index, self._cached = index, cached
+        self.num_running, self.num_waiting = running, waiting
+        self.capacity_tokens = 40_000
+
+    @property
+    def load(self) -> int:
+        return self.num_running + self.num_waiting
+
+    @property
+    def free_tokens(self) -> int:
+        return self.capacity_tokens - 500 * self.load
+
+    def cached_prefix_tokens(self, request) -> int:
+        return self._cached
+
+    def __repr__(self) -> str:
+        return (
+            f"replica {self.index}: {self._cached:,} tokens cached, {self.num_running} running, "
+            f"{self.num_waiting} waiting"
+        )
+
+
+def reference_router(request, views, now, load_penalty=PENALTY, *, slip=None):
+    """The highest score (ties: the least loaded, then the lowest index); ``slip`` one of the
+    usual slips' names."""
+
+    def score(v):
+        cached = v.cached_prefix_tokens(request)
+        if slip == "blocks":
+            cached = cached / 16
+        load = v.num_running if slip == "running" else v.load
+        return cached - (0 if slip == "no_load" else load_penalty) * load
+
+    if slip == "argmin":
+        return min(views, key=lambda v: (score(v), v.index)).index
+    return max(views, key=lambda v: (score(v), -v.load, -v.index)).index
+
+
+SLIPS = (
+    (hints.NO_LOAD, "no_load"),
+    (hints.RUNNING_ONLY, "running"),
+    (hints.ARGMIN, "argmin"),
+    (hints.IN_BLOCKS, "blocks"),
+)
+
+# (story, views as (cached, running, waiting)); no two replicas tie on the right score
+CASES = {
+    "worth": (
+        "a cached prefix worth a few guests",
+        [(1024, 2, 0), (0, 0, 0), (0, 1, 0)],
+    ),
+    "hot": (
+        "a hot replica: the tenant's prompt is there, so are 10 guests",
+        [(1024, 2, 8), (0, 1, 0), (0, 3, 0)],
+    ),
+    "nearly": (
+        "two replicas hold nearly the same prefix, one is busy",
+        [(1024, 8, 0), (960, 0, 0), (0, 0, 0)],
+    ),
+    "queue": (
+        "a short batch with a long queue behind it",
+        [(1024, 1, 9), (512, 2, 0), (0, 2, 0)],
+    ),
+}
+
+
+def _views(rows):
+    return [StubView(i, *row) for i, row in enumerate(rows)]
+
+
+def _pick(fn, rows):
+    try:
+        got = fn(None, _views(rows), 0.0)
+    except NotImplementedError:
+        raise
+    except Exception:
+        return RAISED
+    return got
+
+
+def _slip(fn, rows, got):
+    right = reference_router(None, _views(rows), 0.0)
+    found = [
+        (h, s)
+        for h, s in SLIPS
+        if reference_router(None, _views(rows), 0.0, slip=s) == got != right
+    ]
+    if len(found) > 1:
+        for _, other in CASES.values():
+            mine = _pick(fn, other)
+            if mine is RAISED:
+                continue
+            found = [
+                (h, s)
+                for h, s in found
+                if reference_router(None, _views(other), 0.0, slip=s) == mine
+            ]
+    return found[0][0] if len(found) == 1 else None
+
+
+def expect_pick(fn, story: str, rows) -> None:
+    views = _views(rows)
+    where = f"{story}; load_penalty {PENALTY:g}: " + "; ".join(map(repr, views))
+    want = reference_router(None, _views(rows), 0.0)
+    got = fn(None, views, 0.0)
+    if isinstance(got, float) and got.is_integer():
+        got = int(got)
+    if not isinstance(got, int) or isinstance(got, bool) or not 0 <= got < len(views):
+        raise CheckFailed(
+            f"the router returns a replica's index (an int from 0 to {len(views) - 1})",
+            input=where,
+            expected=str(want),
+            got=short(got, typed=True),
+        )
+    if got != want:
+        hint = _slip(fn, rows, got)
+        raise CheckFailed(
+            "a different replica",
+            input=where,
+            expected=f"replica {want}",
+            got=f"replica {got}",
+            hint=hint,
+        )
+
+
+def random_rows(seed: int):
+    """Replicas whose right scores are all different (cached prefixes in whole rooms of 16)."""
+    rng = random.Random(seed)
+    while True:
+        rows = [
+            (16 * rng.randrange(0, 80), rng.randrange(0, 8), rng.randrange(0, 6))
+            for _ in range(rng.randint(2, 6))
+        ]
+        scores = [c - PENALTY * (r + w) for c, r, w in rows]
+        if len(set(scores)) == len(scores):
+            return rows
+
+
+for _name, (_story, _rows) in CASES.items():
+
+    def _check(fn, story=_story, rows=_rows):
+        expect_pick(fn, story, rows)
+
+    score_ex.check(_story)(_check)
+
+
+@score_ex.check("40 random fleets of 2 to 6 replicas")
+def _random(fn):
+    for seed in range(40):
+        expect_pick(
+            fn,
+            f"random fleet {seed} (kvlab.grading.lab10.fleet.random_rows({seed}))",
+            random_rows(seed),
+        )
+
+
+@functools.cache
+def small_day():
+    from kvlab.serving.workload import many_tenants
+
+    return many_tenants(240, tenants=12, system_prompt_len=512, rate=0.5, seed=3)
+
+
+FLEET = dict(replicas=4, kv_capacity_tokens=4_096, max_seq_len=1_024)
+
+
+@functools.cache
+def round_robin_hit_rate() -> float:
+    from kvlab.serving import simulate_fleet
+
+    return simulate_fleet(list(small_day()), router="round_robin", **FLEET).prefix_hit_rate
+
+
+@score_ex.check("in simulate_fleet: 4 replicas, 12 tenants, more hits than round robin")
+def _fleet(fn):
+    from kvlab.serving import simulate_fleet
+
+    result = simulate_fleet(list(small_day()), router=fn, **FLEET)
+    rr = round_robin_hit_rate()
+    if not result.prefix_hit_rate > rr + 0.05:
+        raise CheckFailed(
+            "the router found no more cached prefixes than round robin",
+            input="simulate_fleet(many_tenants(240, tenants=12, system_prompt_len=512, rate=0.5, seed=3), "
+            "replicas=4, router=prefix_router, kv_capacity_tokens=4_096, max_seq_len=1_024)",
+            expected=f"a prefix hit rate well above round robin's {rr:.0%}",
+            got=f"{result.prefix_hit_rate:.0%}",
+        )

@@ -1,0 +1,300 @@
+"""10.match_prefix: ``match_prefix(tree, token_ids) -> Node``, the walk of kvlab's radix tree
+(:class:`~kvlab.core.prefix_cache.RadixTreeCache`) page by page to the node where a prompt's
+longest cached prefix ends, splitting an edge the prompt leaves part way.
+
+Every case builds a tree with kvlab's block manager (prompts checked in, some checked out) and
+keeps a shadow of the token ids each room holds, taken before the learner's code runs. The
+learner's node is judged by its path (the rooms from the root, which the shadow says must hold
+the prompt's pages), by its end (no edge below it half matched) and by the tree after the call
+(kvlab's invariants, and the same rooms findable in the same eviction order). A wrong path is
+named when one usual slip (a slipped walk, :data:`SLIPS`) gives it on the same case and, where
+several do, answers the other cases as the learner's code does.
+"""
+
+from __future__ import annotations
+
+import random
+
+from kvlab.core.block_manager import BlockManager
+from kvlab.core.prefix_cache.radix_tree import Node, RadixTreeCache
+from kvlab.grading.expect import CheckFailed, short
+from kvlab.grading.lab10 import hints
+from kvlab.grading.registry import exercise
+
+match_ex = exercise("10.match_prefix", "the radix tree's walk, with a split")
+
+RAISED = object()
+
+
+# --- the walk and its slips -------------------------------------------------------------------
+
+
+def reference_match(tree, token_ids, *, past_limit=False, whole_edge=False, no_split=None):
+    """The walk (``no_split``: None, "child" or "parent" for the slips)."""
+    size = tree.block_size
+    limit = (len(token_ids) - (0 if past_limit else 1)) // size
+    node, j = tree.root, 0
+    while j < limit:
+        child = node.children.get(tuple(token_ids[j * size : (j + 1) * size]))
+        if child is None:
+            break
+        k, n = 1, len(child.blocks)
+        if whole_edge:
+            k = n
+        while k < n and j + k < limit:
+            if child.tokens[k] != tuple(token_ids[(j + k) * size : (j + k + 1) * size]):
+                break
+            k += 1
+        if k < n:
+            if no_split == "child":
+                return child
+            if no_split == "parent":
+                return node
+            return tree.split(child, k)
+        node, j = child, j + k
+    return node
+
+
+SLIPS = (
+    (hints.PAST_LIMIT, dict(past_limit=True)),
+    (hints.WHOLE_EDGE, dict(whole_edge=True)),
+    (hints.NO_SPLIT_CHILD, dict(no_split="child")),
+    (hints.NO_SPLIT_PARENT, dict(no_split="parent")),
+)
+
+
+# --- the cases --------------------------------------------------------------------------------
+
+
+def page(*ids):
+    return list(ids)
+
+
+P = [[10 * i + t for t in range(4)] for i in range(1, 8)]  # pages P0..P6 of 4 tokens
+Q3, Z, TAIL = [71, 72, 73, 74], [9, 9, 9, 9], [5]
+
+
+def _flat(*pages):
+    return [t for p in pages for t in p]
+
+
+class Case:
+    """A tree built from ``held`` prompts (still checked in) and ``gone`` ones (checked out, their
+    rooms cached and evictable), 4 beds a room, and a prompt to walk."""
+
+    def __init__(self, story: str, prompt, gone=(), held=(), num_blocks=32, block_size=4):
+        self.story, self.prompt = story, list(prompt)
+        self.gone, self.held = [list(p) for p in gone], [list(p) for p in held]
+        self.num_blocks, self.block_size = num_blocks, block_size
+
+    def build(self) -> BlockManager:
+        m = BlockManager(
+            self.num_blocks, self.block_size, enable_prefix_caching=True, prefix_cache="radix"
+        )
+        for i, ids in enumerate(self.gone):
+            m.allocate(f"gone{i}", ids)
+            m.free(f"gone{i}")
+        for i, ids in enumerate(self.held):
+            m.allocate(f"held{i}", ids)
+        return m
+
+    def describe(self) -> str:
+        parts = [self.story]
+        size = self.block_size
+        pages = [tuple(self.prompt[i : i + size]) for i in range(0, len(self.prompt), size)]
+        text = " ".join("".join(f"{t}," for t in p).rstrip(",") for p in pages)
+        if len(text) > 90:
+            text = text[:88] + "…"
+        parts.append(f"match_prefix(tree, prompt of {len(self.prompt)} tokens: {text})")
+        return "; ".join(parts)
+
+
+def path_of(node) -> tuple[int, ...]:
+    return tuple(b.block_id for b in node.path_blocks())
+
+
+def answer(fn, case: Case):
+    """The rooms along the path of the node ``fn`` returns on a fresh build of ``case``."""
+    tree = case.build().prefix_cache
+    try:
+        got = fn(tree, list(case.prompt))
+    except Exception:
+        return RAISED
+    return path_of(got) if isinstance(got, Node) else RAISED
+
+
+def slip_answer(options: dict, case: Case):
+    return answer(lambda tree, ids: reference_match(tree, ids, **options), case)
+
+
+CASES = {
+    "empty": Case("an empty tree (nothing cached yet)", _flat(P[0], P[1], TAIL)),
+    "edge": Case(
+        "cached: an earlier prompt of three rooms and a token (one edge of three rooms)",
+        _flat(P[0], P[1], P[2], Z, TAIL),
+        gone=[_flat(P[0], P[1], P[2], TAIL)],
+    ),
+    "partial": Case(
+        "cached: an earlier prompt of three rooms and a token; this prompt shares its first two",
+        _flat(P[0], P[1], Z, TAIL),
+        gone=[_flat(P[0], P[1], P[2], TAIL)],
+    ),
+    "fork": Case(
+        "cached: two earlier prompts sharing three rooms, then one room each (P3 and Q3)",
+        _flat(P[0], Z, Z, Q3, TAIL),
+        gone=[_flat(P[0], P[1], P[2], P[3], P[4], TAIL), _flat(P[0], P[1], P[2], Q3, TAIL)],
+    ),
+    "deep": Case(
+        "cached: two earlier prompts sharing three rooms, then P3 P4 and Q3; this prompt "
+        "follows P3 and leaves before P4",
+        _flat(P[0], P[1], P[2], P[3], Z, TAIL),
+        gone=[_flat(P[0], P[1], P[2], P[3], P[4], TAIL), _flat(P[0], P[1], P[2], Q3, TAIL)],
+    ),
+    "boundary": Case(
+        "cached: two earlier prompts sharing three rooms, then P3 and Q3; this prompt is "
+        "P0 P1 P2 P3 exactly (it ends on a room's last bed)",
+        _flat(P[0], P[1], P[2], P[3]),
+        gone=[_flat(P[0], P[1], P[2], P[3], TAIL), _flat(P[0], P[1], P[2], Q3, TAIL)],
+    ),
+    "held": Case(
+        "a guest holds P0 P1 P2 (checked in), an earlier prompt P0 P1 P5 P6 is cached",
+        _flat(P[0], P[1], P[5], Z, TAIL),
+        gone=[_flat(P[0], P[1], P[5], P[6], TAIL)],
+        held=[_flat(P[0], P[1], P[2], TAIL)],
+    ),
+}
+
+
+def random_case(seed: int) -> Case:
+    """Prompts over two token ids in rooms of 2 beds: many shared pages, many partial edges."""
+    rng = random.Random(seed)
+
+    def prompt():
+        return [rng.randrange(2) for _ in range(rng.randint(1, 11))]
+
+    gone = [prompt() for _ in range(rng.randint(1, 5))]
+    held = [prompt() for _ in range(rng.randint(0, 2))]
+    return Case(
+        f"a random tree (kvlab.grading.lab10.radix.random_case({seed}), 2 beds a room)",
+        prompt(),
+        gone=gone,
+        held=held,
+        num_blocks=64,
+        block_size=2,
+    )
+
+
+# --- judging one case -------------------------------------------------------------------------
+
+
+def _slip(fn, case: Case, got) -> tuple[str | None, str | None]:
+    right = slip_answer({}, case)
+    found = [(h, o) for h, o in SLIPS if slip_answer(o, case) == got != right]
+    if len(found) > 1:  # told apart on the lab's other cases
+        for other in CASES.values():
+            mine = answer(fn, other)
+            if mine is RAISED:
+                continue
+            found = [(h, o) for h, o in found if slip_answer(o, other) == mine]
+    if len(found) == 1:
+        return found[0][0], found[0][0]
+    return None, None
+
+
+def expect_match(fn, case: Case) -> None:
+    where = case.describe()
+    manager = case.build()
+    tree: RadixTreeCache = manager.prefix_cache
+    size = tree.block_size
+    shadow = {b.block_id: t for n in tree.nodes() for b, t in zip(n.blocks, n.tokens, strict=True)}
+    order = tree.cached_block_ids()
+    want_blocks = [b.block_id for b in tree.match(case.prompt).blocks]
+    got = fn(tree, list(case.prompt))
+
+    def fail(message, **details):
+        raise CheckFailed(
+            message, input=where, expected=f"the node ending at rooms {want_blocks}", **details
+        )
+
+    if not isinstance(got, Node):
+        fail(
+            "match_prefix returns a node of the tree (tree.root, or one of its nodes)",
+            got=short(got, typed=True),
+        )
+    in_tree = got is tree.root or any(n is got for n in tree.nodes())
+    if not in_tree:
+        fail("that node is not in the tree (any more)", got=repr(got))
+    path = list(path_of(got))
+    if path != want_blocks:
+        wrong = next(
+            (
+                i
+                for i, room in enumerate(path)
+                if shadow.get(room) != tuple(case.prompt[i * size : (i + 1) * size])
+            ),
+            None,
+        )
+        detail = ""
+        if wrong is not None:
+            page_ids = case.prompt[wrong * size : (wrong + 1) * size]
+            held = shadow.get(path[wrong])
+            detail = (
+                f" (room {path[wrong]} holds {list(held) if held else 'nothing cached'}, the "
+                f"prompt's page {wrong} is {page_ids or 'past its end'}"
+                + (", its last token" if len(case.prompt) - 1 < (wrong + 1) * size else "")
+                + ")"
+            )
+        hint, cause = _slip(fn, case, tuple(path))
+        fail(
+            "a different prefix" + detail,
+            got=f"the node ending at rooms {path}",
+            hint=hint,
+            cause=cause,
+        )
+    try:
+        tree.check_invariants()
+    except AssertionError as e:
+        fail("the tree is broken after the walk", got=str(e))
+    after = {b.block_id: t for n in tree.nodes() for b, t in zip(n.blocks, n.tokens, strict=True)}
+    if after != shadow or tree.cached_block_ids() != order:
+        fail(
+            "the walk changed which rooms the tree holds, or their order of eviction",
+            got="rooms or their order changed",
+        )
+
+
+@match_ex.check("an empty tree: the root")
+def _empty(fn):
+    expect_match(fn, CASES["empty"])
+
+
+@match_ex.check("a prompt that follows a whole edge")
+def _edge(fn):
+    expect_match(fn, CASES["edge"])
+
+
+@match_ex.check("a prompt that leaves an edge part way: a split")
+def _partial(fn):
+    expect_match(fn, CASES["partial"])
+    expect_match(fn, CASES["fork"])
+
+
+@match_ex.check("down two edges, the second split")
+def _deep(fn):
+    expect_match(fn, CASES["deep"])
+
+
+@match_ex.check("a prompt that ends on a room's last bed")
+def _boundary(fn):
+    expect_match(fn, CASES["boundary"])
+
+
+@match_ex.check("rooms a guest holds and rooms nobody holds, in one tree")
+def _held(fn):
+    expect_match(fn, CASES["held"])
+
+
+@match_ex.check("30 random trees, 2 beds a room, checked against tree.match")
+def _random(fn):
+    for seed in range(30):
+        expect_match(fn, random_case(seed))

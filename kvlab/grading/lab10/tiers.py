@@ -1,0 +1,169 @@
+"""10.fetch_or_recompute: ``fetch_beats_recompute(spec, gpu, num_tokens, pcie_bytes_per_s)``,
+the rule behind a CPU tier: whether copying ``num_tokens`` tokens of K/V up over PCIe is faster
+than computing them again at the GPU's peak (:func:`kvlab.perf.tiers.fetch_beats_recompute`
+with its defaults: blocks of 16, no per-copy overhead, an empty context).
+
+The checks ask on cards of kvlab's own (:mod:`kvlab.models`, :mod:`kvlab.perf.roofline`): a
+model with grouped-query attention and one without, on an H100 and an A100, over PCIe 4.0 and
+5.0, and a small model on a slow link, at token counts on both sides of each break-even. A
+wrong answer is named when exactly one usual slip (:data:`SLIPS`) answers as the learner's rule
+does on every input of the checks, the failing one and all the others.
+"""
+
+from __future__ import annotations
+
+from kvlab.grading.expect import CheckFailed, short
+from kvlab.grading.lab10 import hints
+from kvlab.grading.registry import exercise
+from kvlab.models import ModelSpec
+from kvlab.models.specs import LLAMA_3_8B, OPT_13B
+from kvlab.perf.roofline import A100_80GB, H100_SXM
+from kvlab.perf.tiers import PCIE_GEN4_X16, PCIE_GEN5_X16, break_even_tokens
+
+fetch_ex = exercise("10.fetch_or_recompute", "fetch or recompute: the rule")
+
+GIB_PER_GB = 1e9 / 2**30
+SLOW_LINK = 5e9  # a narrow or shared link
+CRAWL_LINK = 0.5e9  # a busy network hop
+# a small GQA model (Llama-3.2-1B's shape): little compute per token, yet K/V to move
+SMALL = ModelSpec("small-1B", 16, 32, 8, 64, num_params=1.24e9)
+
+
+def reference_rule(spec, gpu, num_tokens, pcie_bytes_per_s, *, slip=None) -> bool:
+    """Fetching beats recomputing (a tie goes to recomputing); ``slip`` one of the usual
+    slips' names."""
+    kv = spec.kv_bytes_per_token
+    if slip == "k_only":
+        kv = kv / 2
+    elif slip == "per_layer":
+        kv = kv / spec.num_layers
+    link = gpu.hbm_bytes_per_s if slip == "hbm" else pcie_bytes_per_s
+    fetch = num_tokens * kv / link
+    if slip == "gib":
+        fetch *= GIB_PER_GB
+    elif slip == "gib_up":
+        fetch /= GIB_PER_GB
+    flops = 2 * spec.num_params * num_tokens
+    if slip != "no_attention":
+        per = 4 * spec.num_layers * spec.num_q_heads * spec.head_dim
+        flops += per * num_tokens * (num_tokens + 1) / 2
+    return fetch < flops / gpu.peak_flops
+
+
+SLIPS = (
+    (hints.NO_ATTENTION, "no_attention"),
+    (hints.K_ONLY, "k_only"),
+    (hints.GB_GIB, "gib"),
+    (hints.GB_GIB, "gib_up"),
+    (hints.PER_LAYER, "per_layer"),
+    (hints.HBM_NOT_PCIE, "hbm"),
+)
+
+
+def _around(n: int) -> tuple[int, ...]:
+    """Token counts on both sides of a break-even ``n`` (and short ones)."""
+    return (1, 16, 2_048) if n == 1 else tuple(sorted({16, n // 2, n - 1, n, n + 1, 2 * n}))
+
+
+def _card(story, spec, gpu, link, extra=(), *, around=True):
+    n = break_even_tokens(spec, gpu, pcie_bytes_per_s=link) if around else None
+    return story, spec, gpu, link, tuple(sorted(set(_around(n) if around else ()) | set(extra)))
+
+
+# (story, spec, gpu, link, token counts); the extra counts tell the slips apart
+CARDS = (
+    _card("Llama-3-8B on an H100 over PCIe 4.0 (25 GB/s)", LLAMA_3_8B, H100_SXM, PCIE_GEN4_X16),
+    _card("Llama-3-8B on an A100-80GB over PCIe 4.0", LLAMA_3_8B, A100_80GB, PCIE_GEN4_X16),
+    _card(
+        "Llama-3-8B on an H100 over a slow link (5 GB/s)",
+        LLAMA_3_8B,
+        H100_SXM,
+        SLOW_LINK,
+        (100, 1_000, 4_096, 34_000, 41_000),
+    ),
+    _card("OPT-13B on an H100 over PCIe 4.0", OPT_13B, H100_SXM, PCIE_GEN4_X16, (2_048, 12_000)),
+    _card("OPT-13B on an H100 over PCIe 5.0 (50 GB/s)", OPT_13B, H100_SXM, PCIE_GEN5_X16),
+    _card("OPT-13B on an A100-80GB over PCIe 4.0", OPT_13B, A100_80GB, PCIE_GEN4_X16),
+    _card(
+        "a small model (1.24B, 16 layers) on an H100 over a slow link (5 GB/s)",
+        SMALL,
+        H100_SXM,
+        SLOW_LINK,
+        (64, 128, 4_096, 8_192, 65_536),
+    ),
+    _card(
+        "the small model over a crawling link (0.5 GB/s; its break-even near a million tokens)",
+        SMALL,
+        H100_SXM,
+        CRAWL_LINK,
+        (16, 4_096, 32_768),
+        around=False,
+    ),
+)
+
+INPUTS = tuple((spec, gpu, n, link) for _, spec, gpu, link, counts in CARDS for n in counts)
+
+
+def _where(spec, gpu, n, link) -> str:
+    return (
+        f"fetch_beats_recompute({spec.name}, {gpu.name}, num_tokens={n:,}, "
+        f"pcie_bytes_per_s={link:.3g}): {spec.kv_bytes_per_token:,} bytes of K/V per token, "
+        f"{spec.num_params:.3g} parameters, {gpu.peak_flops:.3g} FLOP/s peak"
+    )
+
+
+def _answer(fn, spec, gpu, n, link):
+    got = fn(spec, gpu, n, link)
+    if type(got).__name__ in ("bool", "bool_"):  # numpy's too
+        return bool(got)
+    return got
+
+
+def _slip(fn):
+    """The hint of the one slip that answers as ``fn`` does on every input, else None."""
+    mine = []
+    for inp in INPUTS:
+        try:
+            mine.append(_answer(fn, *inp))
+        except NotImplementedError:
+            raise
+        except Exception:
+            return None
+    found = {
+        hint
+        for hint, slip in SLIPS
+        if all(
+            reference_rule(*inp, slip=slip) == got for inp, got in zip(INPUTS, mine, strict=True)
+        )
+    }
+    return found.pop() if len(found) == 1 else None
+
+
+def expect_rule(fn, spec, gpu, n, link) -> None:
+    where = _where(spec, gpu, n, link)
+    want = reference_rule(spec, gpu, n, link)
+    got = _answer(fn, spec, gpu, n, link)
+    if not isinstance(got, bool):
+        raise CheckFailed(
+            "the rule returns True (fetch) or False (recompute)",
+            input=where,
+            expected=str(want),
+            got=short(got, typed=True),
+        )
+    if got != want:
+        raise CheckFailed(
+            "fetching is faster here" if want else "recomputing is faster here",
+            input=where,
+            expected=f"{want} ({'fetch' if want else 'recompute'})",
+            got=f"{got} ({'fetch' if got else 'recompute'})",
+            hint=_slip(fn),
+        )
+
+
+for _story, _spec, _gpu, _link, _counts in CARDS:
+
+    def _check(fn, spec=_spec, gpu=_gpu, link=_link, counts=_counts):
+        for n in counts:
+            expect_rule(fn, spec, gpu, n, link)
+
+    fetch_ex.check(f"{_story}: {', '.join(f'{n:,}' for n in _counts)} tokens")(_check)

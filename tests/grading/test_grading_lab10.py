@@ -1,0 +1,245 @@
+"""Lab 10 checks, tried with learner code: the lab's solutions pass and the stubs are "not
+implemented"; each usual slip put into a solution fails with the hint that names it, and only
+that hint (later failures fold into "the same problem" or say nothing)."""
+
+import pathlib
+import tempfile
+
+import pytest
+
+from kvlab.grading import Status, run_checks
+from kvlab.grading import lab10 as checks
+from kvlab.grading.report import SAME_PROBLEM
+
+HEADER = "from kvlab.core.prefix_cache.radix_tree import Node, RadixTreeCache\n"
+
+MATCH_PREFIX = """
+def match_prefix(tree: RadixTreeCache, token_ids: list[int]) -> Node:
+    size = tree.block_size
+    limit = (len(token_ids) - 1) // size  # never the page of the prompt's last token
+    node, j = tree.root, 0  # j: pages matched so far
+    while j < limit:
+        child = node.children.get(tuple(token_ids[j * size : (j + 1) * size]))
+        if child is None:
+            break
+        k = 1
+        while k < len(child.blocks) and j + k < limit:
+            if child.tokens[k] != tuple(token_ids[(j + k) * size : (j + k + 1) * size]):
+                break
+            k += 1
+        if k < len(child.blocks):
+            return tree.split(child, k)
+        node, j = child, j + k
+    return node
+"""
+
+PREFIX_ROUTER = """
+def prefix_router(request, views, now, load_penalty=128.0):
+    best, top = None, float("-inf")
+    for view in views:
+        score = view.cached_prefix_tokens(request) - load_penalty * view.load
+        if score > top:
+            best, top = view.index, score
+    return best
+"""
+
+
+def learner(source: str, name: str, *edits: str, header: str = HEADER):
+    """``name`` from ``source`` with ``edits`` ("old => new", every occurrence) made, run from a
+    file outside kvlab as a notebook cell is."""
+    for edit in edits:
+        old, new = edit.split(" => ")
+        assert old in source, old
+        source = source.replace(old, new)
+    path = pathlib.Path(tempfile.mkdtemp(prefix="kvlab-learner-")) / "cell.py"
+    path.write_text(header + source)
+    namespace = {}
+    exec(compile(header + source, str(path), "exec"), namespace)
+    return namespace[name]
+
+
+def failures(result):
+    return [o for o in result.outcomes if not o.passed]
+
+
+def hints_of(result) -> list[str]:
+    return [
+        d[len("hint:") :].strip()
+        for o in failures(result)
+        for d in o.details
+        if d.startswith("hint:")
+    ]
+
+
+def assert_only_hint(result, hint: str) -> None:
+    assert result.status is Status.FAILED, result.report()
+    first, *later = failures(result)
+    mine = [d for d in first.details if d.startswith("hint:")]
+    assert len(mine) == 1 and " ".join(mine[0].split()) == "hint: " + hint, result.report()
+    for o in later:
+        folded = o.details[0].startswith(SAME_PROBLEM)
+        hinted = [" ".join(d.split()) for d in o.details if d.startswith("hint:")]
+        assert folded or hinted in ([], ["hint: " + hint]), result.report()
+    assert set(" ".join(h.split()) for h in hints_of(result)) <= {hint}, result.report()
+
+
+# --- 10.match_prefix -------------------------------------------------------------------------
+
+
+def match_prefix(*edits):
+    return learner(MATCH_PREFIX, "match_prefix", *edits)
+
+
+def test_the_walk_passes_and_the_stub_is_not_written_yet():
+    result = run_checks("10.match_prefix", match_prefix())
+    assert result.ok and result.passed == result.total == 7, result.report()
+    stub = learner(
+        "def match_prefix(tree, token_ids):\n    raise NotImplementedError\n", "match_prefix"
+    )
+    assert run_checks("10.match_prefix", stub).status is Status.NOT_IMPLEMENTED
+
+
+def test_each_slipped_walk_differs_from_the_walk_on_its_own_case():
+    for hint, options in checks.radix.SLIPS:
+        differs = [
+            name
+            for name, case in checks.radix.CASES.items()
+            if checks.radix.slip_answer(options, case) != checks.radix.slip_answer({}, case)
+        ]
+        assert differs, hint
+
+
+@pytest.mark.parametrize(
+    "edits, hint",
+    [
+        (["(len(token_ids) - 1) // size => len(token_ids) // size"], checks.PAST_LIMIT),
+        (["        k = 1\n =>         k = len(child.blocks)\n"], checks.WHOLE_EDGE),
+        (
+            ["            return tree.split(child, k) =>             return child"],
+            checks.NO_SPLIT_CHILD,
+        ),
+        (
+            ["            return tree.split(child, k) =>             return node"],
+            checks.NO_SPLIT_PARENT,
+        ),
+    ],
+    ids=["past the limit", "a whole edge", "no split (the child)", "no split (the parent)"],
+)
+def test_each_walk_slip_gets_its_hint_only(edits, hint):
+    assert_only_hint(run_checks("10.match_prefix", match_prefix(*edits)), hint)
+
+
+def test_a_walk_that_breaks_the_tree_is_caught_without_a_hint():
+    broken = match_prefix(
+        "            return tree.split(child, k) =>             "
+        "child.blocks[:] = child.blocks[:k]; return child"
+    )
+    result = run_checks("10.match_prefix", broken)
+    assert result.status is Status.FAILED
+    assert not hints_of(result), result.report()
+
+
+# --- 10.prefix_score -------------------------------------------------------------------------
+
+
+def prefix_router(*edits):
+    return learner(PREFIX_ROUTER, "prefix_router", *edits, header="")
+
+
+def test_the_router_passes_and_the_stub_is_not_written_yet():
+    result = run_checks("10.prefix_score", prefix_router())
+    assert result.ok and result.passed == result.total == 6, result.report()
+    stub = learner(
+        "def prefix_router(request, views, now, load_penalty=128.0):\n    raise NotImplementedError\n",
+        "prefix_router",
+        header="",
+    )
+    assert run_checks("10.prefix_score", stub).status is Status.NOT_IMPLEMENTED
+
+
+@pytest.mark.parametrize(
+    "edits, hint",
+    [
+        ([" - load_penalty * view.load => "], checks.NO_LOAD),
+        (["view.load => view.num_running"], checks.RUNNING_ONLY),
+        (["score > top => score < top", 'float("-inf") => float("inf")'], checks.ARGMIN),
+        (
+            ["view.cached_prefix_tokens(request) - => view.cached_prefix_tokens(request) / 16 -"],
+            checks.IN_BLOCKS,
+        ),
+    ],
+    ids=["no load", "running only", "lowest score", "in rooms"],
+)
+def test_each_router_slip_gets_its_hint_only(edits, hint):
+    assert_only_hint(run_checks("10.prefix_score", prefix_router(*edits)), hint)
+
+
+# --- 10.fetch_or_recompute -------------------------------------------------------------------
+
+FETCH_RULE = """
+def fetch_beats_recompute(spec, gpu, num_tokens, pcie_bytes_per_s):
+    kv_per_token = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * spec.dtype_bytes
+    fetch = num_tokens * kv_per_token / pcie_bytes_per_s
+    attended = num_tokens * (num_tokens + 1) / 2
+    flops = 2 * spec.num_params * num_tokens
+    flops += 4 * spec.num_layers * spec.num_q_heads * spec.head_dim * attended
+    return fetch < flops / gpu.peak_flops
+"""
+
+
+def fetch_rule(*edits):
+    return learner(FETCH_RULE, "fetch_beats_recompute", *edits, header="")
+
+
+def test_the_rule_passes_and_the_stub_is_not_written_yet():
+    result = run_checks("10.fetch_or_recompute", fetch_rule())
+    assert result.ok and result.passed == result.total == len(checks.tiers.CARDS), result.report()
+    stub = learner(
+        "def fetch_beats_recompute(spec, gpu, num_tokens, pcie_bytes_per_s):\n"
+        "    raise NotImplementedError\n",
+        "fetch_beats_recompute",
+        header="",
+    )
+    assert run_checks("10.fetch_or_recompute", stub).status is Status.NOT_IMPLEMENTED
+
+
+def test_the_checks_agree_with_kvlab_and_tell_every_slip_apart():
+    from kvlab.perf.tiers import fetch_beats_recompute
+
+    rule = checks.tiers.reference_rule
+    answers = {None: [rule(*inp) for inp in checks.tiers.INPUTS]}
+    for spec, gpu, n, link in checks.tiers.INPUTS:
+        assert rule(spec, gpu, n, link) == fetch_beats_recompute(
+            spec, gpu, n, pcie_bytes_per_s=link
+        )
+    for _, slip in checks.tiers.SLIPS:
+        answers[slip] = [rule(*inp, slip=slip) for inp in checks.tiers.INPUTS]
+    vectors = list(answers.values())
+    assert len({tuple(v) for v in vectors}) == len(vectors)  # no two alike, none right
+
+
+@pytest.mark.parametrize(
+    "edits, hint",
+    [
+        (["flops += 4 => flops += 0 * 4"], checks.NO_ATTENTION),
+        (["kv_per_token = 2 * => kv_per_token = 1 *"], checks.K_ONLY),
+        (["/ pcie_bytes_per_s => / (pcie_bytes_per_s / 1e9 * 2**30)"], checks.GB_GIB),
+        (
+            ["kv_per_token / pcie_bytes_per_s => kv_per_token / 2**30 / (pcie_bytes_per_s / 1e9)"],
+            checks.GB_GIB,
+        ),
+        (["2 * spec.num_layers * spec.num_kv_heads => 2 * spec.num_kv_heads"], checks.PER_LAYER),
+        (["/ pcie_bytes_per_s => / gpu.hbm_bytes_per_s"], checks.HBM_NOT_PCIE),
+    ],
+    ids=["no attention", "K only", "GiB for GB", "bytes in GiB", "one layer", "HBM, not PCIe"],
+)
+def test_each_rule_slip_gets_its_hint_only(edits, hint):
+    assert_only_hint(run_checks("10.fetch_or_recompute", fetch_rule(*edits)), hint)
+
+
+def test_a_rule_that_is_wrong_another_way_gets_no_hint():
+    # (one that always fetches answers as the HBM slip does on every card: that hint it gets)
+    always = fetch_rule("return fetch < flops / gpu.peak_flops => return False")
+    result = run_checks("10.fetch_or_recompute", always)
+    assert result.status is Status.FAILED
+    assert not hints_of(result), result.report()
