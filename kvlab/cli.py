@@ -66,6 +66,7 @@ def _plan(args) -> int:
             max_num_batched_tokens=args.max_num_batched_tokens,
             kv_cache_dtype=args.kv_cache_dtype,
             vllm_log=log,
+            prefix_hit_rate=args.prefix_hit_rate,
         )
     except (ValueError, TypeError, OSError) as e:
         print(f"kvlab plan: error: {in_words(str(e), PLAN_FLAGS)}", file=sys.stderr)
@@ -140,6 +141,7 @@ PLAN_FLAGS = {
     "max_num_batched_tokens": "--max-num-batched-tokens",
     "kv_cache_dtype": "--kv-cache-dtype",
     "vllm_log": "--vllm-log",
+    "prefix_hit_rate": "--prefix-hit-rate",
     "weights_bytes": "--weights-gib",
     "overhead_bytes": "overhead",
 }
@@ -274,7 +276,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--utilization", type=float, help="share of GPU memory to use (0.9, or the log's)"
     )
     plan.add_argument("--price", type=float, help="dollars per GPU-hour (default: catalogue's)")
-    plan.add_argument("--target", type=float, help="generated tokens/s to size GPUs for")
+    plan.add_argument(
+        "--target", type=float, help="generated tokens/s to size GPUs (replicas x --gpus) for"
+    )
+    plan.add_argument(
+        "--prefix-hit-rate",
+        type=float,
+        default=0.0,
+        metavar="H",
+        help="share of prompt tokens served from a prefix cache, 0 to <1 (0)",
+    )
     plan.add_argument(
         "--max-num-seqs",
         type=int,

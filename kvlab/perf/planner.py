@@ -438,6 +438,18 @@ class WorkloadStats:
     held_tokens: float
     context_tokens: float
     prefill_attended: float  # E[prompt x (prompt + 1) / 2]: attention positions of one prefill
+    prefix_hit_rate: float = 0.0  # share of prompt tokens a prefix cache serves (not computed)
+
+    @property
+    def computed_prompt(self) -> float:
+        """Prompt tokens a request computes: those past the part a prefix cache held."""
+        return self.mean_prompt * (1 - self.prefix_hit_rate)
+
+    @property
+    def computed_attended(self) -> float:
+        """Attention positions of those tokens: the last (1 - h) of a prompt attends to the
+        whole prefix before it, so (1 - h^2) of a full prefill's."""
+        return self.prefill_attended * (1 - self.prefix_hit_rate**2)
 
     def to_dict(self) -> dict:
         return {
@@ -449,6 +461,7 @@ class WorkloadStats:
             "footprint_tokens": dict(self.footprint),
             "held_tokens": self.held_tokens,
             "context_tokens": self.context_tokens,
+            "prefix_hit_rate": self.prefix_hit_rate,
         }
 
 
@@ -977,6 +990,13 @@ class Plan:
         ]
         if self.memory is not None and self.memory.spread:
             lines.append(f"How sure: {self.memory.spread}.")
+        w = self.workload
+        if w.prefix_hit_rate:
+            lines.append(
+                f"Prefix cache: {w.prefix_hit_rate:.0%} of prompt tokens served from it (an input: "
+                f"measure yours), so a request computes {w.computed_prompt:,.0f} of its "
+                f"{w.mean_prompt:,.0f} prompt tokens; the KV memory it holds is the same."
+            )
         report = self.log_report()
         if report:
             lines.append(report)
@@ -1000,6 +1020,8 @@ class Plan:
             if est.gpus_needed is not None:
                 gpus = "GPU" if est.gpus_needed == 1 else "GPUs"
                 line += f", {est.gpus_needed:,} {gpus} for {self.target_tokens_per_s:,.0f} tokens/s"
+                if est.replicas_needed > 1:  # a fleet: replicas of num_gpus each
+                    line += f" ({est.replicas_needed:,} replicas of {self.num_gpus})"
             lines.append(line + ".")
         for line in (self._users_line(), self._verdict(), self._cost_line()):
             if line:
@@ -1228,6 +1250,7 @@ def plan(
     max_num_batched_tokens: int | None = None,
     kv_cache_dtype: str | None = None,
     vllm_log: VllmLog | str | None = None,
+    prefix_hit_rate: float = 0.0,
 ) -> Plan:
     """Capacity, throughput and cost of serving ``model`` on ``num_gpus`` x ``gpu``, per cache.
 
@@ -1250,6 +1273,9 @@ def plan(
     speed, or at whatever the plan gives) sizes ``gpus_for_users``. ``gpu_memory_gib`` replaces
     the GPU's memory (a card not in the catalogue, or the total your vLLM log prints): its
     bandwidth, FLOP/s and price stay those of ``gpu`` (:func:`kvlab.perf.gpus.with_memory`).
+    ``prefix_hit_rate`` (0 to <1): the share of prompt tokens a prefix cache serves, so not
+    computed (measure it, or take it from :func:`kvlab.serving.simulate_fleet` behind a
+    prefix-aware router); the KV memory a request holds is unchanged.
     ``kv_cache_dtype``: ``"auto"`` (the model's dtype) or ``"fp8"`` (one byte per element, as
     vLLM's ``--kv-cache-dtype fp8``). Without ``overhead_bytes`` the overhead is predicted from the
     model's MLP width and ``max_num_batched_tokens`` (the profiling run's tokens; default vLLM's:
@@ -1349,6 +1375,12 @@ def plan(
             MAX_TOKENS_PER_USER,
             "tokens/s",
         )
+    prefix_hit_rate = _number("prefix_hit_rate", prefix_hit_rate, strict=False)
+    if not prefix_hit_rate < 1:
+        raise ValueError(
+            "prefix_hit_rate must be in [0, 1) (the share of prompt tokens served from a prefix "
+            f"cache), got {prefix_hit_rate!r}"
+        )
     if users is not None:
         users = positive_int("users", users)
         _at_most("users", users, MAX_USERS, "requests at once")
@@ -1433,6 +1465,8 @@ def plan(
             "refuses to start); lower max_seq_len or add memory"
         )
     stats = workload_stats(workload, max_seq_len=max_seq_len, block_size=block_size)
+    if prefix_hit_rate:
+        stats = dataclasses.replace(stats, prefix_hit_rate=prefix_hit_rate)
 
     step_time = PlanStepTime(
         weights_bytes=weights,
@@ -1507,7 +1541,10 @@ def _step_parts(step_time: PlanStepTime, stats: WorkloadStats) -> tuple[float, f
     c = step_time.compute_seconds(1, ctx)
     m0 = step_time.memory_seconds(0)
     m = step_time.memory_seconds(ctx) - m0
-    p = step_time.compute_seconds(stats.mean_prompt, stats.prefill_attended) / stats.mean_output
+    p = (
+        step_time.compute_seconds(stats.computed_prompt, stats.computed_attended)
+        / stats.mean_output
+    )
     return c, m0, m, p
 
 
@@ -1535,7 +1572,7 @@ def _estimate(cache, footprint, running, stats, slots, step_time, price, num_gpu
     step = max(compute, memory)
     # B / E[output] requests start per step; their prompts are computed on top (no overlap)
     starts = running / stats.mean_output
-    prefill = starts * step_time.compute_seconds(stats.mean_prompt, stats.prefill_attended)
+    prefill = starts * step_time.compute_seconds(stats.computed_prompt, stats.computed_attended)
     tokens_per_s = running / (step + prefill)
     cost = None if price is None else price * num_gpus / (tokens_per_s * 3600) * 1e6
     replicas = None if target is None else max(1, math.ceil(target / tokens_per_s - 1e-9))

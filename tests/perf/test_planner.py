@@ -666,3 +666,25 @@ def test_cli_bad_input_exits_2_naming_the_flag(capsys, flags, said):
     assert cli_main(["plan", "--model", "Llama-3-8B", "--gpu", "H100-80GB", *flags]) == 2
     captured = capsys.readouterr()
     assert said in captured.err and captured.out == ""
+
+
+def test_a_prefix_hit_rate_cuts_the_prefill_a_fleet_computes_and_nothing_else():
+    base = plan("Llama-3-8B", "H100-80GB", target_tokens_per_s=100_000)
+    hit = plan("Llama-3-8B", "H100-80GB", target_tokens_per_s=100_000, prefix_hit_rate=0.6)
+    # the KV memory a request holds is the same: as many requests at once
+    assert hit.paged.concurrency == base.paged.concurrency
+    # each request computes 40% of its prompt, whose positions attend to the cached 60% too
+    w, st, b = hit.workload, hit.step_time(), hit.paged.concurrency
+    assert w.computed_prompt == pytest.approx(0.4 * w.mean_prompt)
+    assert w.computed_attended == pytest.approx((1 - 0.36) * w.prefill_attended)
+    step = max(st.compute_seconds(b, b * w.context_tokens), st.memory_seconds(b * w.context_tokens))
+    prefill = b / w.mean_output * st.compute_seconds(w.computed_prompt, w.computed_attended)
+    assert hit.paged.tokens_per_s == pytest.approx(b / (step + prefill))
+    assert hit.paged.tokens_per_s > base.paged.tokens_per_s
+    assert hit.paged.gpus_needed <= base.paged.gpus_needed
+    assert "Prefix cache: 60% of prompt tokens served from it" in hit.summary
+    assert "replicas of 1" in hit.summary and "Prefix cache" not in base.summary
+    assert json.loads(json.dumps(hit.to_dict()))["workload"]["prefix_hit_rate"] == 0.6
+    for bad in (1.0, -0.1, 2):
+        with pytest.raises(ValueError, match="prefix_hit_rate must be"):
+            plan("Llama-3-8B", "H100-80GB", prefix_hit_rate=bad)
