@@ -35,15 +35,16 @@ from kvlab.serving.engine import Engine
 from kvlab.serving.fast_forward import _head_stays_out, eligible
 from kvlab.serving.scheduler import BATCHING_MODES, PREEMPTION_MODES, Sequence
 from kvlab.serving.simulate import (
-    CostedSteps,
     SimResult,
     _check_budget,
     _check_fits,
     _Measure,
     _prefix_cache,
     _token_ids,
+    costed_steps,
     make_cache,
     percentile,
+    record_prefix_stats,
     weighted_percentile,
 )
 from kvlab.serving.workload import Request
@@ -111,8 +112,12 @@ class ReplicaView:
 class _Replica:
     """One server of the fleet: its engine, the SimResult it fills, and a clock it runs to."""
 
-    def __init__(self, index: int, engine: Engine, result: SimResult, measure: _Measure):
+    def __init__(
+        self, index: int, engine: Engine, result: SimResult, measure: _Measure, *,
+        step_time=None, cpu_cache_blocks: int | None = None,
+    ):  # fmt: skip
         self.index = index
+        self.step_time, self.cpu_cache_blocks = step_time, cpu_cache_blocks
         self.engine = engine
         self.result = result
         self.measure = measure
@@ -178,9 +183,7 @@ class _Replica:
         result.fast_forward_steps = engine.fast_forward_steps
         result.fast_forward_runs = engine.fast_forward_runs
         if result.prefix_caching:
-            stats = engine.cache.prefix_cache_stats
-            result.prefix_query_tokens, result.prefix_hit_tokens = stats.queries, stats.hits
-            result.evictions = stats.evictions
+            record_prefix_stats(result, engine.cache, self.cpu_cache_blocks, self.step_time)
         return result
 
 
@@ -418,6 +421,7 @@ def simulate_fleet(
     max_num_batched_tokens: int | None = None,
     chunked_prefill: bool = False,
     fast_forward: bool = True,
+    cpu_cache_blocks: int | None = None,
 ) -> FleetResult:
     """Serve ``requests`` on ``replicas`` servers behind ``router``; return a :class:`FleetResult`.
 
@@ -472,14 +476,16 @@ def simulate_fleet(
         raise TypeError(f"chunked_prefill must be a bool, got {chunked_prefill!r}")
     if chunked_prefill and max_num_batched_tokens is None:
         raise ValueError("chunked_prefill needs a token budget: give max_num_batched_tokens")
-    make_cache(cache, kv_capacity_tokens, max_seq_len, block_size, prefix_caching)  # checks
+    make_cache(cache, kv_capacity_tokens, max_seq_len, block_size, prefix_caching, cpu_cache_blocks)
     _check_fits(requests, cache, kv_capacity_tokens, max_seq_len, block_size)
     _check_budget(requests, max_num_batched_tokens, chunked_prefill, preemption)
 
     fleet = []
     for index in range(replicas):
-        kv_cache = make_cache(cache, kv_capacity_tokens, max_seq_len, block_size, prefix_caching)
-        executor = CostedSteps(step_time)
+        kv_cache = make_cache(
+            cache, kv_capacity_tokens, max_seq_len, block_size, prefix_caching, cpu_cache_blocks
+        )
+        executor = costed_steps(step_time, kv_cache, cpu_cache_blocks)
         recorder = Recorder(kv_cache) if record else None
         result = SimResult(cache, kv_cache.capacity, [], executor.timed)
         result.prefix_caching, result.prefix_cache = prefix_cache is not None, prefix_cache
@@ -501,7 +507,9 @@ def simulate_fleet(
             observer=measure,
             fast_forward=fast_forward,
         )
-        replica = _Replica(index, engine, result, measure)
+        replica = _Replica(
+            index, engine, result, measure, step_time=step_time, cpu_cache_blocks=cpu_cache_blocks
+        )
         replica.fast = eligible(engine)
         fleet.append(replica)
     views = tuple(ReplicaView(replica) for replica in fleet)

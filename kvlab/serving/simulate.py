@@ -478,11 +478,7 @@ def simulate(
     )
     _check_fits(requests, cache, kv_capacity_tokens, max_seq_len, block_size)
     _check_budget(requests, max_num_batched_tokens, chunked_prefill, preemption)
-    copied_up = None
-    if cpu_cache_blocks is not None:
-        tier = kv_cache.manager.prefix_cache
-        copied_up = lambda: tier.tier_hits  # noqa: E731
-    executor = CostedSteps(step_time, copied_up)
+    executor = costed_steps(step_time, kv_cache, cpu_cache_blocks)
     recorder = Recorder(kv_cache) if record else None
     sequences = [
         Sequence(f"r{i}", r.prompt_len, r.output_len, r.arrival) for i, r in enumerate(requests)
@@ -526,9 +522,24 @@ def simulate(
     result.fast_forward_steps = engine.fast_forward_steps
     result.fast_forward_runs = engine.fast_forward_runs
     if prefix_cache is not None:
-        stats = kv_cache.prefix_cache_stats
-        result.prefix_query_tokens, result.prefix_hit_tokens = stats.queries, stats.hits
-        result.evictions = stats.evictions
+        record_prefix_stats(result, kv_cache, cpu_cache_blocks, step_time)
+    return result
+
+
+def costed_steps(step_time, kv_cache, cpu_cache_blocks: int | None) -> CostedSteps:
+    """The executor that costs each step, copies up from a CPU tier included."""
+    copied_up = None
+    if cpu_cache_blocks is not None:
+        tier = kv_cache.manager.prefix_cache
+        copied_up = lambda: tier.tier_hits  # noqa: E731
+    return CostedSteps(step_time, copied_up)
+
+
+def record_prefix_stats(result, kv_cache, cpu_cache_blocks: int | None, step_time) -> None:
+    """A day's prefix-cache figures into its result: hits, evictions, the tier's traffic."""
+    stats = kv_cache.prefix_cache_stats
+    result.prefix_query_tokens, result.prefix_hit_tokens = stats.queries, stats.hits
+    result.evictions = stats.evictions
     if cpu_cache_blocks is not None:
         result.cpu_cache_blocks = cpu_cache_blocks
         result.prefix_tier_hit_tokens = stats.tier_hits
@@ -536,7 +547,6 @@ def simulate(
         spec = getattr(step_time, "spec", None)
         if spec is not None:
             result.copied_up_bytes = float(stats.tier_hits * spec.kv_bytes_per_token)
-    return result
 
 
 def _token_ids(index: int, request: Request) -> list[int]:
