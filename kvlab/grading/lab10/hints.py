@@ -38,8 +38,10 @@ ARGMIN = (
     "score (the most cached prefix, the fewest guests)"
 )
 IN_BLOCKS = (
-    "the cached prefix was counted in rooms, not tokens: load_penalty is in tokens per request, "
-    "so compare view.cached_prefix_tokens(request) (tokens) with load_penalty * view.load"
+    "the cached prefix weighed next to nothing against the load: counted in rooms, not tokens, "
+    "or left out of the score (a least-loaded router picks alike on these fleets); "
+    "load_penalty is in tokens per request, so compare view.cached_prefix_tokens(request) "
+    "(tokens) with load_penalty * view.load"
 )
 
 # --- 10.fetch_or_recompute -------------------------------------------------------------------
@@ -66,6 +68,12 @@ PER_LAYER = (
 HBM_NOT_PCIE = (
     "your rule says fetch on every case, even where recomputing is cheaper: as if the copy were "
     "timed at the GPU's memory bandwidth (gpu.hbm_bytes_per_s, the roofline's memory time), or "
-    "as if it never compared at all; the blocks come up from CPU memory over PCIe, at "
-    "pcie_bytes_per_s, a hundred times slower"
+    "at a link scaled up (pcie_bytes_per_s is already in bytes per second: 25e9 is 25 GB/s, "
+    "multiply it by nothing), or as if it never compared at all; the blocks come up from CPU "
+    "memory over PCIe, at pcie_bytes_per_s as given, a hundred times slower than HBM"
+)
+ATTN_SQUARE = (
+    "attention was counted n x n times: the i-th token of the prefix attends to i positions "
+    "(i = 1 ... n), n (n + 1) / 2 in all, not n^2, so the recompute came out too dear on long "
+    "prefixes"
 )
