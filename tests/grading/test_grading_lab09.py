@@ -2,10 +2,9 @@
 implemented"; each usual slip put into a solution fails with the hint that names it, and only
 that hint (later failures fold into "the same problem")."""
 
-import pathlib
-import tempfile
-
+import learner_code
 import pytest
+from learner_code import failures, hints_of
 
 from kvlab.grading import Status, run_checks
 from kvlab.grading import lab09 as checks
@@ -29,30 +28,7 @@ CHUNK_KERNEL = '@triton.jit\ndef my_chunk_kernel(\n    q_ptr, k_ptr, v_ptr, bt_p
 
 
 def learner(source: str, name: str, *edits: str, header: str = HEADER):
-    """``name`` from ``source`` with ``edits`` ("old => new", every occurrence) made, run from a
-    file outside kvlab as a notebook cell is."""
-    for edit in edits:
-        old, new = edit.split(" => ")
-        assert old in source, old
-        source = source.replace(old, new)
-    path = pathlib.Path(tempfile.mkdtemp(prefix="kvlab-learner-")) / "cell.py"
-    path.write_text(header + source)
-    namespace = {}
-    exec(compile(header + source, str(path), "exec"), namespace)
-    return namespace[name]
-
-
-def failures(result):
-    return [o for o in result.outcomes if not o.passed]
-
-
-def hints_of(result) -> list[str]:
-    return [
-        d[len("hint:") :].strip()
-        for o in failures(result)
-        for d in o.details
-        if d.startswith("hint:")
-    ]
+    return learner_code.learner(source, name, *edits, header=header)
 
 
 def assert_only_hint(result, hint: str) -> None:
