@@ -4,14 +4,13 @@ that hint (later failures fold into "the same problem")."""
 
 import learner_code
 import pytest
-from learner_code import failures, hints_of
+from learner_code import assert_only_hint, failures, hints_of
 
 from kvlab.grading import Status, run_checks
 from kvlab.grading import lab09 as checks
 from kvlab.grading.expect import CheckFailed
 from kvlab.grading.lab06 import hints as lab06_hints
 from kvlab.grading.lab06.step import departure
-from kvlab.grading.report import SAME_PROBLEM
 
 HEADER = (
     "import math\n"
@@ -29,20 +28,6 @@ CHUNK_KERNEL = '@triton.jit\ndef my_chunk_kernel(\n    q_ptr, k_ptr, v_ptr, bt_p
 
 def learner(source: str, name: str, *edits: str, header: str = HEADER):
     return learner_code.learner(source, name, *edits, header=header)
-
-
-def assert_only_hint(result, hint: str) -> None:
-    """The first failure has exactly this hint, and every later one either folds into it or
-    gives the same hint (never another)."""
-    assert result.status is Status.FAILED, result.report()
-    first, *later = failures(result)
-    mine = [d for d in first.details if d.startswith("hint:")]
-    assert len(mine) == 1 and " ".join(mine[0].split()) == "hint: " + hint, result.report()
-    for o in later:
-        folded = o.details[0].startswith(SAME_PROBLEM)
-        hinted = [" ".join(d.split()) for d in o.details if d.startswith("hint:")]
-        assert folded or hinted in ([], ["hint: " + hint]), result.report()
-    assert set(" ".join(h.split()) for h in hints_of(result)) <= {hint}, result.report()
 
 
 # --- 09.budget_step ----------------------------------------------------------------------------

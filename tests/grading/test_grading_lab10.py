@@ -4,11 +4,10 @@ that hint (later failures fold into "the same problem" or say nothing)."""
 
 import learner_code
 import pytest
-from learner_code import failures, hints_of
+from learner_code import assert_only_hint, hints_of
 
 from kvlab.grading import Status, run_checks
 from kvlab.grading import lab10 as checks
-from kvlab.grading.report import SAME_PROBLEM
 
 HEADER = "from kvlab.core.prefix_cache.radix_tree import Node, RadixTreeCache\n"
 
@@ -45,18 +44,6 @@ def prefix_router(request, views, now, load_penalty=128.0):
 
 def learner(source: str, name: str, *edits: str, header: str = HEADER):
     return learner_code.learner(source, name, *edits, header=header)
-
-
-def assert_only_hint(result, hint: str) -> None:
-    assert result.status is Status.FAILED, result.report()
-    first, *later = failures(result)
-    mine = [d for d in first.details if d.startswith("hint:")]
-    assert len(mine) == 1 and " ".join(mine[0].split()) == "hint: " + hint, result.report()
-    for o in later:
-        folded = o.details[0].startswith(SAME_PROBLEM)
-        hinted = [" ".join(d.split()) for d in o.details if d.startswith("hint:")]
-        assert folded or hinted in ([], ["hint: " + hint]), result.report()
-    assert set(" ".join(h.split()) for h in hints_of(result)) <= {hint}, result.report()
 
 
 # --- 10.match_prefix -------------------------------------------------------------------------

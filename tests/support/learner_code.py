@@ -29,3 +29,20 @@ def hints_of(result) -> list[str]:
         for d in o.details
         if d.startswith("hint:")
     ]
+
+
+def assert_only_hint(result, hint: str) -> None:
+    """The first failure has exactly this hint, and every later one either folds into it or
+    gives the same hint (never another)."""
+    from kvlab.grading import Status
+    from kvlab.grading.report import SAME_PROBLEM
+
+    assert result.status is Status.FAILED, result.report()
+    first, *later = failures(result)
+    mine = [d for d in first.details if d.startswith("hint:")]
+    assert len(mine) == 1 and " ".join(mine[0].split()) == "hint: " + hint, result.report()
+    for o in later:
+        folded = o.details[0].startswith(SAME_PROBLEM)
+        hinted = [" ".join(d.split()) for d in o.details if d.startswith("hint:")]
+        assert folded or hinted in ([], ["hint: " + hint]), result.report()
+    assert set(" ".join(h.split()) for h in hints_of(result)) <= {hint}, result.report()

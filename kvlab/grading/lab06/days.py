@@ -100,23 +100,23 @@ class Day:
         return f"{cache_text(self.cache())}{cap}; guests (prompt+answer@arrival): {guests}"
 
 
-def _simulated_day() -> Day:
-    """``DAY`` as simulate() serves it: the same cache, names and queue order."""
-    order = sorted(range(len(DAY)), key=lambda i: DAY[i].arrival)
-    guests = tuple((f"r{i}", DAY[i].prompt_len, DAY[i].output_len, DAY[i].arrival) for i in order)
-    setup = {k: v for k, v in DAY_SETUP.items() if k != "cache"}
-    return Day(
-        "simulate",
-        functools.partial(
-            make_cache,
-            "paged",
-            setup["kv_capacity_tokens"],
-            setup["max_seq_len"],
-            setup["block_size"],
-        ),
-        guests,
-        text=DAY_TEXT,
+def simulated_day(name: str, requests, setup: dict, text: str, **options) -> Day:
+    """``requests`` as ``simulate(requests, **setup)`` serves them: the same cache, names and
+    queue order (``options``: the rest of the Day, e.g. a token budget)."""
+    order = sorted(range(len(requests)), key=lambda i: requests[i].arrival)
+    guests = tuple(
+        (f"r{i}", requests[i].prompt_len, requests[i].output_len, requests[i].arrival)
+        for i in order
     )
+    cache = functools.partial(
+        make_cache, "paged", setup["kv_capacity_tokens"], setup["max_seq_len"], setup["block_size"]
+    )
+    return Day(name, cache, guests, text=text, **options)
+
+
+def _simulated_day() -> Day:
+    """``DAY`` as simulate() serves it."""
+    return simulated_day("simulate", DAY, DAY_SETUP, DAY_TEXT)
 
 
 # the full hotel's guests: (name, prompt, answer, arrival), on 6 rooms of 4 beds

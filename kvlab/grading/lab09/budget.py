@@ -19,7 +19,7 @@ import functools
 
 from kvlab.core.block_manager import PagedCache
 from kvlab.grading.lab06 import hints as lab06_hints
-from kvlab.grading.lab06.days import Day, same_figures
+from kvlab.grading.lab06.days import FULL_HOTEL, Day, same_figures, simulated_day
 from kvlab.grading.lab06.days import figures as day_figures
 from kvlab.grading.lab06.step import Rules, _direct, _lockstep
 from kvlab.grading.lab06.step import show_day as _show_day
@@ -28,7 +28,7 @@ from kvlab.grading.lab09 import hints
 from kvlab.grading.registry import exercise
 from kvlab.grading.slips import Slip
 from kvlab.grading.state_diff import Field, each
-from kvlab.serving import make_cache, simulate
+from kvlab.serving import simulate
 from kvlab.serving.scheduler import ScheduledStep, Scheduler, SequenceStatus
 from kvlab.serving.workload import Request, documents_among_chats
 
@@ -221,22 +221,9 @@ SIM_TEXT = (
 
 
 def _simulated_day() -> Day:
-    order = sorted(range(len(SIM_DAY)), key=lambda i: SIM_DAY[i].arrival)
-    guests = tuple(
-        (f"r{i}", SIM_DAY[i].prompt_len, SIM_DAY[i].output_len, SIM_DAY[i].arrival) for i in order
-    )
-    cache = functools.partial(make_cache, "paged", 1024, 1024, 8)
-    return Day("simulate", cache, guests, text=SIM_TEXT, budget=48, second="chunks")
+    budget = SIM_SETUP["max_num_batched_tokens"]
+    return simulated_day("simulate", SIM_DAY, SIM_SETUP, SIM_TEXT, budget=budget, second="chunks")
 
-
-# the full hotel of 06.step: 6 rooms of 4 beds
-FULL_HOTEL = (
-    ("ann", 5, 4, 0.0),
-    ("ben", 2, 6, 0.0),
-    ("cat", 7, 3, 1.0),
-    ("dan", 3, 3, 1.0),
-    ("eve", 9, 2, 1.0),
-)
 
 DAYS = {
     day.name: day
