@@ -1369,7 +1369,14 @@ def plan(
     :class:`~kvlab.perf.vllm_log.VllmLog`) replaces all of that with what the log measured: the
     GPU's total memory, utilization, weights and overhead, and its tensor parallel size,
     ``max_model_len``, block size and KV dtype where it prints them; :attr:`Plan.log_check`
-    compares the blocks the plan counts with the ones the log printed.
+    compares the blocks the plan counts with the ones the log printed. A log without a memory
+    profile still plans when it prints its KV cache's size, blocks or token slots: those are the
+    capacity (measured), and what it lacks is said in the summary (the GPU's memory: the one
+    named; weights: the model's; overhead: the log's, else predicted; utilization: implied).
+    A log of a server that would not start (``max_model_len`` above the slots it had: vLLM's
+    refusal, or ``blocks x block_size < max_model_len``) plans the longest request those slots
+    hold unless ``max_seq_len`` is given, and :attr:`Plan.log_start_failure` says by how much it
+    missed.
     Analytic: no simulation runs; the first call per workload and ``max_seq_len`` samples the
     workload (a fraction of a second), later calls are instant. See the module docstring for the
     model and :func:`compare_with_simulation` for the check.

@@ -5,7 +5,11 @@ non-torch memory`` and cuts it into whole blocks (``int(bytes // block_bytes)``)
 so in several formats (V0 from 0.3 to 0.7, V1 from 0.7 on); :func:`read_vllm_log` reads them
 all into one :class:`VllmLog`, and :meth:`VllmLog.predict` recomputes the blocks from the profile
 so a planner can be checked against what a real server did. Sizes are GiB as printed ("Loading
-model weights took X GB" is GiB too: vLLM divides by 2**30).
+model weights took X GB" is GiB too: vLLM divides by 2**30). A log of a server that would not
+start (V0: "The model's max seq len (N) is larger than the maximum number of tokens that can be
+stored in KV cache (M)"; V1: "To serve at least one request with the model's max seq len (N),
+(X GiB KV cache is needed, ..."; or an excerpt whose blocks x block_size are below its
+max_model_len) is read as what it had: :meth:`VllmLog.start_failure`.
 
 ``BUNDLED_LOGS`` lists the real start-up logs users posted (``kvlab/perf/vllm_logs/``, sources in
 its README), with the model facts needed to recompute each.

@@ -221,6 +221,9 @@ def test_a_v1_log_that_prints_only_its_kv_cache_plans_with_the_gpu_named():
     assert given.memory.source == "vllm-log" and given.num_gpus == 1
     assert given.capacity.token_slots == 450_256
     assert given.overhead_bytes == pytest.approx((0.9 * given.gpu.memory_bytes) - 69.95 * GiB)
+    # a share that cannot hold the log's own weights and cache is named, not a negative overhead
+    with pytest.raises(ValueError, match=r"more than 79.65 GiB x gpu_memory_utilization 0.5"):
+        plan("Llama-3-8B", "H100-80GB", vllm_log=text, gpu_memory_utilization=0.5)
 
 
 def test_the_149712_token_v1_log_plans_with_nothing_more_given():
