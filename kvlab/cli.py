@@ -247,8 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--vllm-log",
         metavar="FILE",
-        help="a vLLM start-up log ('-': stdin): plan with the memory it measured, and compare "
-        "the blocks it printed",
+        help="a vLLM start-up log ('-': stdin): plan with the memory it measured and compare "
+        "the blocks it printed; a log with only its KV size, blocks or tokens plans with those "
+        "(the rest predicted, and said so), and one whose server would not start says by how much",
     )
     plan.add_argument("--gpu", required=True, help="a GPU preset, e.g. H100-80GB")
     plan.add_argument("--gpus", type=int, help="GPUs per copy, tensor parallel (1, or the log's)")

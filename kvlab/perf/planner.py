@@ -96,7 +96,7 @@ from kvlab.perf import memory_budget
 from kvlab.perf.gpus import GiB, PricedGPU, with_price
 from kvlab.perf.memory_budget import MemoryBudget
 from kvlab.perf.roofline import GPU
-from kvlab.perf.vllm_log import VllmLog, read_vllm_log
+from kvlab.perf.vllm_log import StartFailure, VllmLog, kv_bytes_per_token_per_gpu, read_vllm_log
 from kvlab.serving.workload import Request, alpaca_like, sharegpt_like
 
 POLICIES = tuple(CACHES)  # "contiguous", "contiguous-pow2", "contiguous-oracle", "paged"
@@ -677,21 +677,64 @@ class Plan:
     vllm_log: VllmLog | None = field(default=None, repr=False)
     kv_cache_dtype: str = "auto"  # vLLM's --kv-cache-dtype
     log_notes: tuple[str, ...] = ()  # what the plan took from elsewhere than the log, and why
+    log_start_failure: StartFailure | None = None  # the logged server would not start
+
+    @property
+    def log_capacity_source(self) -> str | None:
+        """Where a plan from a log took its blocks: ``"profile"`` (recomputed from the memory
+        profile, so the printed blocks check it), ``"printed"`` (the blocks or token slots the
+        log printed: measured), ``"kv-size"`` (counted from the KV cache size it printed) or
+        ``"budget"`` (the rest of a budget with a given overhead); None without a log."""
+        log = self.vllm_log
+        if log is None:
+            return None
+        if log.has_profile or (self.memory is not None and self.memory.source == "given"):
+            return "profile" if log.has_profile else "budget"
+        return "printed" if log.printed_tokens is not None else "kv-size"
 
     @property
     def log_check(self) -> dict | None:
-        """With a vLLM log: the blocks this plan counts against the ones the log printed."""
+        """With a vLLM log: the blocks this plan counts against the ones the log printed.
+
+        ``predicted_blocks`` is the count from the log's memory (its profile, else its printed
+        KV cache size: None when it printed neither); ``error`` compares it with the printed
+        blocks. ``max_concurrency`` is vLLM's figure from the printed blocks: blocks x
+        block_size / max_model_len. ``start_failure``: the logged server would not start.
+        """
         log = self.vllm_log
         if log is None:
             return None
         printed = log.num_gpu_blocks
         if printed is None and log.printed_tokens is not None:
             printed = log.printed_tokens // self.block_size
-        predicted = self.capacity.num_blocks
+        source = self.log_capacity_source
+        if source in ("profile", "budget"):
+            predicted = self.capacity.num_blocks
+        elif log.kv_cache_memory_gib is not None:  # one GPU's share of a block's bytes
+            predicted = int(
+                log.kv_cache_memory_gib * GiB // (self.capacity.block_bytes / self.num_gpus)
+            )
+        else:
+            predicted = None
+        max_len = log.logged_max_model_len
+        failure = self.log_start_failure
         return {
+            "capacity_from": source,
             "predicted_blocks": predicted,
             "printed_blocks": printed,
-            "error": None if not printed else predicted / printed - 1,
+            "error": None if not printed or predicted is None else predicted / printed - 1,
+            "max_concurrency": (
+                None if not printed or not max_len else printed * self.block_size / max_len
+            ),
+            "start_failure": None
+            if failure is None
+            else {
+                **dataclasses.asdict(failure),
+                "shortfall_tokens": failure.shortfall_tokens,
+                "shortfall_blocks": failure.shortfall_blocks,
+                "max_concurrency": failure.max_concurrency,
+                "kv_bytes_short_per_gpu": self._kv_bytes_short(),
+            },
             "found": {
                 k: v
                 for k, v in {**log.to_dict(), "weights_gib": log.weights_gib}.items()
@@ -699,6 +742,13 @@ class Plan:
             },
             "missing": list(log.missing),
         }
+
+    def _kv_bytes_short(self) -> float | None:
+        """KV memory one GPU lacked to start the logged server: its missing blocks' bytes."""
+        failure = self.log_start_failure
+        if failure is None:
+            return None
+        return failure.shortfall_blocks * self.capacity.block_bytes / self.num_gpus
 
     def log_report(self) -> str | None:
         """What the log said, what it did not, and the blocks predicted from it, in lines."""
@@ -719,10 +769,45 @@ class Plan:
             lines.append(f"Not in the log: {', '.join(check['missing'])}.")
         for note in (*self.log_notes, *log.notes):
             lines.append(f"Note: {note}.")
-        line = f"Blocks predicted from its memory: {check['predicted_blocks']:,}"
-        if check["printed_blocks"]:
-            line += f"; the log printed {check['printed_blocks']:,} ({check['error']:+.2%})"
+        predicted, printed = check["predicted_blocks"], check["printed_blocks"]
+        if check["capacity_from"] in ("profile", "budget"):
+            line = f"Blocks predicted from its memory: {predicted:,}"
+            if printed:
+                line += f"; the log printed {printed:,} ({check['error']:+.2%})"
+        elif check["capacity_from"] == "printed":
+            line = (
+                f"Capacity as the log measured it: {printed:,} blocks of {self.block_size} "
+                f"({printed * self.block_size:,} token slots), not predicted"
+            )
+            if predicted is not None:
+                line += (
+                    f"; its KV cache size ({log.kv_cache_memory_gib:g} GiB) holds {predicted:,} "
+                    f"({check['error']:+.2%}: the size is rounded)"
+                )
+        else:
+            line = f"Blocks from the KV cache size it printed: {predicted:,} (it printed none)"
+        if check["max_concurrency"] is not None and check["capacity_from"] != "profile":
+            line += (
+                f"; maximum concurrency {check['max_concurrency']:.2f}x for "
+                f"{log.logged_max_model_len:,} tokens per request (blocks x block size / "
+                "max_model_len, as vLLM counts it)"
+            )
         lines.append(line + ".")
+        failure = self.log_start_failure
+        if failure is not None:
+            said = f' (vLLM: "{failure.refusal}")' if failure.refusal else ""
+            short = self._kv_bytes_short()
+            per_gpu_total = self.gpu.memory_bytes
+            lines.append(
+                f"The logged server would not start{said}: its KV cache held "
+                f"{failure.token_slots:,} token slots ({failure.num_blocks:,} blocks of "
+                f"{failure.block_size}), {failure.shortfall_tokens:,} short of one request of "
+                f"max_model_len {failure.max_model_len:,} ({failure.max_concurrency:.2f}x). It "
+                f"needed {failure.shortfall_blocks:,} more blocks ({short / GiB:.2f} GiB more KV "
+                f"memory per GPU: gpu_memory_utilization "
+                f"{self.gpu_memory_utilization + short / per_gpu_total:.3f} or more on this GPU), or "
+                f"max_model_len at most {failure.longest_request:,}."
+            )
         return "\n".join(lines)
 
     @property
@@ -1284,7 +1369,14 @@ def plan(
     :class:`~kvlab.perf.vllm_log.VllmLog`) replaces all of that with what the log measured: the
     GPU's total memory, utilization, weights and overhead, and its tensor parallel size,
     ``max_model_len``, block size and KV dtype where it prints them; :attr:`Plan.log_check`
-    compares the blocks the plan counts with the ones the log printed.
+    compares the blocks the plan counts with the ones the log printed. A log without a memory
+    profile still plans when it prints its KV cache's size, blocks or token slots: those are the
+    capacity (measured), and what it lacks is said in the summary (the GPU's memory: the one
+    named; weights: the model's; overhead: the log's, else predicted; utilization: implied).
+    A log of a server that would not start (``max_model_len`` above the slots it had: vLLM's
+    refusal, or ``blocks x block_size < max_model_len``) plans the longest request those slots
+    hold unless ``max_seq_len`` is given, and :attr:`Plan.log_start_failure` says by how much it
+    missed.
     Analytic: no simulation runs; the first call per workload and ``max_seq_len`` samples the
     workload (a fraction of a second), later calls are instant. See the module docstring for the
     model and :func:`compare_with_simulation` for the check.
@@ -1293,6 +1385,7 @@ def plan(
     card = _resolve_gpu(gpu)
     log = _resolve_log(vllm_log)
     log_notes: list[str] = []
+    seq_len_from_log = log is not None and max_seq_len is None
     if log is not None:
         num_gpus = _log_tensor_parallel(log, spec, num_gpus, weights_bytes, log_notes)
         block_size = _from_log("block_size", block_size, log.block_size)
@@ -1310,7 +1403,7 @@ def plan(
                 f"{log.total_gpu_memory_gib:g} GiB: leave gpu_memory_gib out"
             )
         if max_seq_len is None:  # "Maximum concurrency for N tokens per request": max_model_len
-            max_seq_len = log.max_model_len or log.max_concurrency_tokens
+            max_seq_len = log.logged_max_model_len
         if max_num_batched_tokens is None:
             max_num_batched_tokens = log.max_num_batched_tokens
             if max_num_batched_tokens is None and log.engine == "V0" and max_seq_len:
@@ -1386,11 +1479,16 @@ def plan(
         _at_most("users", users, MAX_USERS, "requests at once")
 
     # the weights and overhead in words: the argument's name only where the user passed it
-    measured = None
+    measured = failure = None
     if log is not None:
+        failure = log.start_failure(spec, num_gpus)
         measured, notes = memory_budget.from_log(
             log, num_gpus, gpu_memory_bytes=card.memory_bytes, utilization=utilization_given,
-            spec_weights_bytes=spec.weights_bytes,
+            spec_weights_bytes=spec.weights_bytes, weights_bytes=weights_bytes,
+            kv_bytes_per_token=kv_bytes_per_token_per_gpu(spec, num_gpus), block_size=block_size,
+            predicted=lambda: memory_budget.predicted_overhead(
+                spec, num_gpus, max_num_batched_tokens
+            ),
         )  # fmt: skip
         log_notes += notes
     if weights_bytes is not None:
@@ -1398,7 +1496,11 @@ def plan(
         weights_said = f"weights_bytes = {_gib(weights)}"
     elif measured is not None:
         weights = measured["weights_bytes"]
-        weights_said = f"the weights the log measured ({_gib(weights)})"
+        weights_said = (
+            f"the weights the log measured ({_gib(weights)})"
+            if log.weights_gib is not None
+            else f"{spec.name}'s weights ({_gib(weights)}; the log prints none)"
+        )
     elif spec.num_params is None:
         raise ValueError(
             f"model {spec.name!r} has no num_params: pass weights_bytes (bytes of weights)"
@@ -1410,11 +1512,14 @@ def plan(
             f"{spec.dtype_bytes} bytes = {_gib(weights)})"
         )
     num_params = spec.num_params if spec.num_params is not None else weights / spec.dtype_bytes
+    measured_kv = measured_blocks = None
     if measured is not None:
         del measured["weights_bytes"]
+        measured_kv, measured_blocks = measured.pop("kv_cache_bytes"), measured.pop("num_blocks")
         if overhead_bytes is not None:
             overhead = _number("overhead_bytes", overhead_bytes, strict=False)
             measured.update(overhead_bytes=overhead, source="given")
+            measured_kv = measured_blocks = None  # the KV cache is the rest of the budget again
         card = gpu_catalogue.with_memory(card, measured.pop("total_bytes") / num_gpus / GiB)
         util = measured.pop("utilization")
         budget = memory_budget.MemoryBudget(
@@ -1422,7 +1527,11 @@ def plan(
             num_gpus=num_gpus,
             **measured,
         )  # fmt: skip
-        overhead_said = f"the overhead the log measured ({_gib(budget.overhead_bytes)})"
+        overhead_said = (
+            f"the overhead the log measured ({_gib(budget.overhead_bytes)})"
+            if budget.source == "vllm-log"
+            else f"the {budget.source} overhead of {_gib(budget.overhead_bytes / num_gpus)} per GPU"
+        )
     elif overhead_bytes is None:
         budget = memory_budget.MemoryBudget(
             total_bytes=num_gpus * card.memory_bytes, utilization=util, weights_bytes=weights,
@@ -1448,7 +1557,8 @@ def plan(
             f"{weights_said}: more than the GPU memory of {where} "
             f"({_gib(memory)}); raise num_gpus or pick a larger GPU"
         )
-    kv_bytes = budget.kv_cache_bytes
+    # a log without a memory profile measured the KV cache itself: its size, else its blocks
+    kv_bytes = budget.kv_cache_bytes if measured_kv is None else measured_kv
     if kv_bytes <= 0:
         raise ValueError(
             f"{weights_said} and {overhead_said} leave no "
@@ -1458,6 +1568,18 @@ def plan(
     # tensor parallel: each GPU keeps its share of the KV heads, at least one (copied beyond)
     bytes_per_token = spec.kv_bytes_per_token * num_gpus / min(num_gpus, spec.num_kv_heads)
     capacity = _capacity(kv_bytes, bytes_per_token, block_size, max_seq_len)
+    if measured_blocks is not None:  # the blocks the log printed, not a count from its memory
+        capacity = dataclasses.replace(capacity, num_blocks=measured_blocks)
+    longest = None if failure is None else min(failure.longest_request, capacity.token_slots)
+    if seq_len_from_log and longest is not None and longest >= block_size:
+        # the logged server would not start: plan the longest request it could have served
+        max_seq_len = longest
+        capacity = dataclasses.replace(capacity, max_seq_len=max_seq_len)
+        log_notes.append(
+            f"planned for requests up to {max_seq_len:,} tokens, the longest that fit the logged "
+            f"KV cache (it was started for {failure.max_model_len:,}); give max_seq_len to plan "
+            "another length"
+        )
     if capacity.token_slots < max_seq_len:
         raise ValueError(
             f"the KV cache ({_gib(kv_bytes)}) holds {capacity.token_slots:,} token slots, fewer "
@@ -1531,6 +1653,7 @@ def plan(
         vllm_log=log,
         kv_cache_dtype=_vllm_kv_dtype(spec, kv_cache_dtype),
         log_notes=tuple(log_notes),
+        log_start_failure=failure,
     )
 
 

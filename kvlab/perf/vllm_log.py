@@ -5,7 +5,11 @@ non-torch memory`` and cuts it into whole blocks (``int(bytes // block_bytes)``)
 so in several formats (V0 from 0.3 to 0.7, V1 from 0.7 on); :func:`read_vllm_log` reads them
 all into one :class:`VllmLog`, and :meth:`VllmLog.predict` recomputes the blocks from the profile
 so a planner can be checked against what a real server did. Sizes are GiB as printed ("Loading
-model weights took X GB" is GiB too: vLLM divides by 2**30).
+model weights took X GB" is GiB too: vLLM divides by 2**30). A log of a server that would not
+start (V0: "The model's max seq len (N) is larger than the maximum number of tokens that can be
+stored in KV cache (M)"; V1: "To serve at least one request with the model's max seq len (N),
+(X GiB KV cache is needed, ..."; or an excerpt whose blocks x block_size are below its
+max_model_len) is read as what it had: :meth:`VllmLog.start_failure`.
 
 ``BUNDLED_LOGS`` lists the real start-up logs users posted (``kvlab/perf/vllm_logs/``, sources in
 its README), with the model facts needed to recompute each.
@@ -63,6 +67,13 @@ _PATTERNS: tuple[tuple[str, re.Pattern, str], ...] = tuple(
         ("num_gpu_blocks", r"(?:GPU|CUDA) blocks:\s*" + _NUM, "int"),
         ("num_cpu_blocks", r"CPU blocks:\s*" + _NUM, "int"),
         ("gpu_kv_cache_tokens", r"GPU KV cache size:\s*" + _NUM + r"\s*tokens", "int"),
+        # V0's refusal: "The model's max seq len (29000) is larger than the maximum number of
+        # tokens that can be stored in KV cache (23648)": blocks x block_size
+        (
+            "gpu_kv_cache_tokens",
+            r"maximum number of tokens that can be stored in KV cache \(" + _NUM + r"\)",
+            "int",
+        ),
         ("max_concurrency_tokens", r"Maximum concurrency for\s*" + _NUM + r"\s*tokens", "int"),
         (
             "max_concurrency",
@@ -74,6 +85,7 @@ _PATTERNS: tuple[tuple[str, re.Pattern, str], ...] = tuple(
             r"(?:\bmax_seq_len=|'max_model_len':\s*|Using max model len\s+)" + _NUM,
             "int",
         ),
+        ("max_model_len", r"models?'s max seq len \(" + _NUM + r"\)", "int"),  # a refusal
         ("max_num_batched_tokens", r"max_num_batched_tokens(?:=|'?:\s*)" + _NUM, "int"),
         ("tensor_parallel_size", r"tensor_parallel_size(?:=|'?:\s*)" + _NUM, "int"),
         ("block_size", r"'block_size':\s*" + _NUM, "int"),
@@ -104,6 +116,43 @@ _PER_WORKER = (
     "model_weights_gib", "peak_torch_memory_gib", "non_torch_memory_gib", "activation_peak_gib",
     "kv_cache_memory_gib", "cuda_graph_gib", "consumed_memory_gib",
 )  # fmt: skip
+
+
+def _words(text: str) -> str:
+    """A phrase as a pattern that also matches it wrapped over lines (as posts often are)."""
+    return r"\s+".join(text.split())
+
+
+# V1's refusal (vllm/v1/core/kv_cache_utils.py, check_enough_kv_cache_memory), one message that
+# posts often wrap: "To serve at least one request with the model's max seq len (40960), (5.62
+# GiB KV cache is needed, which is larger than the available KV cache memory (4.50 GiB). Based on
+# the available memory, the estimated maximum model length is 32768."
+_V1_REFUSAL = re.compile(
+    r"(?:"
+    + _words("To serve at least one request with the")
+    + r"\s+)?"
+    + _words("models?'s max seq len \\(")
+    + _NUM
+    + r"\),?\s*\(?"
+    + _SIZE
+    + r"\s+"
+    + _words("KV cache is needed, which is larger than the available KV cache memory \\(")
+    + _SIZE
+    + r"\)\.?(?:\s+"
+    + _words("Based on the available memory, the estimated maximum model length is")
+    + r"\s+"
+    + _NUM
+    + ")?"
+)
+# V0's refusal (vllm/worker/worker.py, raise_if_cache_size_invalid)
+_V0_REFUSAL = re.compile(
+    _words("The model's max seq len \\(")
+    + _NUM
+    + r"\)\s+"
+    + _words("is larger than the maximum number of tokens that can be stored in KV cache \\(")
+    + _NUM
+    + r"\)"
+)
 
 _FIELDS_REPORTED = (
     "total_gpu_memory_gib",
@@ -170,6 +219,52 @@ def blocks_for(
 
 
 @dataclass(frozen=True)
+class StartFailure:
+    """A server that would not start: one request of ``max_model_len`` tokens did not fit the
+    ``token_slots`` its KV cache held, so vLLM refused (V0 and V1 both check it at start-up)."""
+
+    max_model_len: int
+    token_slots: int  # blocks x block_size, as printed (or counted from the KV memory)
+    block_size: int
+    slots_from: str  # "printed" (blocks or tokens), "kv-size" (its KV memory), "estimate" (V1's)
+    refusal: str | None = None  # vLLM's words, where the log prints them
+    estimated_max_model_len: int | None = None  # V1's own estimate of the longest that fits
+
+    @property
+    def num_blocks(self) -> int:
+        return self.token_slots // self.block_size
+
+    @property
+    def shortfall_tokens(self) -> int:
+        """Token slots it lacked for one request of full length."""
+        return max(0, self.max_model_len - self.token_slots)
+
+    @property
+    def shortfall_blocks(self) -> int:
+        """Blocks it lacked: one request of full length holds ceil(max_model_len / block_size)."""
+        return max(0, -(-self.max_model_len // self.block_size) - self.num_blocks)
+
+    @property
+    def max_concurrency(self) -> float:
+        """vLLM's "Maximum concurrency": blocks x block_size / max_model_len (below 1 here)."""
+        return self.num_blocks * self.block_size / self.max_model_len
+
+    @property
+    def longest_request(self) -> int:
+        """The longest max_model_len that would have started: V1's estimate where printed,
+        else the slots (V0 starts when max_model_len <= blocks x block_size)."""
+        return self.estimated_max_model_len or self.token_slots
+
+    def __str__(self) -> str:
+        return (
+            f"the server would not start: its KV cache held {self.token_slots:,} token slots "
+            f"({self.num_blocks:,} blocks of {self.block_size}), {self.shortfall_tokens:,} short "
+            f"of one request of max_model_len {self.max_model_len:,} "
+            f"({self.max_concurrency:.2f}x)"
+        )
+
+
+@dataclass(frozen=True)
 class VllmLog:
     """What one vLLM start-up log printed (None: not printed). Sizes in GiB, per GPU."""
 
@@ -197,6 +292,10 @@ class VllmLog:
     tensor_parallel_size: int | None = None
     block_size: int | None = None
     kv_cache_dtype: str | None = None
+    # a server that would not start: vLLM's refusal as printed, and V1's figures in it
+    refusal: str | None = None
+    kv_cache_needed_gib: float | None = None  # V1: what one request of max_model_len needs
+    estimated_max_model_len: int | None = None  # V1: the longest request its KV cache holds
     missing: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
     workers_seen: int = 1  # distinct workers whose memory lines the log shows (TP: at least this)
@@ -294,12 +393,60 @@ class VllmLog:
 
     @property
     def printed_tokens(self) -> int | None:
-        """Token slots the log states: "GPU KV cache size", else blocks x block size."""
+        """Token slots the log states: "GPU KV cache size" (or the tokens V0's refusal names),
+        else blocks x block size."""
         if self.gpu_kv_cache_tokens is not None:
             return self.gpu_kv_cache_tokens
         if self.num_gpu_blocks is not None:
             return self.num_gpu_blocks * (self.block_size or 16)
         return None
+
+    @property
+    def printed_blocks(self) -> int | None:
+        """Blocks the log states: "# GPU blocks", else its token slots // block size (V1 prints
+        tokens only: blocks x block size for a model of one KV cache group)."""
+        if self.num_gpu_blocks is not None:
+            return self.num_gpu_blocks
+        tokens = self.printed_tokens
+        return None if tokens is None else tokens // (self.block_size or 16)
+
+    @property
+    def logged_max_model_len(self) -> int | None:
+        """The longest request the server was started for: its max_model_len, else the N of
+        "Maximum concurrency for N tokens per request" (vLLM prints max_model_len there)."""
+        return self.max_model_len or self.max_concurrency_tokens
+
+    def start_failure(self, spec: ModelSpec | None = None, tensor_parallel_size: int = 1):
+        """A :class:`StartFailure` when this server would not start, else None.
+
+        vLLM refuses to start when one request of ``max_model_len`` tokens does not fit its KV
+        cache (V0: ``blocks x block_size < max_model_len``; V1: the bytes it needs are more than
+        the KV memory). Read from the refusal where the log prints one, else from the slots it
+        printed (an excerpt may stop before the error). Without printed slots (V1's refusal
+        prints memory only) ``spec`` counts them from the KV memory, as vLLM would.
+        """
+        max_len = self.logged_max_model_len
+        if max_len is None:
+            return None
+        block_size = self.block_size or 16
+        slots, source = self.printed_tokens, "printed"
+        if slots is None and spec is not None and self.kv_cache_memory_gib is not None:
+            slots = self.predict(
+                spec, tensor_parallel_size=tensor_parallel_size, from_profile=False
+            ).tokens
+            source = "kv-size"
+        if slots is None and self.estimated_max_model_len is not None:
+            slots, source = self.estimated_max_model_len, "estimate"
+        if slots is None or (slots >= max_len and self.refusal is None):
+            return None
+        return StartFailure(
+            max_model_len=max_len,
+            token_slots=slots,
+            block_size=block_size,
+            slots_from=source,
+            refusal=self.refusal,
+            estimated_max_model_len=self.estimated_max_model_len,
+        )
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -396,6 +543,17 @@ def read_vllm_log(text: str) -> VllmLog:
             "one with the least KV memory are used, as vLLM sizes every worker's cache by it",
         )
     text_all = _ANSI.sub("", text)
+    refusal = _V1_REFUSAL.search(text_all)
+    if refusal is not None:
+        values.setdefault("max_model_len", _value(refusal, "int"))
+        values["kv_cache_needed_gib"] = float(refusal.group(2)) * _UNITS[refusal.group(3)]
+        values.setdefault("kv_cache_memory_gib", float(refusal.group(4)) * _UNITS[refusal.group(5)])
+        if refusal.group(6) is not None:
+            values["estimated_max_model_len"] = int(refusal.group(6).replace(",", ""))
+        values["refusal"] = " ".join(refusal.group(0).split())
+        v1 += 1
+    elif (v0_refusal := _V0_REFUSAL.search(text_all)) is not None:
+        values["refusal"] = " ".join(v0_refusal.group(0).split())
     engine = "V1" if v1 and (v1 >= v0 or "V1 LLM engine" in text_all) else ("V0" if v0 else None)
     if "V1 LLM engine" in text_all:
         engine = "V1"
@@ -604,6 +762,18 @@ BUNDLED_LOGS: tuple[BundledLog, ...] = (
         spec_from_hf_config(_QWEN25_7B_DISTILL, name="DeepSeek-R1-Distill-Qwen-7B"),
         max_num_batched_tokens=2048,  # max(max_seq_len 2048, 2048)
         note="fp16 (cast from bf16 on Volta)",
+    ),  # fmt: skip
+    BundledLog(
+        "rtx4080-qwen25-7b-awq-v1",
+        "kvlab search index, public GitHub file id 57722428709",
+        "RTX 4080 (16 GB; 15.99 GiB per the post)",
+        "0.26.0 (V1; the post says so)",
+        spec_from_hf_config(
+            dict(_QWEN25_7B_DISTILL, max_position_embeddings=32768), name="Qwen2.5-7B-Instruct-AWQ"
+        ),
+        fit=False,
+        note="the KV cache's size and tokens only (V1 at INFO, `--max-model-len 32768`); AWQ "
+        "weights (5.29 GiB per the post, not in the log)",
     ),  # fmt: skip
     BundledLog(
         "oci-aqua-llama31-8b-22gb-128k",

@@ -12,6 +12,7 @@ from kvlab.perf import overhead
 from kvlab.perf.vllm_log import (
     BUNDLED_LOGS,
     GiB,
+    StartFailure,
     blocks_for,
     bundled_log,
     kv_bytes_per_token_per_gpu,
@@ -166,6 +167,73 @@ def test_tensor_parallel_takes_the_worker_with_the_least_kv_memory_and_says_so()
         "total_gpu_memory (44.42GiB) x gpu_memory_utilization (0.90) = 39.98GiB\n"
     )
     assert read_vllm_log(v0).workers_seen == 3
+
+
+def test_v0_refusal_names_the_slots_it_had():
+    # vLLM 0.6.4 started for 29,000 tokens with 1,478 blocks of 16: it refused (as posted)
+    log = bundled_log("vllm-10517-llama31-8b-rtx3090-29k").read()
+    assert (log.max_model_len, log.gpu_kv_cache_tokens, log.num_gpu_blocks) == (29000, 23648, 1478)
+    assert log.gpu_kv_cache_tokens == log.num_gpu_blocks * 16 and log.printed_blocks == 1478
+    assert log.refusal == (
+        "The model's max seq len (29000) is larger than the maximum number of tokens that can be "
+        "stored in KV cache (23648)"
+    )
+    failure = log.start_failure()
+    assert (failure.token_slots, failure.shortfall_tokens, failure.longest_request) == (
+        23648,
+        5352,
+        23648,
+    )
+    # the same refusal of a 131,072-token server in another log
+    oci = bundled_log("oci-aqua-llama31-8b-22gb-128k").read()
+    assert (oci.max_model_len, oci.gpu_kv_cache_tokens) == (131072, 2356 * 16)
+    # servers that started are no failure, even without a max_model_len line
+    for name in (
+        "vllm-10517-llama31-8b-rtx3090-20k",
+        "a10g-qwen25-math-15b",
+        "vllm-pr3120-opt-125m",
+    ):
+        log = bundled_log(name).read()
+        assert log.refusal is None and log.start_failure() is None, name
+
+
+def test_v1_refusal_wrapped_over_lines():
+    # as a user posted it (the message broken after each clause); V1 prints memory, not blocks
+    text = (
+        "(EngineCore_DP0 pid=18799) ERROR 10-08 20:33:48 [core.py:708] ValueError: \n"
+        "To serve at least one request with the models's max seq len (40960), \n"
+        "(5.62 GiB KV cache is needed, which is larger than the available KV cache memory "
+        "(4.50 GiB). \nBased on the available memory, the estimated maximum model length is "
+        "32768. \nTry increasing `gpu_memory_utilization` or decreasing `max_model_len`\n"
+    )
+    log = read_vllm_log(text)
+    assert (log.engine, log.max_model_len, log.kv_cache_memory_gib) == ("V1", 40960, 4.5)
+    assert (log.kv_cache_needed_gib, log.estimated_max_model_len) == (5.62, 32768)
+    assert log.refusal.startswith("To serve at least one request with the models's max seq len")
+    # without a model the slots are V1's own estimate; with one, counted from the KV memory
+    assert log.start_failure().slots_from == "estimate"
+    one_line = " ".join(text.split("\n"))
+    assert read_vllm_log(one_line).estimated_max_model_len == 32768
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    block_size=st.sampled_from([1, 8, 16, 32, 64, 128]),
+    num_blocks=st.integers(0, 5000),
+    extra=st.sampled_from([-1, 0, 1]),
+    k=st.integers(1, 6000),
+)
+def test_a_refusal_is_counted_in_whole_blocks(block_size, num_blocks, extra, k):
+    # max_model_len at k x block_size - 1, k x block_size, k x block_size + 1
+    max_len = max(1, k * block_size + extra)
+    f = StartFailure(max_len, num_blocks * block_size, block_size, "printed")
+    assert f.num_blocks == num_blocks
+    assert f.max_concurrency == num_blocks * block_size / max_len
+    assert f.shortfall_tokens == max(0, max_len - num_blocks * block_size)
+    # one request of max_len tokens holds ceil(max_len / block_size) blocks
+    need = -(-max_len // block_size)
+    assert f.shortfall_blocks == max(0, need - num_blocks)
+    assert (f.shortfall_blocks == 0) == (num_blocks * block_size >= max_len)
 
 
 _CANONICAL = bundled_log("vllm-15815-qwen25-32b-2xl40s-tp2").text()
