@@ -23,7 +23,6 @@ from kvlab.core.kv_spec import (
     LayerGroup,
     MLASpec,
     SlidingWindowSpec,
-    StateSpec,
     format_of_bytes,
     kv_format,
 )
