@@ -264,7 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--kv-cache-dtype",
-        help="auto (the model's dtype) or fp8 (1 byte: half the KV bytes), as vLLM's flag",
+        help="auto (the model's dtype), fp8 (1 byte: half the KV bytes), fp8_e4m3, fp8_e5m2, "
+        "int8_per_token_head, fp8_per_token_head, nvfp4, bfloat16, ...: vLLM's choices",
     )
     plan.add_argument(
         "--max-num-batched-tokens",

@@ -65,7 +65,8 @@ def with_price(gpu: GPU, price_per_hour: float | None) -> PricedGPU:
     return PricedGPU(**fields, price_per_hour=price_per_hour)
 
 
-# Bandwidth and dense bf16 tensor-core FLOP/s: NVIDIA data sheets (SXM parts; the first four are
+# Where the figures come from. Bandwidth and dense bf16 tensor-core FLOP/s: NVIDIA data sheets
+# (SXM parts; memory: the nvidia-smi totals above, Blackwell's from its data sheets; the first four are
 # kvlab.perf.roofline's presets). L4: 300 GB/s GDDR6, 24 GB, 121 TFLOP/s bf16 dense (the data sheet's
 # 242 is with sparsity).
 #
@@ -93,6 +94,14 @@ CATALOGUE: dict[str, PricedGPU] = {
         # cores (Turing, sm_75: no bf16; Triton's kernels use no tensor cores there, see
         # docs/hubs.md); CUDA sees 15,360 MiB of it
         PricedGPU("T4-16GB", 320e9, 65e12, 15_360 * MiB, price_per_hour=0.35),
+        # Blackwell. NVIDIA's data sheets (DGX B200, GB200 NVL72, DGX B300 / HGX B300, per GPU):
+        # HBM3e bandwidth 8 TB/s; dense BF16 tensor-core FLOP/s 2.25 PFLOP/s for B200 and
+        # B300 (4.5 with sparsity), 2.5 for a GB200's B200 (5 with sparsity); memory as the
+        # data sheets print it, in decimal GB (180, 186, 288: no nvidia-smi total measured
+        # here, so give yours with --gpu-memory-gib for an exact plan). Prices: assumptions.
+        PricedGPU("B200-180GB", 8e12, 2.25e15, 180e9, price_per_hour=5.50),
+        PricedGPU("GB200-186GB", 8e12, 2.5e15, 186e9, price_per_hour=6.50),
+        PricedGPU("B300-288GB", 8e12, 2.25e15, 288e9, price_per_hour=7.50),
     )
 }
 # other spellings people type (and kvlab.perf.roofline's names)
@@ -104,6 +113,9 @@ ALIASES = {
     "l4": "L4-24GB",
     "t4": "T4-16GB",
     "tesla t4": "T4-16GB",
+    "b200": "B200-180GB",
+    "gb200": "GB200-186GB",
+    "b300": "B300-288GB",
 }
 
 

@@ -94,6 +94,7 @@ from kvlab.models.specs import KV_CACHE_DTYPE_ALIASES
 from kvlab.perf import gpus as gpu_catalogue
 from kvlab.perf import memory_budget
 from kvlab.perf.gpus import GiB, PricedGPU, with_price
+from kvlab.perf.kv_groups import KVCacheLayout, describe_group, kv_cache_layout
 from kvlab.perf.memory_budget import MemoryBudget
 from kvlab.perf.roofline import GPU
 from kvlab.perf.vllm_log import StartFailure, VllmLog, kv_bytes_per_token_per_gpu, read_vllm_log
@@ -358,26 +359,43 @@ def _resolve_max_seq_len(spec: ModelSpec, max_seq_len, *, required: bool) -> int
 
 @dataclass(frozen=True)
 class Capacity:
-    """What a KV cache of ``kv_cache_bytes`` holds: whole blocks of ``block_size`` token slots."""
+    """What a KV cache of ``kv_cache_bytes`` holds: whole blocks of ``block_size`` token slots.
+
+    A model that is not one full-attention group (``layout``: vLLM v1's groups,
+    :mod:`kvlab.perf.kv_groups`) holds blocks of every group in one pool: ``num_blocks`` of the
+    pool, ``reserve_blocks`` of them for one request at full length."""
 
     kv_cache_bytes: float
     bytes_per_token: float  # K and V of one token over all layers (and GPUs)
     block_size: int
     num_blocks: int  # whole blocks that fit
     max_seq_len: int | None
+    reserve_blocks: int | None = None  # a request at full length, over every group (hybrids)
+    layout: KVCacheLayout | None = field(default=None, repr=False, compare=False)
 
     @property
     def block_bytes(self) -> float:
+        if self.layout is not None:
+            return self.layout.block_bytes
         return self.block_size * self.bytes_per_token
 
     @property
     def token_slots(self) -> int:
+        """Token slots; for a hybrid, vLLM's "GPU KV cache size" (the pool's blocks per group)."""
+        if self.layout is not None:
+            return self.layout.token_slots(self.num_blocks)
         return self.num_blocks * self.block_size
 
     @property
     def max_concurrency(self) -> float | None:
-        """Requests of ``max_seq_len`` tokens that fit at once (vLLM's start-up log figure)."""
-        return None if self.max_seq_len is None else self.token_slots / self.max_seq_len
+        """Requests of ``max_seq_len`` tokens that fit at once (vLLM's start-up log figure; for
+        one full-attention group, slots / max_seq_len: vLLM's blocks / cdiv(max_seq_len, block)
+        whenever max_seq_len is a multiple of the block)."""
+        if self.max_seq_len is None:
+            return None
+        if self.reserve_blocks is not None:
+            return self.num_blocks / self.reserve_blocks
+        return self.token_slots / self.max_seq_len
 
     def __str__(self) -> str:
         line = f"# GPU blocks: {self.num_blocks:,} of {self.block_size} tokens ({self.token_slots:,} token slots)"
@@ -412,7 +430,26 @@ def kv_capacity(
     kv_bytes = _number("kv_cache_bytes", kv_cache_bytes)
     block_size = positive_int("block_size", block_size)
     max_seq_len = _resolve_max_seq_len(spec, max_seq_len, required=False)
-    return _capacity(kv_bytes, spec.kv_bytes_per_token, block_size, max_seq_len)
+    if spec.is_dense:
+        return _capacity(kv_bytes, spec.kv_bytes_per_token, block_size, max_seq_len)
+    return _layout_capacity(
+        spec, kv_bytes, block_size, max_seq_len, 1, VLLM_MAX_NUM_BATCHED_TOKENS_LARGE_GPU
+    )
+
+
+def _layout_capacity(spec, kv_bytes, block_size, max_seq_len, num_gpus, batched) -> Capacity:
+    """Capacity as vLLM v1 groups a hybrid model's layers (kvlab.perf.kv_groups): ``kv_bytes``
+    of all ``num_gpus`` GPUs, each holding its share."""
+    layout = kv_cache_layout(spec.layer_groups, block_size=block_size, tensor_parallel=num_gpus)
+    num_blocks = layout.num_blocks(kv_bytes / num_gpus)
+    per_gpu_token = sum(
+        g.num_layers * g.spec.token_bytes() for g in layout.groups
+    )  # what one more token costs on one GPU
+    reserve = None if max_seq_len is None else layout.blocks_reserved(max_seq_len, batched)
+    return Capacity(
+        kv_bytes, per_gpu_token * num_gpus, block_size, num_blocks, max_seq_len,
+        reserve_blocks=reserve, layout=layout,
+    )  # fmt: skip
 
 
 # --- workloads ------------------------------------------------------------------------------
@@ -691,6 +728,76 @@ class Plan:
         if log.has_profile or (self.memory is not None and self.memory.source == "given"):
             return "profile" if log.has_profile else "budget"
         return "printed" if log.printed_tokens is not None else "kv-size"
+
+    @property
+    def kv_groups(self) -> list[dict]:
+        """Per kind of layer, as vLLM v1 lays it out: what one token costs and what a request of
+        full length reserves (bytes, all GPUs), and the window, latent or state it keeps."""
+        spec, cap = self.model, self.capacity
+        layout = cap.layout
+        n = self.num_gpus
+        if layout is None:
+            group = spec.layer_groups[0]
+            per_token = cap.bytes_per_token
+            return [{
+                "kind": group.spec.kind, "what": describe_group(group.spec),
+                "layers": group.num_layers, "groups": 1, "padding_layers": 0,
+                "block_size": self.block_size, "bytes_per_token": per_token,
+                "reserved_bytes_per_request": per_token * self.block_size
+                * math.ceil(self.max_seq_len / self.block_size),
+            }]  # fmt: skip
+        rows: dict = {}
+        for g in layout.groups:
+            row = rows.setdefault(g.spec, {
+                "kind": g.spec.kind, "what": describe_group(g.spec), "layers": 0, "groups": 0,
+                "padding_layers": 0, "block_size": g.block_size, "bytes_per_token": 0,
+                "reserved_bytes_per_request": 0,
+            })  # fmt: skip
+            row["layers"] += g.num_layers
+            row["groups"] += 1
+            row["padding_layers"] += layout.group_size - g.num_layers
+            row["bytes_per_token"] += n * g.num_layers * g.spec.token_bytes()
+            reserved = g.blocks_reserved(self.max_seq_len, self.max_num_batched_tokens)
+            row["reserved_bytes_per_request"] += n * reserved * layout.block_bytes
+        return list(rows.values())
+
+    def kv_table(self) -> str:
+        """The KV layout in aligned text: one row per kind of layer."""
+        header = ["layers", "kind", "vLLM groups", "bytes/token", "reserved at full length"]
+        rows = [
+            [
+                f"{r['layers']}",
+                r["what"],
+                f"{r['groups']} (+{r['padding_layers']} padding)"
+                if r["padding_layers"]
+                else f"{r['groups']}",
+                f"{r['bytes_per_token']:,.0f}",
+                _size(r["reserved_bytes_per_request"]),
+            ]
+            for r in self.kv_groups
+        ]
+        widths = [max(len(x[i]) for x in [header, *rows]) for i in range(len(header))]
+        return "\n".join(
+            "  ".join(c.ljust(w) if i == 1 else c.rjust(w) for i, (c, w) in
+                      enumerate(zip(row, widths, strict=True))).rstrip()
+            for row in [header, *rows]
+        )  # fmt: skip
+
+    def _kv_line(self) -> str | None:
+        """The layout in words, for a model that is not one full-attention group."""
+        if self.capacity.layout is None:
+            return None
+        rows = self.kv_groups
+        parts = [f"{r['layers']} layers of {r['what']}" for r in rows]
+        layout = self.capacity.layout
+        pad = f", {layout.padding_layers} padding" if layout.padding_layers else ""
+        reserved = sum(r["reserved_bytes_per_request"] for r in rows)
+        return (
+            f"KV layout (as vLLM v1): {'; '.join(parts)}; {len(layout.groups)} groups of "
+            f"{layout.group_size} layers{pad}, blocks of {layout.block_size} tokens; a request of "
+            f"{self.max_seq_len:,} tokens reserves {_size(reserved)} "
+            f"({self.capacity.reserve_blocks:,} blocks of the pool's {self.capacity.num_blocks:,})."
+        )
 
     @property
     def log_check(self) -> dict | None:
@@ -1075,6 +1182,9 @@ class Plan:
         ]
         if self.memory is not None and self.memory.spread:
             lines.append(f"How sure: {self.memory.spread}.")
+        kv_line = self._kv_line()
+        if kv_line:
+            lines.append(kv_line)
         w = self.workload
         if w.prefix_hit_rate:
             lines.append(
@@ -1245,7 +1355,10 @@ class Plan:
         return "\n".join([fmt(header), *(fmt(r) for r in rows)])
 
     def __str__(self) -> str:
-        return self.summary + "\n\n" + self.text_table()
+        text = self.summary + "\n\n" + self.text_table()
+        if self.capacity.layout is not None:  # a model of several kinds of layer
+            text += "\n\n" + self.kv_table()
+        return text
 
     def to_dict(self) -> dict:
         """Everything as plain JSON-able values."""
@@ -1280,7 +1393,9 @@ class Plan:
                 "num_blocks": self.capacity.num_blocks,
                 "token_slots": self.capacity.token_slots,
                 "max_concurrency": self.capacity.max_concurrency,
+                "reserve_blocks": self.capacity.reserve_blocks,
             },
+            "kv_groups": self.kv_groups,
             "memory": None if self.memory is None else self.memory.to_dict(),
             "vllm_log": self.log_check,
             "workload": self.workload.to_dict(),
@@ -1313,6 +1428,11 @@ def in_words(message: str, names: dict[str, str]) -> str:
 
 def _gib(n: float) -> str:
     return f"{n / GiB:,.1f} GiB"
+
+
+def _size(n: float) -> str:
+    """Bytes in GiB, or MiB under one GiB (a request's few state blocks)."""
+    return _gib(n) if n >= GiB else f"{n / 2**20:,.1f} MiB"
 
 
 def plan(
@@ -1565,9 +1685,15 @@ def plan(
             f"memory for the KV cache: {where} x gpu_memory_utilization {util:g} = "
             f"{_gib(usable)}; raise num_gpus or gpu_memory_utilization, or pick a larger GPU"
         )
-    # tensor parallel: each GPU keeps its share of the KV heads, at least one (copied beyond)
-    bytes_per_token = spec.kv_bytes_per_token * num_gpus / min(num_gpus, spec.num_kv_heads)
-    capacity = _capacity(kv_bytes, bytes_per_token, block_size, max_seq_len)
+    if spec.is_dense:
+        # tensor parallel: each GPU keeps its share of the KV heads, at least one (copied beyond)
+        bytes_per_token = spec.kv_bytes_per_token * num_gpus / min(num_gpus, spec.num_kv_heads)
+        capacity = _capacity(kv_bytes, bytes_per_token, block_size, max_seq_len)
+    else:  # windows, latents, states: vLLM v1's groups (kvlab.perf.kv_groups)
+        capacity = _layout_capacity(
+            spec, kv_bytes, block_size, max_seq_len, num_gpus, max_num_batched_tokens
+        )
+        bytes_per_token = capacity.bytes_per_token
     if measured_blocks is not None:  # the blocks the log printed, not a count from its memory
         capacity = dataclasses.replace(capacity, num_blocks=measured_blocks)
     longest = None if failure is None else min(failure.longest_request, capacity.token_slots)
@@ -1575,12 +1701,22 @@ def plan(
         # the logged server would not start: plan the longest request it could have served
         max_seq_len = longest
         capacity = dataclasses.replace(capacity, max_seq_len=max_seq_len)
+        if capacity.layout is not None:
+            reserve = capacity.layout.blocks_reserved(max_seq_len, max_num_batched_tokens)
+            capacity = dataclasses.replace(capacity, reserve_blocks=reserve)
         log_notes.append(
             f"planned for requests up to {max_seq_len:,} tokens, the longest that fit the logged "
             f"KV cache (it was started for {failure.max_model_len:,}); give max_seq_len to plan "
             "another length"
         )
-    if capacity.token_slots < max_seq_len:
+    if capacity.layout is not None and capacity.num_blocks < capacity.reserve_blocks:
+        raise ValueError(
+            f"the KV cache ({_gib(kv_bytes)}) holds {capacity.num_blocks:,} blocks of its pool, "
+            f"fewer than the {capacity.reserve_blocks:,} a request of max_seq_len="
+            f"{max_seq_len:,} reserves: a request of full length could never run (vLLM "
+            "refuses to start); lower max_seq_len or add memory"
+        )
+    if capacity.token_slots < max_seq_len and capacity.layout is None:
         raise ValueError(
             f"the KV cache ({_gib(kv_bytes)}) holds {capacity.token_slots:,} token slots, fewer "
             f"than max_seq_len={max_seq_len:,}: a request of full length could never run (vLLM "
@@ -1607,10 +1743,23 @@ def plan(
         if max_num_seqs is None or speed_cap < max_num_seqs:
             max_num_seqs, cap_source = speed_cap, "min-tokens-per-user"
     slots = capacity.token_slots
+    layout = capacity.layout
     policies = {}
     for cache in POLICIES:
         footprint = stats.footprint[cache]
-        if cache == "contiguous":
+        if layout is not None:
+            # a hybrid: each request holds blocks of every group (a window at most its last
+            # blocks, a state one); max-length booking reserves what vLLM reserves
+            blocks = capacity.num_blocks
+            if cache == "contiguous":
+                running = float(math.floor(capacity.max_concurrency))
+            elif cache == "paged":
+                running = blocks / layout.blocks_for(footprint)
+            else:
+                running = max(1.0, ARENA_PACKING * blocks / layout.blocks_for(footprint))
+            held = stats.held_tokens
+            slots = held * blocks / layout.blocks_for(held)  # what memory_holding_tokens reads
+        elif cache == "contiguous":
             running = float(slots // max_seq_len)
         elif cache == "paged":
             running = slots / footprint

@@ -116,7 +116,7 @@ def test_reads_a_path(tmp_path):
         (42, TypeError, "dict"),
         ({"num_attention_heads": 8}, ValueError, "num_hidden_layers"),
         (dict(LLAMA_3_8B_CONFIG, num_key_value_heads=0), ValueError, "num_key_value_heads"),
-        (dict(LLAMA_3_8B_CONFIG, num_local_experts=8), ValueError, "mixture-of-experts"),
+        (dict(LLAMA_3_8B_CONFIG, cross_attention_layers=[3, 8]), ValueError, "cross_attention"),
         (dict(LLAMA_3_8B_CONFIG, torch_dtype="int3"), ValueError, "torch_dtype"),
         ({"num_hidden_layers": 2, "num_attention_heads": 2}, ValueError, "head_dim"),
     ],

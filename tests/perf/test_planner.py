@@ -314,7 +314,7 @@ def test_plan_is_instant_once_the_workload_is_sampled():
     "args, kwargs, error, match",
     [
         (("gpt-9", "H100-80GB"), {}, ValueError, "presets are OPT-13B, Llama-3-8B"),
-        (("Llama-3-8B", "B200"), {}, ValueError, "presets are A100-40GB, .*L4-24GB"),
+        (("Llama-3-8B", "TPU-v5"), {}, ValueError, "presets are A100-40GB, .*L4-24GB"),
         ((42, "H100-80GB"), {}, TypeError, "model must be"),
         (("Llama-3-8B", None), {}, TypeError, "gpu must be"),
         (
@@ -436,9 +436,9 @@ def test_cli_prints_the_table(capsys):
 
 
 def test_cli_errors_exit_2_with_the_message(capsys):
-    assert cli_main(["plan", "--model", "Llama-3-8B", "--gpu", "B200"]) == 2
+    assert cli_main(["plan", "--model", "Llama-3-8B", "--gpu", "TPU-v5"]) == 2
     err = capsys.readouterr().err
-    assert "kvlab plan: error: unknown gpu 'B200'; presets are A100-40GB" in err
+    assert "kvlab plan: error: unknown gpu 'TPU-v5'; presets are A100-40GB" in err
     assert cli_main(["plan", "--model", "Llama-3-8B", "--gpu", "L4", "--utilization", "2"]) == 2
     assert "--utilization must be in (0, 1]" in capsys.readouterr().err
 
@@ -502,6 +502,9 @@ def test_vllm_default_max_num_seqs_is_the_planners_default():
         "H200-141GB": 1024,
         "L4-24GB": 256,
         "T4-16GB": 256,
+        "B200-180GB": 1024,
+        "GB200-186GB": 1024,
+        "B300-288GB": 1024,
     }
     assert vllm_default_max_num_seqs(gpus.with_memory(gpus.lookup("L4"), 80)) == 1024
     p = plan("Llama-3-8B", "H100-80GB")
