@@ -430,7 +430,8 @@ class HybridBlockManager:
         new = list(token_ids[known:num_computed])
         if len(new) != num_computed - known:
             raise ValueError(f"token_ids holds {len(token_ids)} ids, fewer than {num_computed}")
-        ids.extend(_token_id(t, f"token_ids[{known + i}]") for i, t in enumerate(new))
+        # every id checked before any is kept: a bad one changes nothing
+        ids.extend([_token_id(t, f"token_ids[{known + i}]") for i, t in enumerate(new)])
         self._cache_full_blocks(seq_id, seq)
         return None
 

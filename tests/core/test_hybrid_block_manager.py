@@ -583,3 +583,20 @@ def test_window_hit_needs_only_its_last_blocks():
     plan = m.plan_allocation(prompt + [50])
     assert plan.num_cached_tokens == 10
     assert [b is m.null_block for b in plan.hit_blocks[0]] == [True] * 4 + [False]
+
+
+def test_cache_computed_with_a_bad_id_changes_nothing():
+    """A bad id anywhere in the new part is refused before any id is kept, as BlockManager
+    does: a partly extended list would make later blocks findable under ids never checked."""
+    m = HybridBlockManager(20, 2, [FULL, window(3)], enable_prefix_caching=True)
+    m.allocate("a", [1, 2, 3])
+    m.append_slot("a")  # slots reserved before their ids are known
+    m.append_slot("a")
+    before = snapshot(m)
+    with pytest.raises(TypeError, match=r"token_ids\[4\]"):
+        m.cache_computed("a", [1, 2, 3, 4, "x"], 5)
+    assert m.token_ids("a") == [1, 2, 3]
+    assert snapshot(m) == before
+    m.cache_computed("a", [1, 2, 3, 4, 5], 5)
+    assert m.token_ids("a") == [1, 2, 3, 4, 5]
+    m.check_invariants()
