@@ -209,6 +209,10 @@ def test_sliding_window_returns_blocks(block_size, k_offset):
         skipped = spec.first_needed(n - 1) // block_size
         assert table[:skipped] == [null] * skipped
         assert null not in table[skipped:]
+        # read off the window itself: the newest token (position n - 1) reads n - w .. n - 1,
+        # so a block is held exactly when its last slot is one of them
+        reads = [(i + 1) * block_size - 1 >= n - w for i in range(len(table))]
+        assert [b != null for b in table] == reads
         assert len(table) == cdiv(n, block_size)
         assert m.num_free_blocks == 200 - (len(table) - skipped)
         assert null not in m.free_block_ids()
@@ -230,6 +234,8 @@ def test_window_blocks_held_are_the_specs_figure():
             held = m.blocks_held("s")
             # appending the n-th token dropped what token n - 1 no longer reads
             assert held == cdiv(n, size) - spec.first_needed(n - 1) // size
+            # the spec's figure for the n - 1 computed tokens, and the block the n-th opened
+            assert held == spec.blocks_held(n - 1, size) + cdiv(n, size) - cdiv(n - 1, size)
 
 
 def test_shared_window_blocks_are_freed_by_their_last_holder():
