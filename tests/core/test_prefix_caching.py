@@ -773,6 +773,27 @@ def test_a_block_filled_twice_does_not_hide_the_rest_of_the_prefix(kind):
     m.check_invariants()
 
 
+@both
+def test_a_fork_s_blocks_after_a_copy_of_a_cached_block_are_findable(kind):
+    """Parallel sampling of a prompt whose last full block is a copy of a cached one: the
+    samples' next blocks follow the cached block, while the copy is still shared (issue 34)."""
+    m = manager(num_blocks=16, block_size=2, prefix_cache=kind)
+    m.allocate("A", [1, 1, 3, 3, 2])
+    m.allocate("B", [1, 1, 3, 3])  # its (3,3) is a copy of A's: its last known block
+    m.fork("B", "C")  # B and C share the copy
+    m.append_slot("C", 0)
+    m.append_slot("C", 0)  # C's (0,0) follows the cached (3,3)
+    prompt = [1, 1, 3, 3, 0, 0, 9]
+    assert len(m.plan_allocation(prompt).cached) * 2 == 6
+    m.check_invariants()
+    m.free("B")
+    m.free("C")
+    assert len(m.plan_allocation(prompt).cached) * 2 == 6
+    m.allocate("D", prompt)
+    assert m.num_cached_tokens("D") == 6
+    m.check_invariants()
+
+
 class ShadowExecutor:
     """Computes nothing, but keeps what each slot holds and checks what each step reads: the
     engine computes positions [num_computed, num_computed + num_scheduled) and attends to every

@@ -152,25 +152,48 @@ def test_a_block_filled_twice_is_swapped_for_the_cached_one():
     m.check_invariants()
 
 
-def test_a_copy_a_fork_still_holds_is_not_swapped():
+def test_a_copy_a_fork_still_holds_is_swapped_too_and_the_fork_keeps_it():
     m = radix(num_blocks=16, block_size=4)
     m.allocate("B", [1, 2, 3, 4, 5, 6, 7, 8])  # (1..4) and (5..8) cached
     m.allocate("A", [1, 2, 3, 4, 5], num_computed=4)  # an engine's sequence: shares (1..4)
     for _ in range(3):
         m.append_slot("A")  # slots reserved, ids not known yet
     m.fork("A", "A2")  # both hold A's full, not yet computed (5..8) block
+    copy = m.block_table("A")[1]
     for _ in range(4):
         m.append_slot("A")
     ids = list(range(1, 13))
-    m.cache_computed("A", ids, 12)  # (5..8) is cached already, but A2 holds A's copy
-    assert m.block_table("A")[1] == m.block_table("A2")[1] != m.block_table("B")[1]
-    assert len(m.plan_allocation(ids + [0]).cached) == 2  # A's (9..12) waits behind it
-    m.free("A2")
+    m.cache_computed("A", ids, 8)  # (5..8) is cached already: A's copy is its last known block
+    assert m.block_table("A")[1] == copy
+    m.cache_computed("A", ids, 12)  # now surely written: A takes B's block, A2 keeps the copy
+    assert m.block_table("A")[1] == m.block_table("B")[1] != copy == m.block_table("A2")[1]
+    assert (m.ref_count(copy), m.ref_count(m.block_table("B")[1])) == (1, 2)
+    assert len(m.plan_allocation(ids + [0]).cached) == 3  # A's (9..12) follows B's (5..8)
     for _ in range(4):
-        m.append_slot("A")
-    m.cache_computed("A", list(range(1, 17)), 16)  # A's copy is its own now: swapped
-    assert m.block_table("A")[1] == m.block_table("B")[1]
-    assert len(m.plan_allocation(list(range(1, 18))).cached) == 4
+        m.append_slot("A2")
+    m.cache_computed("A2", [*range(1, 9), 0, 0, 0, 0], 12)  # A2's copy goes the same way
+    assert m.block_table("A2")[1] == m.block_table("B")[1] and m.ref_count(copy) == 0
+    assert copy in m.pool.free_queue.block_ids()
+    assert len(m.plan_allocation([*range(1, 9), 0, 0, 0, 0, 1]).cached) == 3
+    m.check_invariants()
+
+
+def test_a_fork_past_a_cached_prefix_holds_the_tree_s_block():
+    """The tree's block a fork takes may be one nobody held: the path it continues is locked
+    from then on (one block less free while the fork's copy is still held elsewhere)."""
+    m = radix(num_blocks=16)
+    m.allocate("A", [1, 1, 3, 3, 2])
+    m.allocate("B", [1, 1, 3, 3])  # its (3,3) is a copy of A's, its last known block
+    m.fork("B", "C")
+    m.free("A")  # A's (3,3) is evictable now
+    tree, free = m.prefix_cache, m.num_free_blocks
+    m.append_slot("C", 0)  # a new block for C
+    m.append_slot("C", 0)  # C's (0,0) fills: C takes A's (3,3), (0,0) goes under it
+    assert m.num_free_blocks == free - 2  # the new block, and A's (3,3) held again
+    assert m.block_table("C")[:2] == [0, 1] and m.block_table("B") == [0, 3]
+    assert edges(m) == [((), (0,)), ((0,), (1,)), ((0, 1), (4,))]
+    assert tree.root.children[(1, 1)].children[(3, 3)].lock_ref == 1
+    assert len(m.plan_allocation([1, 1, 3, 3, 0, 0, 9]).cached) == 3
     m.check_invariants()
 
 

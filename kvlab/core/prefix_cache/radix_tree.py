@@ -65,8 +65,13 @@ class RadixTreeCache:
 
     A sequence's state is the node its path ends in: it holds every block from the root to
     there. A block that fills with the tokens of a block already in the tree is not cached
-    twice: the sequence drops its copy for the tree's block, once its copy is surely written (a
-    later block of it is known) and no other sequence holds it.
+    twice: the tree keeps its node, the sequence drops its copy for the tree's block once its
+    copy is surely written (a later block of it is known), and its later blocks enter the tree
+    under that node, as SGLang's ``insert`` walks past the nodes it matches and the request
+    frees its duplicate pages for the tree's. It does so even while a fork still holds the copy
+    (the fork keeps it): the tree's node must be held for a held node to hang below it, so
+    that costs one block while nobody else holds the tree's, the price of finding what the
+    sequence adds next (the hash chain finds it too, until the tree's block is handed out).
     """
 
     keeps_free_blocks = True
@@ -120,7 +125,8 @@ class RadixTreeCache:
     # --- growing the tree ----------------------------------------------------------------------
     def cache_full_blocks(self, state: Node, table: list[Block], token_ids: list[int]) -> Node:
         """Extend the sequence's path over its known full blocks: along blocks the tree has
-        (taking the tree's block in place of its own copy), then a new leaf for the rest."""
+        (taking the tree's block in place of its own copy, even one a fork shares), then a new
+        leaf for the rest."""
         size, node = self.block_size, state
         full = len(token_ids) // size
         j = node.depth
@@ -136,8 +142,8 @@ class RadixTreeCache:
                     break
                 own, cached = table[j + k], child.blocks[k]
                 if own is not cached:
-                    # its copy may still be written (the last known block) or be held by a fork
-                    if j + k == full - 1 or own.ref_count > 1:
+                    # its copy may still be written while it is the last known block
+                    if j + k == full - 1:
                         waiting = True
                         break
                     self._take_cached(table, j + k, cached)
