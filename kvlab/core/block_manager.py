@@ -167,6 +167,7 @@ class BlockManager:
                 hash_fn=hash_fn,
                 cpu_blocks=cpu_cache_blocks,
                 mover=tier_mover,
+                block_tables=self._tables,
             )
         elif cpu_cache_blocks is not None:
             raise ValueError(
@@ -291,6 +292,10 @@ class BlockManager:
             )
         block, offset = divmod(position, self.block_size)
         return seq.table[block].block_id * self.block_size + offset
+
+    def _tables(self) -> list[list[Block]]:
+        """Every sequence's block table (a radix tree swaps a copy that forks share in all)."""
+        return [seq.table for seq in self._seqs.values()]
 
     def _seq(self, seq_id) -> SequenceBlocks:
         try:

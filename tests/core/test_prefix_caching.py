@@ -773,6 +773,27 @@ def test_a_block_filled_twice_does_not_hide_the_rest_of_the_prefix(kind):
     m.check_invariants()
 
 
+@both
+def test_a_fork_s_blocks_after_a_copy_of_a_cached_block_are_findable(kind):
+    """Parallel sampling of a prompt whose last full block is a copy of a cached one: the
+    samples' next blocks follow the cached block, while the copy is still shared (issue 34)."""
+    m = manager(num_blocks=16, block_size=2, prefix_cache=kind)
+    m.allocate("A", [1, 1, 3, 3, 2])
+    m.allocate("B", [1, 1, 3, 3])  # its (3,3) is a copy of A's: its last known block
+    m.fork("B", "C")  # B and C share the copy
+    m.append_slot("C", 0)
+    m.append_slot("C", 0)  # C's (0,0) follows the cached (3,3)
+    prompt = [1, 1, 3, 3, 0, 0, 9]
+    assert len(m.plan_allocation(prompt).cached) * 2 == 6
+    m.check_invariants()
+    m.free("B")
+    m.free("C")
+    assert len(m.plan_allocation(prompt).cached) * 2 == 6
+    m.allocate("D", prompt)
+    assert m.num_cached_tokens("D") == 6
+    m.check_invariants()
+
+
 class ShadowExecutor:
     """Computes nothing, but keeps what each slot holds and checks what each step reads: the
     engine computes positions [num_computed, num_computed + num_scheduled) and attends to every
@@ -1094,70 +1115,127 @@ def test_a_plan_is_made_again_after_any_change(kind):
 
 # --- both caches: the same hits where nothing is evicted ------------------------------------------
 
+sampled = st.lists(st.integers(0, 3), max_size=5)  # the tokens a fork samples
 day_ops = st.lists(
     st.one_of(
         st.tuples(st.just("allocate"), prompts, st.one_of(st.none(), st.integers(0, 20))),
         st.tuples(st.just("append"), st.integers(0, 9), st.integers(0, 3)),
         st.tuples(st.just("reserve"), st.integers(0, 9), st.integers(0, 3)),
         st.tuples(st.just("compute"), st.integers(0, 9), st.integers(0, 20)),
+        st.tuples(st.just("fork"), st.integers(0, 9), sampled),
+        st.tuples(
+            st.just("sample"),
+            st.integers(0, 9),
+            st.tuples(st.integers(1, 5), st.lists(sampled, max_size=3)),
+        ),
         st.tuples(st.just("free"), st.integers(0, 9), st.just(0)),
     ),
     max_size=40,
 )
 
+# issue 34: B's last full block is a copy of A's, B forks C, C's next block follows A's
+FORK_PAST_A_COPY = [
+    ("allocate", [1, 1, 3, 3, 2], None),
+    ("sample", 0, (2, [[0, 0]])),  # B = A's first two blocks; C, a fork of B, samples (0,0)
+    ("free", 1, 0),
+    ("free", 1, 0),
+]
 
+
+def found(m: BlockManager, prompt) -> int:
+    return len(m.plan_allocation(prompt).cached)
+
+
+@pytest.mark.parametrize("cpu_blocks", [None, 3], ids=["hbm", "with-tier"])
 @settings(max_examples=150, deadline=None)
-@given(ops=day_ops, block_size=st.sampled_from([1, 2, 3, 4]))
-def test_both_caches_find_the_same_hits_on_days_without_evictions(ops, block_size):
-    """Enough blocks that nothing is evicted: the hash chain and the radix tree find the same
-    cached prefix for every prompt (chunked or not, decoded by hand or by an engine)."""
+@given(ops=day_ops, block_size=st.sampled_from([1, 2, 3, 4]), data=st.data())
+@example(ops=FORK_PAST_A_COPY, block_size=2, data=None).via("issue 34")
+def test_both_caches_find_the_same_hits_on_days_without_evictions(
+    ops, block_size, data, cpu_blocks
+):
+    """Enough blocks that nothing is evicted: the hash chain and the radix tree (with or without
+    a CPU tier below) find the same cached prefix for every prompt, after every call: prompts
+    chunked or not, decoded by hand or by an engine, forked (each fork samples tokens of its
+    own, copying a shared last block on write), freed, and parallel sampling of the first
+    blocks of a live sequence. Probed after each call: every live sequence's tokens and one
+    more, and a random prompt."""
     caches = {
-        kind: manager(num_blocks=400, block_size=block_size, prefix_cache=kind) for kind in KINDS
+        kind: manager(
+            num_blocks=1000, block_size=block_size, prefix_cache=kind, cpu_cache_blocks=cpu_blocks
+        )
+        for kind in KINDS
     }
     ids: dict[int, list[int]] = {}
     computed: dict[int, int] = {}
+
+    def in_step(seq) -> bool:
+        return computed[seq] == len(ids[seq])
+
+    def allocate(seq, prompt, done=None):
+        cached = set()
+        for m in caches.values():
+            m.allocate(seq, prompt, num_computed=done)
+            cached.add(m.num_cached_tokens(seq))
+        assert len(cached) == 1, f"allocate {prompt}: cached {cached}"
+        ids[seq] = list(prompt)
+        computed[seq] = len(prompt) if done is None else max(cached.pop(), done)
+
+    def fork(parent, child, tokens):
+        for m in caches.values():
+            m.fork(parent, child)
+        ids[child], computed[child] = list(ids[parent]), computed[parent]
+        for token in tokens:  # the first may copy the shared last block on write
+            step = in_step(child)
+            for m in caches.values():
+                m.append_slot(child, token if step else None)
+            ids[child].append(token)
+            computed[child] += step
+
     for n, (op, arg, value) in enumerate(ops):
         live = sorted(ids)
+        seq = live[arg % len(live)] if live and op != "allocate" else None
         if op == "allocate":
-            done = None if value is None else min(value, len(arg))
-            found = set()
-            for m in caches.values():
-                m.allocate(n, arg, num_computed=done)
-                found.add(m.num_cached_tokens(n))
-            assert len(found) == 1, f"allocate {arg}: cached {found}"
-            ids[n] = list(arg)
-            computed[n] = len(arg) if done is None else max(found.pop(), done)
-        elif not live:
+            allocate(n, arg, None if value is None else min(value, len(arg)))
+        elif seq is None:
             continue
-        elif op == "append" and computed[live[arg % len(live)]] == len(ids[live[arg % len(live)]]):
-            seq = live[arg % len(live)]
+        elif op == "append" and in_step(seq):
             for m in caches.values():
                 m.append_slot(seq, value)
             ids[seq].append(value)
             computed[seq] += 1
         elif op == "reserve":
-            seq = live[arg % len(live)]
             for m in caches.values():
                 m.append_slot(seq)
             ids[seq].append(value)
         elif op == "compute":
-            seq = live[arg % len(live)]
             upto = max(computed[seq], min(value, len(ids[seq])))
             for m in caches.values():
                 m.cache_computed(seq, ids[seq], upto)
             computed[seq] = upto
+        elif op == "fork":
+            fork(seq, n, value)
+        elif op == "sample":  # the first blocks of a live sequence's tokens, sampled n times
+            blocks, children = value
+            allocate(n, ids[seq][: blocks * block_size])
+            for i, tokens in enumerate(children):
+                fork(n, 1000 * (i + 1) + n, tokens)
         elif op == "free":
-            seq = live[arg % len(live)]
             for m in caches.values():
                 m.free(seq)
             del ids[seq], computed[seq]
-    stats = {kind: m.prefix_cache_stats for kind, m in caches.items()}
-    assert stats["hash"].evictions == stats["radix"].evictions == 0
-    assert stats["hash"].hits == stats["radix"].hits
-    assert stats["hash"].queries == stats["radix"].queries
-    assert stats["hash"].cached_blocks == stats["radix"].cached_blocks
-    for m in caches.values():
-        m.check_invariants()
+        probes = [[*ids[s], 0] for s in sorted(ids)]
+        if data is not None:
+            probes.append(data.draw(prompts, label="probe"))
+        for probe in probes:
+            hits = {kind: found(m, probe) for kind, m in caches.items()}
+            assert hits["hash"] == hits["radix"], f"after {op} #{n}, {probe}: {hits}"
+        stats = {kind: m.prefix_cache_stats for kind, m in caches.items()}
+        assert stats["hash"].evictions == stats["radix"].evictions == 0
+        assert stats["hash"].hits == stats["radix"].hits
+        assert stats["hash"].queries == stats["radix"].queries
+        assert stats["hash"].cached_blocks == stats["radix"].cached_blocks, f"after {op} #{n}"
+        for m in caches.values():
+            m.check_invariants()
 
 
 # --- choosing a prefix cache, and the interfaces ----------------------------------------------------

@@ -152,7 +152,10 @@ def test_a_block_filled_twice_is_swapped_for_the_cached_one():
     m.check_invariants()
 
 
-def test_a_copy_a_fork_still_holds_is_not_swapped():
+def test_a_copy_forks_share_is_swapped_in_every_table_at_once():
+    """A block two forks hold, filled with the tokens of a cached block: once one fork's later
+    block is known, both take the tree's block (a fork that kept the copy would hold the later
+    blocks below the tree's node without holding the node)."""
     m = radix(num_blocks=16, block_size=4)
     m.allocate("B", [1, 2, 3, 4, 5, 6, 7, 8])  # (1..4) and (5..8) cached
     m.allocate("A", [1, 2, 3, 4, 5], num_computed=4)  # an engine's sequence: shares (1..4)
@@ -161,17 +164,60 @@ def test_a_copy_a_fork_still_holds_is_not_swapped():
     m.fork("A", "A2")  # both hold A's full, not yet computed (5..8) block
     for _ in range(4):
         m.append_slot("A")
+    m.fork("A", "A3")  # A and A3 share (9..12) as well
+    copy, tree_block = m.block_table("A")[1], m.block_table("B")[1]
     ids = list(range(1, 13))
-    m.cache_computed("A", ids, 12)  # (5..8) is cached already, but A2 holds A's copy
-    assert m.block_table("A")[1] == m.block_table("A2")[1] != m.block_table("B")[1]
-    assert len(m.plan_allocation(ids + [0]).cached) == 2  # A's (9..12) waits behind it
-    m.free("A2")
-    for _ in range(4):
-        m.append_slot("A")
-    m.cache_computed("A", list(range(1, 17)), 16)  # A's copy is its own now: swapped
-    assert m.block_table("A")[1] == m.block_table("B")[1]
-    assert len(m.plan_allocation(list(range(1, 18))).cached) == 4
+    m.cache_computed("A", ids, 8)  # (5..8) is cached already: A's copy is its last known block
+    assert m.block_table("A")[1] == copy and m.ref_count(copy) == 3
+    m.cache_computed("A", ids, 12)  # surely written now: every holder takes B's block
+    assert [m.block_table(s)[1] for s in ("A", "A2", "A3")] == [tree_block] * 3
+    assert (m.ref_count(copy), m.ref_count(tree_block)) == (0, 4)
+    assert copy in m.pool.free_queue.block_ids()
+    assert len(m.plan_allocation(ids + [0]).cached) == 3  # A's (9..12) follows B's (5..8)
+    assert m.prefix_cache.root.children[(1, 2, 3, 4)].children[(5, 6, 7, 8)].lock_ref == 4
     m.check_invariants()
+    for _ in range(4):
+        m.append_slot("A2")
+    m.cache_computed("A2", [*range(1, 9), 0, 0, 0, 0], 12)  # A2's own (0,0,0,0) under it too
+    assert len(m.plan_allocation([*range(1, 9), 0, 0, 0, 0, 1]).cached) == 3
+    m.check_invariants()
+
+
+def test_a_copy_is_swapped_for_a_tree_block_nobody_held_at_no_cost():
+    """Parallel sampling of a prompt whose last full block is a copy of a cached block nobody
+    holds: the samples' first new block makes them all take the cached block, and the copy is
+    free again (the same free blocks as before the swap)."""
+    m = radix(num_blocks=16)
+    m.allocate("A", [1, 1, 3, 3, 2])
+    m.allocate("B", [1, 1, 3, 3])  # its (3,3) is a copy of A's, its last known block
+    m.fork("B", "C")
+    m.free("A")  # A's (3,3) is evictable now
+    tree, free = m.prefix_cache, m.num_free_blocks
+    m.append_slot("C", 0)  # a new block for C
+    m.append_slot("C", 0)  # C's (0,0) fills: B and C take A's (3,3), (0,0) goes under it
+    assert m.num_free_blocks == free - 1  # only C's new block: the copy was freed
+    assert m.block_table("B") == [0, 1] and m.block_table("C") == [0, 1, 4]
+    assert m.ref_count(3) == 0 and 3 in m.pool.free_queue.block_ids()
+    assert edges(m) == [((), (0,)), ((0,), (1,)), ((0, 1), (4,))]
+    assert tree.root.children[(1, 1)].children[(3, 3)].lock_ref == 2
+    assert len(m.plan_allocation([1, 1, 3, 3, 0, 0, 9]).cached) == 3
+    m.check_invariants()
+
+
+def test_without_the_manager_s_tables_a_shared_copy_waits():
+    """A tree that cannot see every block table (no ``block_tables``) leaves a copy that
+    forks share where it is, and the blocks after it out of the tree, as before."""
+    pool = BlockPool(8)
+    tree = RadixTreeCache(pool, 1)
+    a = pool.get_new_blocks(1)
+    tree.cache_full_blocks(tree.start(tree.match([5]), 1), a, [5])
+    copy, later = pool.get_new_blocks(2)
+    pool.share([copy])  # two tables hold the copy
+    state = tree.start(tree.match([5]), 1)
+    assert tree.cache_full_blocks(state, [copy, later], [5, 6]) is state
+    assert later.node is None and copy.ref_count == 2
+    with pytest.raises(TypeError, match="block_tables must be a function"):
+        RadixTreeCache(BlockPool(2), 1, block_tables=[])
 
 
 def test_a_chunk_that_leaves_an_edge_in_its_middle_cuts_it():

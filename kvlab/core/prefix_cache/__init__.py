@@ -32,16 +32,19 @@ def make_prefix_cache(
     hash_fn=hash_block_tokens,
     cpu_blocks: int | None = None,
     mover: TierMover | None = None,
+    block_tables=None,
 ) -> PrefixCache:
     """The prefix cache ``name`` ("hash" or "radix") over ``pool``. ``hash_fn`` is the hash
     chain's (the radix tree compares token ids and hashes nothing). ``cpu_blocks``: a CPU tier
-    of that many blocks below it (:class:`TieredPrefixCache`, told to ``mover``); None: none."""
+    of that many blocks below it (:class:`TieredPrefixCache`, told to ``mover``); None: none.
+    ``block_tables``: the block manager's tables, for the radix tree (see
+    :class:`RadixTreeCache`; the hash chain never changes a table)."""
     if check_prefix_cache(name) == "hash":
         cache = HashChainCache(pool, block_size, hash_fn)
     elif hash_fn is not hash_block_tokens:
         raise ValueError("hash_fn is for prefix_cache='hash': the radix tree hashes nothing")
     else:
-        cache = RadixTreeCache(pool, block_size)
+        cache = RadixTreeCache(pool, block_size, block_tables)
     if cpu_blocks is None:
         if mover is not None:
             raise ValueError("mover is for a CPU tier: give cpu_blocks too")

@@ -76,7 +76,9 @@ class PrefixCache(Protocol):
 
     def cache_full_blocks(self, state: Any, table: list[Block], token_ids: list[int]) -> Any:
         """The sequence's full blocks whose tokens are known (``token_ids``) and computed
-        become findable, in order; returns its state."""
+        become findable, in order; returns its state. A cache may put a cached block in place
+        of the sequence's copy of it in ``table`` (the radix tree does, in every table holding
+        the copy)."""
         ...
 
     def fork(self, state: Any) -> Any:

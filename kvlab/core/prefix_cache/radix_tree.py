@@ -17,7 +17,7 @@ then its stamp is the latest use of anything below it, as if every use had stamp
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from kvlab.core.block_pool import Block, BlockPool
 from kvlab.core.prefix_cache.protocol import PrefixCacheStats, PrefixMatch
@@ -65,16 +65,32 @@ class RadixTreeCache:
 
     A sequence's state is the node its path ends in: it holds every block from the root to
     there. A block that fills with the tokens of a block already in the tree is not cached
-    twice: the sequence drops its copy for the tree's block, once its copy is surely written (a
-    later block of it is known) and no other sequence holds it.
+    twice: the tree keeps its node, and once the copy is surely written (a later block of the
+    sequence is known) every block table holding it takes the tree's block instead, so the
+    sequence's later blocks enter the tree under that node. SGLang's ``insert`` walks past
+    the nodes it matches the same way, and a request then frees its duplicate pages and
+    rewrites its table with the tree's. Every table at once, forks included: a fork that kept
+    the copy would hold blocks below the tree's node without holding the node, which leaf-first
+    eviction cannot allow. ``block_tables`` (the block manager's: every sequence's table) is how
+    the tree finds them; without it a copy that forks share waits until one table holds it.
     """
 
     keeps_free_blocks = True
 
-    def __init__(self, pool: BlockPool, block_size: int):
+    def __init__(
+        self,
+        pool: BlockPool,
+        block_size: int,
+        block_tables: Callable[[], Iterable[list[Block]]] | None = None,
+    ):
         if pool.evictor is not None:
             raise ValueError("pool already has an evictor: one prefix cache per pool")
+        if block_tables is not None and not callable(block_tables):
+            raise TypeError(
+                f"block_tables must be a function giving every block table, got {block_tables!r}"
+            )
         self.pool = pool
+        self.block_tables = block_tables
         self.block_size = positive_int("block_size", block_size)
         self.root = Node(None, [], [], 0)
         self.leaves: set[Node] = set()
@@ -120,7 +136,8 @@ class RadixTreeCache:
     # --- growing the tree ----------------------------------------------------------------------
     def cache_full_blocks(self, state: Node, table: list[Block], token_ids: list[int]) -> Node:
         """Extend the sequence's path over its known full blocks: along blocks the tree has
-        (taking the tree's block in place of its own copy), then a new leaf for the rest."""
+        (taking the tree's block in place of its own copy, even one a fork shares), then a new
+        leaf for the rest."""
         size, node = self.block_size, state
         full = len(token_ids) // size
         j = node.depth
@@ -136,11 +153,10 @@ class RadixTreeCache:
                     break
                 own, cached = table[j + k], child.blocks[k]
                 if own is not cached:
-                    # its copy may still be written (the last known block) or be held by a fork
-                    if j + k == full - 1 or own.ref_count > 1:
+                    # its copy may still be written while it is the last known block
+                    if j + k == full - 1 or not self._take_cached(table, j + k, cached):
                         waiting = True
                         break
-                    self._take_cached(table, j + k, cached)
                 k += 1
             if k:
                 node = child if k == n else self._split(child, k)
@@ -151,11 +167,26 @@ class RadixTreeCache:
             self._touch(node)
         return node
 
-    def _take_cached(self, table: list[Block], i: int, cached: Block) -> None:
+    def _take_cached(self, table: list[Block], i: int, cached: Block) -> bool:
+        """Put the tree's block in place of the copy ``table[i]`` in every table holding the
+        copy (it is then free); False, changing nothing, if those tables cannot be found."""
         own = table[i]
-        self.pool.share([cached])
-        self.pool.free_blocks([own])
-        table[i] = cached
+        if own.ref_count == 1:
+            holders = [table]
+        elif self.block_tables is None:
+            return False
+        else:  # forks share the copy, at the same place in their tables
+            holders = [t for t in self.block_tables() if len(t) > i and t[i] is own]
+            if len(holders) != own.ref_count:
+                found = len(holders)
+                raise AssertionError(
+                    f"block {own.block_id}: {own.ref_count} holders, {found} found"
+                )
+        for held in holders:
+            held[i] = cached
+        self.pool.share([cached] * len(holders))
+        self.pool.free_blocks([own] * len(holders))
+        return True
 
     def _add(self, parent: Node, table: list[Block], token_ids, start: int, stop: int) -> Node:
         """New nodes under ``parent`` for ``table[start:stop]``, one per run of blocks with the
