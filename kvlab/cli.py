@@ -107,8 +107,11 @@ def _plan_inputs(args):
                 f"--model-config: the checkpoint is quantised ({quantised}): its weights are not "
                 "its parameters x 2 bytes; give --weights-gib (the weights of one copy, in GiB)"
             )
-        folder = os.path.basename(os.path.dirname(os.path.abspath(args.model_config)))
-        name = str(config.get("_name_or_path") or folder or config.get("model_type") or "model")
+        # a model's folder holds its config.json; a file named otherwise is named for the model
+        path = os.path.abspath(args.model_config)
+        stem = os.path.splitext(os.path.basename(path))[0]
+        where = os.path.basename(os.path.dirname(path)) if stem == "config" else stem
+        name = str(config.get("_name_or_path") or where or config.get("model_type") or "model")
         return spec_from_hf_config(config, name=name), log
     if args.model is not None:
         return args.model, log

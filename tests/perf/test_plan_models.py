@@ -98,3 +98,8 @@ def test_dense_models_keep_todays_figures():
     plan = run_plan("Llama-3.1-8B", ["--gpu", "H100-80GB"])
     assert plan["capacity"]["reserve_blocks"] is None
     assert plan["kv_groups"][0]["bytes_per_token"] == 131_072
+
+
+def test_a_config_file_not_named_config_json_is_named_for_its_file():
+    summary = run_plan("Gemma-3-27B", ["--gpu", "H200"])["summary"]
+    assert summary.startswith("Gemma-3-27B on H200")
