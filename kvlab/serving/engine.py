@@ -237,13 +237,14 @@ class Engine:
         if self._eligible is None:
             self._eligible = eligible(self)
         fast, calls = self._eligible, 0
-        while self.has_unfinished() and self.next_start() < until:
+        endless = until == math.inf
+        while self.has_unfinished() and (endless or self.next_start() < until):
             if calls >= max_steps:
                 raise RuntimeError(f"the engine did not finish within max_steps={max_steps}")
             self.step()
             calls += 1
             if fast and calls < max_steps and self.clock < until:
                 left = max_steps - calls
-                run = self.decode_run(left) if until == math.inf else self.decode_run(left, until)
+                run = self.decode_run(left) if endless else self.decode_run(left, until)
                 if run is not None:
                     calls += run.steps

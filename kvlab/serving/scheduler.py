@@ -230,13 +230,15 @@ class Scheduler:
         pass_ids = self.pass_token_ids
         scheduled = step.scheduled
         spent = 0  # step.num_batched_tokens, kept here in the hot loop
+        running = SequenceStatus.RUNNING
         for seq in list(self.running):
-            if spent >= limit:  # the budget is spent
-                break
-            if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this step
+            if seq.status is not running:  # preempted earlier in this step
                 continue
             need = seq.prompt_len + seq.num_generated - seq.num_computed  # seq.num_uncomputed
-            if spent + need > limit:  # its prompt's next chunk: what is left of the budget
+            if spent + need > limit:  # over the budget (need >= 1: never without one)
+                if spent >= limit:  # the budget is spent: nobody else computes in this step
+                    break
+                # its prompt's next chunk: what is left of the budget
                 step.num_batched_tokens = spent
                 self._chunk(seq, limit - spent, step)
                 spent = step.num_batched_tokens
