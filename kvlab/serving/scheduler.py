@@ -24,7 +24,8 @@ only with budget left for it, every running sequence gets at least its next toke
 turn; with static batching the budget also caps how many check in together. Every scheduled
 sequence carries ``num_scheduled`` (the tokens it computes in this step, positions
 ``[num_computed, num_computed + num_scheduled)``) and ``samples`` (whether the step produces its
-next token). Without a budget, every prompt is read whole in the step that admits it.
+next token). No budget is an unlimited budget (one path plans both): every prompt is then read
+whole in the step that admits it.
 
 The cache is a :class:`kvlab.serving.interfaces.KVCache`: ``refusal(prompt_len, output_len)`` (the
 OutOfMemory that admitting would raise, or None), ``admit``, ``can_append``, ``append`` and
