@@ -14,6 +14,7 @@ import bisect
 import random
 from dataclasses import dataclass, field
 
+from kvlab.core.cache_kinds import CACHES  # noqa: F401  (the simulator's caches, named once)
 from kvlab.core.recorder import Recorder
 from kvlab.core.trace import Trace
 from kvlab.serving.config import (
