@@ -651,6 +651,14 @@ class PagedCache:
     def capacity(self) -> int:
         return self.manager.num_blocks * self.manager.block_size
 
+    @property
+    def num_blocks(self) -> int:
+        return self.manager.num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self.manager.block_size
+
     def __contains__(self, seq_id) -> bool:
         return seq_id in self.manager
 
@@ -702,6 +710,22 @@ class PagedCache:
     def num_cached_tokens(self, seq_id) -> int:
         return self.manager.num_cached_tokens(seq_id)
 
+    def cached_prefix_tokens(self, token_ids) -> int:
+        """Tokens of a prompt (its ids) whose K/V the cache holds now: the longest cached prefix
+        in whole blocks of this memory (not a CPU tier's, which must be copied up; never the
+        prompt's last token: it is always computed); 0 without prefix caching. A lookup: nothing changes, nothing is counted
+        (a router asks it of every replica, as llm-d's precise prefix-cache scorer does)."""
+        prefix_cache = self.manager.prefix_cache
+        if prefix_cache is None:
+            return 0
+        return len(prefix_cache.match(token_ids).blocks) * self.manager.block_size
+
+    @property
+    def tier_hit_tokens(self) -> int:
+        """Prompt tokens copied up from the CPU tier so far instead of computed (0 without a
+        tier): read after every step by a cost model that pays for the copies."""
+        return getattr(self.manager.prefix_cache, "tier_hits", 0)
+
     @property
     def prefix_cache_stats(self) -> PrefixCacheStats:
         return self.manager.prefix_cache_stats
@@ -735,6 +759,14 @@ class PagedCache:
 
     def state(self) -> CacheState:
         return self.manager.state()
+
+    def kv_tensors(self, spec, dtype=None, device="cpu"):
+        """K and V tensors for this cache's blocks (a :class:`kvlab.kv.tensors.PagedKVCache`
+        addressed through its block tables, whose accounts this cache keeps): what a model's
+        executor writes and reads."""
+        from kvlab.kv.tensors import PagedKVCache
+
+        return PagedKVCache.over(self.manager, spec, dtype, device)
 
 
 # The K/V tensors live in kvlab.kv.tensors; these names stay importable from here (Labs 03-04

@@ -6,6 +6,7 @@ simulate`` is the function; its module is ``kvlab.serving.simulate``).
 """
 
 from kvlab.core.cache_kinds import CACHES, PAPER_NAMES
+from kvlab.serving.config import EngineConfig
 from kvlab.serving.engine import Engine, new_positions
 from kvlab.serving.fleet import FleetResult, ReplicaView, simulate_fleet
 from kvlab.serving.simulate import SimResult, make_cache, percentile, simulate
@@ -14,6 +15,7 @@ __all__ = [
     "CACHES",
     "PAPER_NAMES",
     "Engine",
+    "EngineConfig",
     "FleetResult",
     "ReplicaView",
     "SimResult",

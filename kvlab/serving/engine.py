@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import math
 
-from kvlab.serving.fast_forward import DecodeRun, decode_run, eligible
+from kvlab.serving.config import ENGINE_FIELDS, EngineConfig, resolve
+from kvlab.serving.fast_forward import DecodeRun, eligible, plan_decode_run
 from kvlab.serving.interfaces import EngineObserver, Executor
 from kvlab.serving.scheduler import ScheduledStep, Scheduler, Sequence
 
@@ -31,17 +32,21 @@ def new_positions(seq: Sequence) -> tuple[int, int]:
 class Engine:
     """Continuous batching over one cache.
 
-    ``executor.execute(step)`` gets the :class:`~kvlab.serving.scheduler.ScheduledStep` and returns the
-    seconds it took (an executor declaring ``timed = True``), or None to count one step of
-    ``step_seconds`` (the clock then runs in steps, and arrivals are read on it). An executor
-    declaring ``can_swap = True`` keeps the K/V of sequences preempted by swapping. ``schedule``
-    replaces :meth:`Scheduler.step`, the learner's own step in Lab 06: a function
-    ``(scheduler, now) -> ScheduledStep``. With a token budget (Lab 09's own budgeted step) it
-    sets ``num_scheduled`` and ``samples`` of every sequence it schedules, and the step's
-    ``num_batched_tokens``, as :meth:`Scheduler.step` does under a budget. ``observer.after_step(engine, step)`` is called after
+    Its settings are an :class:`~kvlab.serving.config.EngineConfig` (``config=``), or keywords
+    that build one (the scheduler's, and ``schedule``, ``step_seconds``, ``fast_forward``; given
+    with ``config``, they change it). ``executor.execute(step)`` gets the
+    :class:`~kvlab.serving.scheduler.ScheduledStep` and returns the seconds it took (an executor
+    declaring ``timed = True``), or None to count one step of ``step_seconds`` (the clock then
+    runs in steps, and arrivals are read on it). An executor declaring ``can_swap = True`` keeps
+    the K/V of sequences preempted by swapping. ``schedule`` replaces :meth:`Scheduler.step`, the
+    learner's own step in Lab 06: a function ``(scheduler, now) -> ScheduledStep``. With a token
+    budget (Lab 09's own budgeted step) it sets ``num_scheduled`` and ``samples`` of every
+    sequence it schedules, and the step's ``num_batched_tokens``, as :meth:`Scheduler.step` does;
+    without one the scheduler says what its sequences compute
+    (:meth:`Scheduler.complete_unbudgeted`). ``observer.after_step(engine, step)`` is called after
     every step that ran a batch. ``fast_forward=False`` makes :meth:`run` step one at a time even
     where it could run a stretch of decode steps at once (:meth:`decode_run`; the results are the
-    same). The remaining options go to the :class:`~kvlab.serving.scheduler.Scheduler`.
+    same).
     """
 
     def __init__(
@@ -49,18 +54,12 @@ class Engine:
         cache,
         executor=None,
         *,
-        max_batch: int | None = None,
-        preemption: str = "recompute",
-        batching: str = "continuous",
+        config: EngineConfig | None = None,
         recorder=None,
-        schedule=None,
-        preempt=None,
-        max_num_batched_tokens: int | None = None,
-        chunked_prefill: bool = False,
         observer=None,
-        step_seconds: float = 1.0,
-        fast_forward: bool = True,
+        **settings,
     ):
+        config = resolve(config, settings, caller="Engine", fields=ENGINE_FIELDS)
         if executor is not None and not isinstance(executor, Executor):
             raise TypeError(
                 "executor must be a kvlab.serving.interfaces.Executor: declare timed and can_swap (bools) "
@@ -71,34 +70,22 @@ class Engine:
                 f"observer must have after_step(engine, step) (kvlab.serving.interfaces.EngineObserver), "
                 f"got {observer!r}"
             )
-        if schedule is not None and not callable(schedule):
-            raise TypeError(
-                f"schedule must be a function (scheduler, now) or None, got {schedule!r}"
-            )
-        if isinstance(step_seconds, bool) or not (
-            isinstance(step_seconds, int | float) and step_seconds > 0
-        ):
-            raise ValueError(f"step_seconds must be a number > 0, got {step_seconds!r}")
-        if not isinstance(fast_forward, bool):
-            raise TypeError(f"fast_forward must be a bool, got {fast_forward!r}")
+        self.config = config
         self.scheduler = Scheduler(
             cache,
             recorder,
-            max_batch=max_batch,
-            preemption=preemption,
-            batching=batching,
+            config=config,
             swapper=executor if executor is not None and executor.can_swap else None,
-            preempt=preempt,
-            max_num_batched_tokens=max_num_batched_tokens,
-            chunked_prefill=chunked_prefill,
         )
         self.executor = executor
         self.timed = executor is not None and executor.timed
         self.recorder = recorder
         self.observer = observer
-        self.schedule = schedule if schedule is not None else Scheduler.step
-        self.budgeted = max_num_batched_tokens is not None  # the scheduler sets num_scheduled
-        self.step_seconds = float(step_seconds)
+        self.schedule = config.schedule if config.schedule is not None else Scheduler.step
+        self.budgeted = config.max_num_batched_tokens is not None
+        # a schedule of the learner's without a budget leaves num_scheduled to the scheduler
+        self._complete = config.schedule is not None and not self.budgeted
+        self.step_seconds = float(config.step_seconds)
         self.clock = 0.0
         self._ticks = 0  # the clock in steps, without a timed executor
         self.step_start = 0.0  # when the last step began
@@ -107,9 +94,10 @@ class Engine:
         # step for those that produced a token in the step before, one entry for each other
         self.token_gaps: list[tuple[float, int]] = []
         self._stuck = 0  # steps in a row that left arrived sequences outside an empty cache
-        self.fast_forward = fast_forward
+        self.fast_forward = config.fast_forward
         self.fast_forward_steps = 0  # of num_steps, those run in one go by decode_run
         self.fast_forward_runs = 0  # how many such runs
+        self._eligible: bool | None = None  # fast_forward.eligible, found at the first run
 
     @property
     def cache(self):
@@ -155,13 +143,8 @@ class Engine:
                 )
             return step
         self._stuck = 0
-        if not self.budgeted:  # every scheduled sequence reads what it has not computed
-            batched = 0
-            for seq in step.scheduled:
-                n = seq.num_scheduled = seq.prompt_len + seq.num_generated - 1 - seq.num_computed
-                seq.samples = True
-                batched += n
-            step.num_batched_tokens = batched
+        if self._complete:
+            scheduler.complete_unbudgeted(step)
         if self.recorder is not None:
             self.recorder.record("step")
         seconds = self.executor.execute(step) if self.executor is not None else None
@@ -170,19 +153,23 @@ class Engine:
         else:
             self._ticks += 1
             end = self._ticks * self.step_seconds
-        self._account(step, now, end)
+        self._account(step.scheduled, now, end)
         self.clock = end
         self.num_steps += 1
         if self.observer is not None:
             self.observer.after_step(self, step)
         return step
 
-    def _account(self, step: ScheduledStep, now: float, end: float) -> None:
-        """What the step computed, and when each sequence got its tokens."""
+    def _account(self, scheduled: list[Sequence], now: float, end: float, later=()) -> None:
+        """What a step from ``now`` to ``end`` computed, and when each sequence got its token:
+        the one place tokens are counted. ``later``: the ends of the steps that followed it in a
+        decode run (:meth:`decode_run`), each one more token for every sequence."""
         gaps = self.token_gaps
         consecutive = 0
-        for seq in step.scheduled:
-            seq.num_computed += seq.num_scheduled
+        more = len(later)
+        last_end = later[-1] if more else end
+        for seq in scheduled:
+            seq.num_computed += seq.num_scheduled + more
             if not seq.samples:
                 continue
             last = seq.last_token_time
@@ -192,11 +179,14 @@ class Engine:
                 consecutive += 1
             else:
                 gaps.append((end - last, 1))
-            seq.last_token_time = end
+            seq.last_token_time = last_end
             if seq.num_generated == seq.output_len:
-                seq.finish_time = end
+                seq.finish_time = last_end
         if consecutive:
             gaps.append((end - now, consecutive))
+        if more:
+            batch, ends = len(scheduled), [end, *later]
+            gaps.extend([(ends[j] - ends[j - 1], batch) for j in range(1, len(ends))])
 
     def _skip_to(self, arrival: float) -> tuple[float, int]:
         """The first step boundary at or after an arrival (clock, ticks): the arrival itself
@@ -208,24 +198,53 @@ class Engine:
             ticks -= 1  # the division rounded up
         return ticks * self.step_seconds, ticks
 
-    def decode_run(self, limit: int) -> DecodeRun | None:
-        """Run the coming steps (at most ``limit``) at once if they only decode, as
-        :func:`kvlab.serving.fast_forward.decode_run` does; return that
-        :class:`~kvlab.serving.fast_forward.DecodeRun`, or None when the next step must be stepped.
-        :meth:`run` calls it after each step when :func:`~kvlab.serving.fast_forward.eligible`."""
-        return decode_run(self, limit)
+    def decode_run(self, limit: int, until: float = math.inf) -> DecodeRun | None:
+        """Run the coming steps (at most ``limit``, none beginning at or after ``until``) at
+        once if they only decode: :func:`kvlab.serving.fast_forward.plan_decode_run` finds them
+        and gives them their slots, the engine counts their tokens and moves its clock as
+        stepping would. Return that :class:`~kvlab.serving.fast_forward.DecodeRun`, or None when
+        the next step must be stepped. :meth:`run_until` calls it after each step when
+        :func:`~kvlab.serving.fast_forward.eligible`."""
+        run = plan_decode_run(self, limit, until)
+        if run is None:
+            return None
+        steps, starts, ends = run.steps, run.starts, run.ends
+        self._account(run.sequences, starts[0], ends[0], ends[1:])
+        if not self.timed:
+            self._ticks += steps
+        self.clock = ends[-1]
+        self.step_start = starts[-1]
+        self.num_steps += steps
+        self.fast_forward_steps += steps
+        self.fast_forward_runs += 1
+        self._stuck = 0
+        if self.observer is not None:
+            self.observer.after_decode_run(self, run)
+        return run
 
     def run(self, max_steps: int = 10**8) -> None:
         """Step until every sequence has finished and left the cache (between two steps, a
         stretch of pure decode steps may run at once: :meth:`decode_run`)."""
-        calls = 0
-        fast = eligible(self)
-        while self.has_unfinished():
+        self.run_until(math.inf, max_steps=max_steps)
+
+    def run_until(self, until: float, *, max_steps: int = 10**8) -> None:
+        """Run every step that begins before ``until`` (on the engine's clock), so that the
+        engine stands as it is at ``until``: a caller may then add what arrives there (the
+        fleet's router does). ``math.inf``: until every sequence has finished (:meth:`run`).
+        Stretches of decode steps run at once where they may (:meth:`decode_run`), never past
+        ``until``: the last one stops before the first step at or after it, as before an
+        arrival."""
+        if self._eligible is None:
+            self._eligible = eligible(self)
+        fast, calls = self._eligible, 0
+        endless = until == math.inf
+        while self.has_unfinished() and (endless or self.next_start() < until):
             if calls >= max_steps:
                 raise RuntimeError(f"the engine did not finish within max_steps={max_steps}")
             self.step()
             calls += 1
-            if fast and calls < max_steps:
-                run = self.decode_run(max_steps - calls)
+            if fast and calls < max_steps and self.clock < until:
+                left = max_steps - calls
+                run = self.decode_run(left) if endless else self.decode_run(left, until)
                 if run is not None:
                     calls += run.steps

@@ -1,13 +1,15 @@
 """Fast-forward: run the engine's clock over a stretch of pure decode steps in one go.
 
 A simulated day spends most of its steps on nothing but decoding: the same batch, one token per
-sequence, nobody arriving, finishing or preempted. :func:`decode_run` finds how many such steps
-come next and runs them at once, with results identical to stepping one at a time (the same
+sequence, nobody arriving, finishing or preempted. :func:`plan_decode_run` finds how many such
+steps come next and schedules them at once (the engine then counts their tokens in the same
+place it counts a step's: :meth:`kvlab.serving.engine.Engine.decode_run`), with results identical to stepping one at a time (the same
 clock, to the bit; the same token gaps, finish times and per-step measures; blocks handed out in
 the same order). A run stops before the first step that could differ:
 
 - the arrival of the queue's head (a head that has arrived and cannot be admitted stays refused:
-  in a decode run free memory only shrinks, the batch stays as full and the budget as spent);
+  in a decode run free memory only shrinks, the batch stays as full and the budget as spent), or
+  the time the caller runs the engine until (:meth:`kvlab.serving.engine.Engine.run_until`);
 - the step after some sequence generates its last token (it is retired there);
 - a step in which some sequence would find no room for its token (a preemption).
 
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvlab.serving.interfaces import DecodeRunCache, DecodeRunExecutor, DecodeRunObserver
 from kvlab.serving.scheduler import Scheduler, Sequence
@@ -38,6 +40,7 @@ class DecodeRun:
     starts: list[float]  # each step's start, on the engine's clock
     allocated: list[int]  # cache.allocated_tokens after each step
     held: int  # cache.held_tokens after the first step (each later step: len(sequences) more)
+    ends: list[float] = field(default_factory=list)  # each step's end (the next one's start)
 
     @property
     def steps(self) -> int:
@@ -61,10 +64,14 @@ def eligible(engine) -> bool:
     )
 
 
-def decode_run(engine, limit: int) -> DecodeRun | None:
-    """Run the next steps of ``engine`` (at most ``limit``) at once if they only decode; None
-    when the next step must be stepped (something else may happen in it). The caller checks
-    :func:`eligible` first."""
+def plan_decode_run(engine, limit: int, until: float = math.inf) -> DecodeRun | None:
+    """The next steps of ``engine`` (at most ``limit``, none beginning at or after ``until``) if
+    they only decode, scheduled as the scheduler would schedule them one by one: the cache's
+    slots taken (``append_rounds``), each sequence's tokens generated and what it computes in
+    a step (``num_scheduled`` 1, ``samples``). None when the next step must be stepped
+    (something else may happen in it). The engine counts the tokens and moves its clock
+    (:meth:`kvlab.serving.engine.Engine.decode_run`); the caller checks :func:`eligible`
+    first."""
     scheduler = engine.scheduler
     running = scheduler.running
     batch = len(running)
@@ -78,11 +85,11 @@ def decode_run(engine, limit: int) -> DecodeRun | None:
     steps = min(limit, min([seq.output_len - seq.num_generated for seq in running]))
     if steps < 1:
         return None
-    arrival = math.inf  # when the queue's head arrives, if it is still to come
+    arrival = until  # when the queue's head arrives, if it is still to come (or until)
     if scheduler.waiting:
         head = scheduler.waiting[0]
         if head.arrival > engine.clock:
-            arrival = head.arrival
+            arrival = min(arrival, head.arrival)
         elif not _head_stays_out(scheduler, head, batch):
             return None
     cache = scheduler.cache
@@ -97,9 +104,10 @@ def decode_run(engine, limit: int) -> DecodeRun | None:
         return None
     held = cache.held_tokens + batch
     run = DecodeRun(running, bounds[:steps], cache.append_rounds(seq_ids, steps), held)
-    _account(engine, run, bounds[1 : steps + 1])
-    if engine.observer is not None:
-        engine.observer.after_decode_run(engine, run)
+    run.ends = bounds[1 : steps + 1]
+    for seq in running:
+        seq.num_generated += steps
+        seq.num_scheduled, seq.samples = 1, True
     return run
 
 
@@ -146,40 +154,6 @@ def _clock(engine, running: list[Sequence], steps: int, until: float) -> list[fl
             bounds += [(ticks + j) * size for j in range(n)]
         chunk *= 4
     return bounds
-
-
-def _account(engine, run: DecodeRun, ends: list[float]) -> None:
-    """What :meth:`Engine._account` would do over the run: tokens, token times and one
-    (gap, count) pair per step (the first step's gaps in running order, as stepping makes them)."""
-    steps, starts, batch = run.steps, run.starts, len(run.sequences)
-    now, first_end, end = starts[0], ends[0], ends[-1]
-    gaps = engine.token_gaps
-    consecutive = 0
-    for seq in run.sequences:
-        last = seq.last_token_time
-        if last is None:
-            seq.first_token_time = first_end
-        elif last == now:
-            consecutive += 1
-        else:
-            gaps.append((first_end - last, 1))
-        seq.num_generated += steps
-        seq.num_computed += steps
-        seq.num_scheduled, seq.samples = 1, True
-        seq.last_token_time = end
-        if seq.num_generated == seq.output_len:
-            seq.finish_time = end
-    if consecutive:
-        gaps.append((first_end - now, consecutive))
-    gaps.extend([(ends[j] - starts[j], batch) for j in range(1, steps)])
-    if not engine.timed:
-        engine._ticks += steps
-    engine.clock = end
-    engine.step_start = starts[-1]
-    engine.num_steps += steps
-    engine.fast_forward_steps += steps
-    engine.fast_forward_runs += 1
-    engine._stuck = 0
 
 
 # --- the caches' part: room for, and the slots of, a run of decode steps --------------------------

@@ -30,21 +30,16 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvlab.core.recorder import Recorder
+from kvlab.serving.config import EngineConfig, resolve
 from kvlab.serving.engine import Engine
-from kvlab.serving.fast_forward import _head_stays_out, eligible
-from kvlab.serving.scheduler import BATCHING_MODES, PREEMPTION_MODES, Sequence
+from kvlab.serving.scheduler import Sequence
 from kvlab.serving.simulate import (
+    Replica,
     SimResult,
-    _check_budget,
-    _check_fits,
     _Measure,
-    _prefix_cache,
     _token_ids,
-    costed_steps,
-    make_cache,
+    check_seed,
     percentile,
-    record_prefix_stats,
     weighted_percentile,
 )
 from kvlab.serving.workload import Request
@@ -109,23 +104,15 @@ class ReplicaView:
         )
 
 
-class _Replica:
-    """One server of the fleet: its engine, the SimResult it fills, and a clock it runs to."""
+class _Replica(Replica):
+    """One server of the fleet: simulate's server, which takes its requests as they are routed
+    and runs to each arrival (:meth:`kvlab.serving.engine.Engine.run_until`)."""
 
-    def __init__(
-        self, index: int, engine: Engine, result: SimResult, measure: _Measure, *,
-        step_time=None, cpu_cache_blocks: int | None = None,
-    ):  # fmt: skip
+    def __init__(self, index: int, config: EngineConfig):
+        super().__init__(config, [], measure=_FleetMeasure)
         self.index = index
-        self.step_time, self.cpu_cache_blocks = step_time, cpu_cache_blocks
-        self.engine = engine
-        self.result = result
-        self.measure = measure
-        cache = engine.cache
-        manager = getattr(cache, "manager", None)
-        self.prefix_cache = None if manager is None else manager.prefix_cache
-        self.block_size = None if manager is None else manager.block_size
-        self.fast = False  # set once the engine is built (kvlab.serving.fast_forward.eligible)
+        cache = self.engine.cache
+        self._prefix_caching = cache.prefix_caching
         self._memo: tuple | None = None  # (request, tokens): a router may ask twice
 
     def cached_prefix_tokens(self, request: Request) -> int:
@@ -135,8 +122,8 @@ class _Replica:
         if memo is not None and memo[0] is request:
             return memo[1]
         tokens = 0
-        if self.prefix_cache is not None and request.prompt_ids is not None:
-            tokens = len(self.prefix_cache.match(request.prompt_ids).blocks) * self.block_size
+        if self._prefix_caching and request.prompt_ids is not None:
+            tokens = self.engine.cache.cached_prefix_tokens(request.prompt_ids)
         self._memo = (request, tokens)
         return tokens
 
@@ -146,45 +133,10 @@ class _Replica:
         self.engine.add(seq)
 
     def advance(self, until: float) -> None:
-        """Run every step that begins before ``until`` (the next arrival; ``math.inf``: to the
-        end). A stretch of decode steps runs at once where :func:`simulate` would run it, but
-        never past ``until``: a router then sees every replica as it is at the arrival."""
-        engine = self.engine
-        scheduler = engine.scheduler
-        while scheduler.has_unfinished() and engine.next_start() < until:
-            engine.step()
-            if not self.fast or engine.clock >= until:
-                continue
-            if until == math.inf:
-                engine.decode_run(_NO_LIMIT)
-                continue
-            waiting = scheduler.waiting
-            if waiting and not _head_stays_out(scheduler, waiting[0], len(scheduler.running)):
-                continue  # the next step may admit the queue's head: it is stepped
-            # the run stops before the first step at or after the arrival, as for a queue's
-            # head still to come (kvlab.serving.fast_forward.decode_run)
-            waiting.appendleft(Sequence("next arrival", 1, 1, until))
-            try:
-                engine.decode_run(_NO_LIMIT)
-            finally:
-                waiting.popleft()
-
-    def finish(self) -> SimResult:
-        """What simulate does once its engine has run: the counters into the result."""
-        self.advance(math.inf)
-        self.measure.close()
-        engine, result = self.engine, self.result
-        scheduler = engine.scheduler
-        result.token_gaps = engine.token_gaps
-        result.preemptions = scheduler.num_preemptions
-        result.recompute_tokens = scheduler.recompute_tokens
-        result.swapped_tokens = scheduler.swapped_out_tokens
-        result.end_time = engine.clock
-        result.fast_forward_steps = engine.fast_forward_steps
-        result.fast_forward_runs = engine.fast_forward_runs
-        if result.prefix_caching:
-            record_prefix_stats(result, engine.cache, self.cpu_cache_blocks, self.step_time)
-        return result
+        """Run every step that begins before ``until`` (the next arrival): a router then sees
+        every replica as it is at the arrival. A stretch of decode steps runs at once where
+        :func:`simulate` would run it, but never past ``until``."""
+        self.engine.run_until(until, max_steps=_NO_LIMIT)
 
 
 _NO_LIMIT = 10**12  # steps: a decode run stops for its own reasons first
@@ -400,47 +352,34 @@ class FleetResult:
 
 def simulate_fleet(
     requests: list[Request],
+    config: EngineConfig | None = None,
     *,
     replicas: int,
     router: str | Callable = "round_robin",
     load_penalty: float = DEFAULT_LOAD_PENALTY,
-    kv_capacity_tokens: int,
-    max_seq_len: int,
-    cache: str = "paged",
-    block_size: int = 16,
-    max_batch: int | None = None,
-    preemption: str = "recompute",
-    step_time=None,
     seed: int = 0,
-    batching: str = "continuous",
-    record: bool = False,
-    schedule=None,
-    preempt=None,
     progress: bool = False,
-    prefix_caching: bool | str = True,
-    max_num_batched_tokens: int | None = None,
-    chunked_prefill: bool = False,
-    fast_forward: bool = True,
-    cpu_cache_blocks: int | None = None,
+    **settings,
 ) -> FleetResult:
     """Serve ``requests`` on ``replicas`` servers behind ``router``; return a :class:`FleetResult`.
 
-    Every replica is the server :func:`~kvlab.serving.simulate` builds from the same keywords
-    (``kv_capacity_tokens`` is each replica's: equal GPUs means equal replicas), with prefix
-    caching on by default (a fleet's router has prefixes to find). Requests are routed in
-    arrival order (ties in the given order, shuffled by a nonzero ``seed`` as simulate does),
-    each at its arrival, after every replica has run the steps that begin before it; the
-    router sees :class:`ReplicaView` s of that moment. ``router`` is ``"round_robin"``,
-    ``"least_loaded"``, ``"prefix_aware"`` (``load_penalty``: cached prompt tokens per request
-    in hand, the module says why) or a function ``router(request, views, now) -> index``
-    (``now``: the arrival, on the fleet's clock). Ties between replicas are drawn from ``seed``:
-    the same day gives the same routes and figures.
+    Every replica is the server :func:`~kvlab.serving.simulate` builds from the same ``config``
+    or keywords (``kv_capacity_tokens`` is each replica's: equal GPUs means equal replicas),
+    with prefix caching on by default when no ``config`` is given (a fleet's router has
+    prefixes to find). Requests are routed in arrival order (ties in the given order, shuffled
+    by a nonzero ``seed`` as simulate does), each at its arrival, after every replica has run
+    the steps that begin before it; the router sees :class:`ReplicaView` s of that moment.
+    ``router`` is ``"round_robin"``, ``"least_loaded"``, ``"prefix_aware"`` (``load_penalty``:
+    cached prompt tokens per request in hand, the module says why) or a function
+    ``router(request, views, now) -> index`` (``now``: the arrival, on the fleet's clock). Ties
+    between replicas are drawn from ``seed``: the same day gives the same routes and figures.
     """
     positive = isinstance(replicas, int) and not isinstance(replicas, bool)
     if not positive:
         raise TypeError(f"replicas must be an int >= 1, got {replicas!r}")
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
+    check_seed(seed)
     if isinstance(router, str):
         if router not in ROUTERS:
             raise ValueError(
@@ -456,63 +395,14 @@ def simulate_fleet(
             f"router must be one of {ROUTERS} or a function (request, views, now) -> replica "
             f"index, got {router!r}"
         )
-    # the checks simulate makes, in its order, once for the whole fleet
-    if not isinstance(requests, list | tuple):
-        raise TypeError(
-            f"requests must be a list of kvlab.serving.workload.Request, got {requests!r}"
-        )
-    if not requests:
-        raise ValueError("requests must not be empty")
-    if preemption not in PREEMPTION_MODES:
-        raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
-    if batching not in BATCHING_MODES:
-        raise ValueError(f"batching must be one of {BATCHING_MODES}, got {batching!r}")
-    if schedule is not None and batching != "continuous":
-        raise ValueError("a custom schedule decides admission itself: use batching='continuous'")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise TypeError(f"seed must be an int, got {seed!r}")
-    prefix_cache = _prefix_cache(prefix_caching)
-    if not isinstance(chunked_prefill, bool):
-        raise TypeError(f"chunked_prefill must be a bool, got {chunked_prefill!r}")
-    if chunked_prefill and max_num_batched_tokens is None:
-        raise ValueError("chunked_prefill needs a token budget: give max_num_batched_tokens")
-    make_cache(cache, kv_capacity_tokens, max_seq_len, block_size, prefix_caching, cpu_cache_blocks)
-    _check_fits(requests, cache, kv_capacity_tokens, max_seq_len, block_size)
-    _check_budget(requests, max_num_batched_tokens, chunked_prefill, preemption)
+    if config is None:
+        settings.setdefault("prefix_caching", True)
+    config = resolve(config, settings, caller="simulate_fleet")
+    config.check_requests(requests)  # the checks simulate makes, once for the whole fleet
 
-    fleet = []
-    for index in range(replicas):
-        kv_cache = make_cache(
-            cache, kv_capacity_tokens, max_seq_len, block_size, prefix_caching, cpu_cache_blocks
-        )
-        executor = costed_steps(step_time, kv_cache, cpu_cache_blocks)
-        recorder = Recorder(kv_cache) if record else None
-        result = SimResult(cache, kv_cache.capacity, [], executor.timed)
-        result.prefix_caching, result.prefix_cache = prefix_cache is not None, prefix_cache
-        result.max_num_batched_tokens = max_num_batched_tokens
-        result.chunked_prefill = chunked_prefill
-        result.trace = recorder and recorder.trace
-        measure = _FleetMeasure(result, progress=False)
-        engine = Engine(
-            kv_cache,
-            executor,
-            max_batch=max_batch,
-            preemption=preemption,
-            batching=batching,
-            recorder=recorder,
-            schedule=schedule,
-            preempt=preempt,
-            max_num_batched_tokens=max_num_batched_tokens,
-            chunked_prefill=chunked_prefill,
-            observer=measure,
-            fast_forward=fast_forward,
-        )
-        replica = _Replica(
-            index, engine, result, measure, step_time=step_time, cpu_cache_blocks=cpu_cache_blocks
-        )
-        replica.fast = eligible(engine)
-        fleet.append(replica)
+    fleet = [_Replica(index, config) for index in range(replicas)]
     views = tuple(ReplicaView(replica) for replica in fleet)
+    prefix_caching = config.prefix_cache is not None
 
     sequences = [
         Sequence(f"r{i}", r.prompt_len, r.output_len, r.arrival) for i, r in enumerate(requests)
@@ -543,7 +433,7 @@ def simulate_fleet(
                     f"{replicas} replicas (indices 0 to {replicas - 1})"
                 )
             seq = sequences[i]
-            if prefix_cache is not None:
+            if prefix_caching:
                 seq.token_ids = _token_ids(i, request)
             routed[i] = index
             fleet[index].add(seq)

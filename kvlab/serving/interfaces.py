@@ -59,7 +59,8 @@ class KVCache(Protocol):
 
 @runtime_checkable
 class PrefixCachingKVCache(KVCache, Protocol):
-    """A cache that finds the longest cached prefix of a prompt given as token ids. Admitting
+    """A cache that finds the longest cached prefix of a prompt given as token ids (and says how
+    long it is without changing anything: :meth:`cached_prefix_tokens`). Admitting
     with ``num_computed`` (chunked prefill) makes only the first ``num_computed`` tokens findable
     (besides the cached prefix); :meth:`cache_computed` makes the rest findable as their K/V are
     written."""
@@ -81,6 +82,14 @@ class PrefixCachingKVCache(KVCache, Protocol):
     def num_cached_tokens(self, seq_id: Hashable) -> int: ...
 
     def cache_computed(self, seq_id: Hashable, token_ids, num_computed: int) -> None: ...
+
+    def cached_prefix_tokens(self, token_ids) -> int:
+        """Tokens of a prompt found cached now (whole blocks, never its last token): a lookup
+        that changes nothing, what a router asks of each replica."""
+        ...
+
+    @property
+    def tier_hit_tokens(self) -> int: ...  # prompt tokens copied up from a CPU tier so far
 
     @property
     def prefix_cache_stats(self): ...  # a kvlab.core.prefix_cache.PrefixCacheStats

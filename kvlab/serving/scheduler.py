@@ -24,7 +24,8 @@ only with budget left for it, every running sequence gets at least its next toke
 turn; with static batching the budget also caps how many check in together. Every scheduled
 sequence carries ``num_scheduled`` (the tokens it computes in this step, positions
 ``[num_computed, num_computed + num_scheduled)``) and ``samples`` (whether the step produces its
-next token). Without a budget, every prompt is read whole in the step that admits it.
+next token). No budget is an unlimited budget (one path plans both): every prompt is then read
+whole in the step that admits it.
 
 The cache is a :class:`kvlab.serving.interfaces.KVCache`: ``refusal(prompt_len, output_len)`` (the
 OutOfMemory that admitting would raise, or None), ``admit``, ``can_append``, ``append`` and
@@ -48,6 +49,14 @@ from dataclasses import dataclass, field
 
 from kvlab.core.errors import OutOfMemory
 from kvlab.core.validate import positive_int
+from kvlab.serving.config import (  # noqa: F401  (the modes stay importable from here)
+    BATCHING_MODES,
+    PREEMPTION_MODES,
+    SCHEDULER_FIELDS,
+    EngineConfig,
+    most_computed_at_once,
+    resolve,
+)
 
 
 class SequenceStatus(enum.Enum):
@@ -119,24 +128,15 @@ class ScheduledStep:
         return [seq for seq in self.scheduled if seq.samples]
 
 
-PREEMPTION_MODES = ("recompute", "swap")
-
-
-def most_computed_at_once(prompt_len: int, output_len: int, preemption: str) -> int:
-    """The most tokens a request may compute in one step when its prompt is read whole: the
-    prompt, or by recompute all it holds but its last token (readmitted after a preemption)."""
-    return prompt_len + output_len - 1 if preemption == "recompute" else prompt_len
-
-
-BATCHING_MODES = ("continuous", "static")
-
-
 class Scheduler:
     """Admits, preempts and retires sequences on one cache.
 
-    ``max_batch`` caps the sequences running at once. ``preemption`` is ``"recompute"`` or
-    ``"swap"``; with swapping, ``swapper`` (the model's executor, optional) is told
-    ``swap_out(seq)`` before a sequence's memory is released and ``swap_in(seq)`` after it is
+    Its settings are an :class:`~kvlab.serving.config.EngineConfig` (``config=``), or keywords
+    that build one (the scheduler's: ``max_batch``, ``preemption``, ``batching``,
+    ``max_num_batched_tokens``, ``chunked_prefill``, ``preempt``; given with ``config``, they
+    change it). ``max_batch`` caps the sequences running at once. ``preemption`` is
+    ``"recompute"`` or ``"swap"``; with swapping, ``swapper`` (the model's executor, optional) is
+    told ``swap_out(seq)`` before a sequence's memory is released and ``swap_in(seq)`` after it is
     readmitted. ``batching="static"`` admits only into an empty cache, so a batch runs until its
     longest member is done. ``preempt`` (a function of the scheduler) replaces :meth:`preempt`.
     ``max_num_batched_tokens`` is the token budget of a step and ``chunked_prefill=True`` lets a
@@ -149,40 +149,24 @@ class Scheduler:
         cache,
         recorder=None,
         *,
-        max_batch: int | None = None,
-        preemption: str = "recompute",
-        batching: str = "continuous",
+        config: EngineConfig | None = None,
         swapper=None,
-        preempt=None,
-        max_num_batched_tokens: int | None = None,
-        chunked_prefill: bool = False,
+        **settings,
     ):
-        if max_batch is not None:
-            positive_int("max_batch", max_batch)
-        if max_num_batched_tokens is not None:
-            positive_int("max_num_batched_tokens", max_num_batched_tokens)
-        if not isinstance(chunked_prefill, bool):
-            raise TypeError(f"chunked_prefill must be a bool, got {chunked_prefill!r}")
-        if chunked_prefill and max_num_batched_tokens is None:
-            raise ValueError("chunked_prefill needs a token budget: give max_num_batched_tokens")
+        config = resolve(config, settings, caller="Scheduler", fields=SCHEDULER_FIELDS)
         if not isinstance(getattr(cache, "prefix_caching", None), bool):
             raise TypeError(
                 "cache must be a kvlab.serving.interfaces.KVCache declaring prefix_caching (a bool), "
                 f"got {cache!r}"
             )
-        if preemption not in PREEMPTION_MODES:
-            raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
-        if batching not in BATCHING_MODES:
-            raise ValueError(f"batching must be one of {BATCHING_MODES}, got {batching!r}")
-        if preempt is not None and not callable(preempt):
-            raise TypeError(f"preempt must be a function of the scheduler or None, got {preempt!r}")
-        if preempt is not None and swapper is not None and preemption == "swap":
+        if config.preempt is not None and swapper is not None and config.preemption == "swap":
             raise ValueError("a custom preempt cannot swap a model's K and V; use recompute")
+        self.config = config
         self.cache = cache
         self.recorder = recorder
-        self.max_batch = max_batch
-        self.preemption = preemption
-        self.batching = batching
+        self.max_batch = config.max_batch
+        self.preemption = config.preemption
+        self.batching = config.batching
         self.swapper = swapper
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in order of admission: the last is preempted first
@@ -191,9 +175,12 @@ class Scheduler:
         self.swapped_out_tokens = 0  # K/V moved to CPU memory, in tokens
         self.swapped_in_tokens = 0
         self.recompute_tokens = 0  # K/V dropped by preemption, to be computed again
-        self.custom_preempt = preempt  # Lab 06: the learner's own, a function of the scheduler
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.chunked_prefill = chunked_prefill
+        self.custom_preempt = (
+            config.preempt
+        )  # Lab 06: the learner's own, a function of the scheduler
+        self.max_num_batched_tokens = config.max_num_batched_tokens  # None: no budget
+        self.token_budget = config.token_budget  # the same, math.inf without one
+        self.chunked_prefill = config.chunked_prefill
         # prefix caching (Lab 07): the cache is told the token ids of prompts and new tokens
         self.pass_token_ids = cache.prefix_caching
 
@@ -232,51 +219,58 @@ class Scheduler:
         return done
 
     def schedule(self, now: float) -> ScheduledStep:
-        """Make room for one token of every running sequence, then admit what arrived and fits
+        """Make room for the next token (or prompt chunk) of every running sequence, in the order
+        they were admitted, then admit what arrived and fits, while the token budget lasts
         (vLLM's order: the sequences holding memory go first, newcomers get what is left, and
-        nobody is admitted in a step that had to preempt)."""
-        if self.max_num_batched_tokens is not None:
-            return self._schedule_budgeted(now)
+        nobody is admitted in a step that had to preempt). Without a budget the budget is
+        unlimited: one path, which sets what every scheduled sequence computes
+        (``num_scheduled``, ``samples``) and the step's ``num_batched_tokens``."""
         step = ScheduledStep()
+        limit = self.token_budget
         can_append, append = self.cache.can_append, self.cache.append
         pass_ids = self.pass_token_ids
         scheduled = step.scheduled
+        spent = 0  # step.num_batched_tokens, kept here in the hot loop
+        running = SequenceStatus.RUNNING
         for seq in list(self.running):
-            if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this step
+            if seq.status is not running:  # preempted earlier in this step
                 continue
-            if can_append(seq.seq_id):  # the usual case, kept fast for long simulations
-                append(seq.seq_id)
+            need = seq.prompt_len + seq.num_generated - seq.num_computed  # seq.num_uncomputed
+            if spent + need > limit:  # over the budget (need >= 1: never without one)
+                if spent >= limit:  # the budget is spent: nobody else computes in this step
+                    break
+                # its prompt's next chunk: what is left of the budget
+                step.num_batched_tokens = spent
+                self._chunk(seq, limit - spent, step)
+                spent = step.num_batched_tokens
+            elif can_append(seq.seq_id):  # the usual case, kept fast for long simulations
+                append(seq.seq_id)  # as _decode does
+                seq.num_scheduled = need
+                seq.samples = True
                 seq.num_generated += 1
+                spent += need
                 if pass_ids:
                     self._cache_computed(seq)
                 scheduled.append(seq)
             else:
+                step.num_batched_tokens = spent
                 self._make_room(seq, step)
+                spent = step.num_batched_tokens
+        step.num_batched_tokens = spent
         if not step.preempted and (self.batching == "continuous" or not self.running):
             self._admit_arrived(now, step)
         return step
 
-    def _schedule_budgeted(self, now: float) -> ScheduledStep:
-        """:meth:`schedule` under the token budget: running sequences in admission order (a
-        decode costs one token, an unfinished prompt its next chunk), then the queue."""
-        step = ScheduledStep()
-        budget = self.max_num_batched_tokens
-        for seq in list(self.running):
-            if budget == 0:
-                break
-            if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this step
-                continue
-            chunk = min(seq.num_uncomputed, budget)
-            if chunk < seq.num_uncomputed:
-                self._chunk(seq, chunk, step)
-            elif self.cache.can_append(seq.seq_id):
-                self._decode(seq, step)
-            else:
-                self._make_room(seq, step)
-            budget = self.max_num_batched_tokens - step.num_batched_tokens
-        if not step.preempted and (self.batching == "continuous" or not self.running):
-            self._admit_arrived(now, step)
-        return step
+    def complete_unbudgeted(self, step: ScheduledStep) -> None:
+        """Say what a step planned by a function written without a token budget (Lab 06's own
+        step: it books slots and counts tokens) computes, as :meth:`schedule` would have: every
+        scheduled sequence reads all it has not computed and produces its next token."""
+        batched = 0
+        for seq in step.scheduled:
+            n = seq.num_scheduled = seq.prompt_len + seq.num_generated - 1 - seq.num_computed
+            seq.samples = True
+            batched += n
+        step.num_batched_tokens = batched
 
     def _chunk(self, seq: Sequence, n: int, step: ScheduledStep) -> None:
         """The next ``n`` tokens of a prompt that does not end in this step: no new slot, no
@@ -287,20 +281,17 @@ class Scheduler:
         if self.pass_token_ids:
             self._cache_computed(seq)
 
-    def _budget_left(self, step: ScheduledStep) -> int | None:
-        if self.max_num_batched_tokens is None:
-            return None
-        return self.max_num_batched_tokens - step.num_batched_tokens
-
     def _admit_arrived(self, now: float, step: ScheduledStep) -> None:
         """First come, first served: stop at the first sequence that does not fit. An admitted
-        sequence computes its first token in the same step (the cache's refusal counts it)."""
-        while self.waiting and self.waiting[0].arrival <= now:
+        sequence computes its first token in the same step (the cache's refusal counts it),
+        or, under a budget too small for its prompt, the prompt's first chunk."""
+        waiting, limit = self.waiting, self.token_budget
+        while waiting and waiting[0].arrival <= now:
             if self.max_batch is not None and len(self.running) >= self.max_batch:
                 return
-            seq = self.waiting[0]
-            budget = self._budget_left(step)
-            if budget is not None and not self._fits_budget(seq, budget):
+            seq = waiting[0]
+            budget = limit - step.num_batched_tokens
+            if seq.num_uncomputed > budget and not self._fits_budget(seq, budget):
                 return
             refusal = self.cache.refusal(seq.num_tokens, seq.remaining, **self._known_ids(seq))
             if refusal is not None:
@@ -314,7 +305,7 @@ class Scheduler:
                 return
             self.admit(seq)
             step.admitted.append(seq)
-            if budget is not None and seq.num_uncomputed > budget:
+            if seq.num_uncomputed > budget:
                 self._chunk(seq, budget, step)
             else:
                 self._decode(seq, step)
@@ -325,7 +316,7 @@ class Scheduler:
         if self.chunked_prefill:
             return budget > 0
         need = seq.num_uncomputed
-        if need > self.max_num_batched_tokens:
+        if need > self.token_budget:
             raise ValueError(
                 f"sequence {seq.seq_id!r} must compute {need} tokens in one step, more than "
                 f"max_num_batched_tokens={self.max_num_batched_tokens}: raise the budget or use "
@@ -398,14 +389,12 @@ class Scheduler:
         """Tell a prefix-caching cache which tokens have K/V at the end of this step: all but the
         one whose slot was just taken (it is produced in this step, its K/V written in the next)."""
         if seq.token_ids is not None:
-            if self.max_num_batched_tokens is None:
-                done = seq.num_tokens - 1
-            else:
-                done = seq.num_computed + seq.num_scheduled
+            done = seq.num_computed + seq.num_scheduled
             self.cache.cache_computed(seq.seq_id, seq.token_ids, min(len(seq.token_ids), done))
 
     def _decode(self, seq: Sequence, step: ScheduledStep) -> None:
-        """A slot for the sequence's next token (inlined in :meth:`schedule`'s hot loop)."""
+        """A slot for the sequence's next token, which reads all it has not computed (inlined
+        in :meth:`schedule`'s hot loop)."""
         seq.num_scheduled, seq.samples = seq.num_uncomputed, True
         step.num_batched_tokens += seq.num_scheduled
         self.cache.append(seq.seq_id)

@@ -14,23 +14,18 @@ import bisect
 import random
 from dataclasses import dataclass, field
 
-from kvlab.core.block_manager import PagedCache
-from kvlab.core.cache_kinds import CACHES
-from kvlab.core.contiguous import ContiguousKVCache, booking_size
-from kvlab.core.prefix_cache import PREFIX_CACHES as PREFIX_CACHE_KINDS
+from kvlab.core.cache_kinds import CACHES  # noqa: F401  (the simulator's caches, named once)
 from kvlab.core.recorder import Recorder
 from kvlab.core.trace import Trace
-from kvlab.core.validate import positive_int
-from kvlab.serving.engine import Engine
-from kvlab.serving.scheduler import (
-    BATCHING_MODES,
-    PREEMPTION_MODES,
-    Sequence,
-    most_computed_at_once,
+from kvlab.serving.config import (
+    PREFIX_CACHES,  # noqa: F401  (importable from here, as always)
+    EngineConfig,
+    check_cost_model,
+    resolve,
 )
+from kvlab.serving.engine import Engine
+from kvlab.serving.scheduler import Sequence
 from kvlab.serving.workload import Request
-
-PREFIX_CACHES = tuple(PREFIX_CACHE_KINDS)  # "hash", "radix"
 
 
 class CostedSteps:
@@ -45,11 +40,7 @@ class CostedSteps:
     can_swap = False
 
     def __init__(self, step_time=None, copied_up=None):
-        if step_time is not None and not callable(getattr(step_time, "seconds", None)):
-            raise TypeError(
-                "step_time must be None or a cost model with a seconds(new_tokens, attended, "
-                f"kv_tokens, swapped_tokens) method such as kvlab.perf.roofline.StepTime, got {step_time!r}"
-            )
+        check_cost_model(step_time)
         self.step_time = step_time
         self.timed = step_time is not None
         # with a CPU tier: tokens copied up so far (a function); a step pays for its new ones
@@ -302,236 +293,145 @@ class SimResult:
 
 
 def make_cache(
-    cache: str,
-    kv_capacity_tokens: int,
-    max_seq_len: int,
+    cache: str | EngineConfig,
+    kv_capacity_tokens: int | None = None,
+    max_seq_len: int | None = None,
     block_size: int = 16,
     prefix_caching: bool | str = False,
     cpu_cache_blocks: int | None = None,
 ):
     """One of the four caches over ``kv_capacity_tokens`` token slots of memory (the paged one
     with prefix caching if asked: True or ``"hash"`` for the hash chain, ``"radix"`` for the
-    radix tree; ``cpu_cache_blocks``: a CPU tier of that many blocks below it)."""
-    prefix_cache = _prefix_cache(prefix_caching)
-    if cpu_cache_blocks is not None:
-        positive_int("cpu_cache_blocks", cpu_cache_blocks)
-        if prefix_cache is None:
-            raise ValueError("cpu_cache_blocks is a tier of the prefix cache: set prefix_caching")
-    if cache not in CACHES:
-        raise ValueError(f"cache must be one of {tuple(CACHES)}, got {cache!r}")
-    positive_int("kv_capacity_tokens", kv_capacity_tokens)
-    positive_int("max_seq_len", max_seq_len)
-    positive_int("block_size", block_size)
-    policy = CACHES[cache]
-    if policy is None:
-        if kv_capacity_tokens < block_size:
-            raise ValueError(
-                f"kv_capacity_tokens ({kv_capacity_tokens}) holds no whole block of "
-                f"block_size={block_size}"
-            )
-        if prefix_cache is None:
-            return PagedCache(kv_capacity_tokens // block_size, block_size)
-        return PagedCache(
-            kv_capacity_tokens // block_size,
-            block_size,
-            enable_prefix_caching=True,
-            prefix_cache=prefix_cache,
-            cpu_cache_blocks=cpu_cache_blocks,
-        )
-    if prefix_cache is not None:
-        raise ValueError(f"prefix_caching needs the paged cache, not cache={cache!r}")
-    num_slots = max(1, kv_capacity_tokens // max_seq_len)
-    return ContiguousKVCache(
-        num_slots, max_seq_len, policy=policy, capacity_tokens=kv_capacity_tokens
-    )
+    radix tree; ``cpu_cache_blocks``: a CPU tier of that many blocks below it), or the cache an
+    :class:`~kvlab.serving.config.EngineConfig` given alone describes: what
+    :meth:`EngineConfig.make_cache <kvlab.serving.config.EngineConfig.make_cache>` builds."""
+    if isinstance(cache, EngineConfig):
+        return cache.make_cache()
+    return EngineConfig(
+        cache=cache,
+        kv_capacity_tokens=kv_capacity_tokens,
+        max_seq_len=max_seq_len,
+        block_size=block_size,
+        prefix_caching=prefix_caching,
+        cpu_cache_blocks=cpu_cache_blocks,
+    ).make_cache()
 
 
-def _prefix_cache(prefix_caching) -> str | None:
-    """The prefix cache asked for: None (off), "hash" (also for True) or "radix"."""
-    if prefix_caching is False:
-        return None
-    if prefix_caching is True:
-        return "hash"
-    if not isinstance(prefix_caching, str):
-        raise TypeError(
-            f"prefix_caching must be a bool or one of {PREFIX_CACHES}, got {prefix_caching!r}"
-        )
-    if prefix_caching in PREFIX_CACHES:
-        return prefix_caching
-    raise ValueError(
-        f"prefix_caching must be False, True or one of {PREFIX_CACHES}, got {prefix_caching!r}"
-    )
-
-
-def _check_budget(requests, budget: int | None, chunked: bool, preemption: str) -> None:
-    """Without chunked prefill a prompt is read in one step, so it must fit the token budget
-    (after a preemption by recompute, with what it had generated)."""
-    if budget is None:
-        return
-    positive_int("max_num_batched_tokens", budget)
-    if chunked:
-        return
-    for i, r in enumerate(requests):
-        need = most_computed_at_once(r.prompt_len, r.output_len, preemption)
-        if need > budget:
-            raise ValueError(
-                f"requests[{i}] may need {need} tokens computed in one step, more than "
-                f"max_num_batched_tokens={budget}: raise the budget or use chunked_prefill=True"
-            )
-
-
-def _check_fits(requests, cache: str, capacity: int, max_seq_len: int, block_size: int) -> None:
-    """Reject up front any request that could never run, naming it (never an endless loop)."""
-    policy = CACHES[cache]
-    for i, r in enumerate(requests):
-        if not isinstance(r, Request):
-            raise TypeError(f"requests[{i}] must be a kvlab.serving.workload.Request, got {r!r}")
-        total = r.total_len
-        if total > max_seq_len:
-            raise ValueError(
-                f"requests[{i}] needs {total} tokens (prompt {r.prompt_len} + output "
-                f"{r.output_len}), more than max_seq_len={max_seq_len}"
-            )
-        if policy is None:
-            need = -(-total // block_size) * block_size
-            have = capacity // block_size * block_size
-        else:
-            need, have = booking_size(policy, r.prompt_len, r.output_len, max_seq_len), capacity
-        if need > have:
-            raise ValueError(
-                f"requests[{i}] needs {need} token slots in the {cache} cache, which holds only "
-                f"{have}: it cannot run even in an empty cache"
-            )
+def check_seed(seed) -> None:
+    """A seed is an int (not a bool): it shuffles ties between arrivals, reproducibly."""
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an int, got {seed!r}")
 
 
 def simulate(
     requests: list[Request],
+    config: EngineConfig | None = None,
     *,
-    cache: str,
-    kv_capacity_tokens: int,
-    max_seq_len: int,
-    block_size: int = 16,
-    max_batch: int | None = None,
-    preemption: str = "recompute",
-    step_time=None,
     seed: int = 0,
-    batching: str = "continuous",
-    record: bool = False,
-    schedule=None,
-    preempt=None,
     progress: bool = False,
-    prefix_caching: bool | str = False,
-    max_num_batched_tokens: int | None = None,
-    chunked_prefill: bool = False,
-    fast_forward: bool = True,
-    cpu_cache_blocks: int | None = None,
+    **settings,
 ) -> SimResult:
     """Serve ``requests`` to completion on one cache; return a :class:`SimResult`.
 
-    ``cache``: ``"contiguous"`` (every request books ``max_seq_len`` slots: Orca-Max),
+    The server is ``config`` (a :class:`kvlab.serving.config.EngineConfig`), or the settings
+    given as keywords (with ``config``, they change it), as always: ``cache``:
+    ``"contiguous"`` (every request books ``max_seq_len`` slots: Orca-Max),
     ``"contiguous-pow2"``, ``"contiguous-oracle"`` or ``"paged"`` (blocks of ``block_size`` on
-    demand), each over ``kv_capacity_tokens`` token slots. Arrivals are in steps, or in seconds
-    with a ``step_time`` model (:class:`kvlab.perf.roofline.StepTime`). ``batching="static"`` runs
-    each batch until its longest member is done. Requests arriving at the same time are served in
-    the given order; ``seed`` other than 0 shuffles such ties (a seeded, reproducible order).
-    ``record=True`` keeps a frame per event in ``result.trace`` (small days only).
-    ``schedule`` and ``preempt`` replace the scheduler's own (Lab 06's exercises; with a token
-    budget, a schedule sets each scheduled sequence's ``num_scheduled`` and ``samples``: Lab 09).
-    ``prefix_caching=True`` (paged only) shares cached prompt prefixes: requests with
-    ``prompt_ids`` are compared by token; the others, and every generated token, get ids of
-    their own that nobody else has (a preempted request may still find its own blocks).
-    ``prefix_caching="radix"`` keeps them in a radix tree instead of the hash chain (``"hash"``,
-    the same as True). ``max_num_batched_tokens`` caps the tokens computed in a step (vLLM's
-    token budget); with ``chunked_prefill=True`` long prompts are read in chunks over several
-    steps (``result.scheduled_tokens``, ``result.itls()``). Stretches of steps that only decode
-    run at once (:mod:`kvlab.serving.fast_forward`; never with ``record``, ``schedule``,
-    ``preempt`` or prefix caching), with results identical to stepping: ``fast_forward=False``
-    steps one at a time. ``cpu_cache_blocks`` (with prefix caching) puts a CPU tier of that
-    many blocks below HBM (:class:`kvlab.core.prefix_cache.TieredPrefixCache`): evicted cached
-    blocks go down to it, and a prompt whose prefix continues there copies those blocks up
-    instead of computing them; a step then also pays their K/V over PCIe (``step_time``'s
-    ``pcie_bytes_per_s``, 25 GB/s by default: PCIe 4.0 x16 in practice), while a miss pays its
-    prefill FLOPs as always (``result.prefix_tier_hit_tokens``, ``result.copied_up_bytes``).
-    Deterministic.
+    demand, the default), each over ``kv_capacity_tokens`` token slots. Arrivals are in steps,
+    or in seconds with a ``step_time`` model (:class:`kvlab.perf.roofline.StepTime`).
+    ``batching="static"`` runs each batch until its longest member is done. Requests arriving at
+    the same time are served in the given order; ``seed`` other than 0 shuffles such ties (a
+    seeded, reproducible order). ``record=True`` keeps a frame per event in ``result.trace``
+    (small days only). ``schedule`` and ``preempt`` replace the scheduler's own (Lab 06's
+    exercises; with a token budget, a schedule sets each scheduled sequence's ``num_scheduled``
+    and ``samples``: Lab 09). ``prefix_caching=True`` (paged only) shares cached prompt
+    prefixes: requests with ``prompt_ids`` are compared by token; the others, and every
+    generated token, get ids of their own that nobody else has (a preempted request may still
+    find its own blocks). ``prefix_caching="radix"`` keeps them in a radix tree instead of the
+    hash chain (``"hash"``, the same as True). ``max_num_batched_tokens`` caps the tokens
+    computed in a step (vLLM's token budget); with ``chunked_prefill=True`` long prompts are
+    read in chunks over several steps (``result.scheduled_tokens``, ``result.itls()``).
+    Stretches of steps that only decode run at once (:mod:`kvlab.serving.fast_forward`; never
+    with ``record``, ``schedule``, ``preempt`` or prefix caching), with results identical to
+    stepping: ``fast_forward=False`` steps one at a time. ``cpu_cache_blocks`` (with prefix
+    caching) puts a CPU tier of that many blocks below HBM
+    (:class:`kvlab.core.prefix_cache.TieredPrefixCache`): evicted cached blocks go down to it,
+    and a prompt whose prefix continues there copies those blocks up instead of computing them;
+    a step then also pays their K/V over PCIe (``step_time``'s ``pcie_bytes_per_s``, 25 GB/s by
+    default: PCIe 4.0 x16 in practice), while a miss pays its prefill FLOPs as always
+    (``result.prefix_tier_hit_tokens``, ``result.copied_up_bytes``). Deterministic.
     """
-    if not isinstance(requests, list | tuple):
-        raise TypeError(
-            f"requests must be a list of kvlab.serving.workload.Request, got {requests!r}"
-        )
-    if not requests:
-        raise ValueError("requests must not be empty")
-    if preemption not in PREEMPTION_MODES:
-        raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
-    if batching not in BATCHING_MODES:
-        raise ValueError(f"batching must be one of {BATCHING_MODES}, got {batching!r}")
-    if schedule is not None and batching != "continuous":
-        raise ValueError("a custom schedule decides admission itself: use batching='continuous'")
-    if not isinstance(seed, int):
-        raise TypeError(f"seed must be an int, got {seed!r}")
-    prefix_cache = _prefix_cache(prefix_caching)
-    if not isinstance(chunked_prefill, bool):
-        raise TypeError(f"chunked_prefill must be a bool, got {chunked_prefill!r}")
-    if chunked_prefill and max_num_batched_tokens is None:
-        raise ValueError("chunked_prefill needs a token budget: give max_num_batched_tokens")
-    kv_cache = make_cache(
-        cache, kv_capacity_tokens, max_seq_len, block_size, prefix_caching, cpu_cache_blocks
-    )
-    _check_fits(requests, cache, kv_capacity_tokens, max_seq_len, block_size)
-    _check_budget(requests, max_num_batched_tokens, chunked_prefill, preemption)
-    executor = costed_steps(step_time, kv_cache, cpu_cache_blocks)
-    recorder = Recorder(kv_cache) if record else None
+    config = resolve(config, settings, caller="simulate")
+    config.check_requests(requests)
+    check_seed(seed)
     sequences = [
         Sequence(f"r{i}", r.prompt_len, r.output_len, r.arrival) for i, r in enumerate(requests)
     ]
-    result = SimResult(cache, kv_cache.capacity, sequences, executor.timed)
-    result.prefix_caching, result.prefix_cache = prefix_cache is not None, prefix_cache
-    result.max_num_batched_tokens, result.chunked_prefill = max_num_batched_tokens, chunked_prefill
-    result.trace = recorder and recorder.trace
-    measure = _Measure(result, progress)
-    engine = Engine(
-        kv_cache,
-        executor,
-        max_batch=max_batch,
-        preemption=preemption,
-        batching=batching,
-        recorder=recorder,
-        schedule=schedule,
-        preempt=preempt,
-        max_num_batched_tokens=max_num_batched_tokens,
-        chunked_prefill=chunked_prefill,
-        observer=measure,
-        fast_forward=fast_forward,
-    )
-    tie = random.Random(seed).random if seed else (lambda: 0.0)
-    order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival, tie()))
-    if prefix_cache is not None:
+    if config.prefix_cache is not None:
         for i, (seq, r) in enumerate(zip(sequences, requests, strict=True)):
             seq.token_ids = _token_ids(i, r)
+    replica = Replica(config, sequences, progress=progress)
+    tie = random.Random(seed).random if seed else (lambda: 0.0)
+    order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival, tie()))
     for i in order:
-        engine.add(sequences[i])
-    try:
-        engine.run()
-    finally:
-        measure.close()
-    result.token_gaps = engine.token_gaps
-    scheduler = engine.scheduler
-    result.preemptions = scheduler.num_preemptions
-    result.recompute_tokens = scheduler.recompute_tokens
-    result.swapped_tokens = scheduler.swapped_out_tokens
-    result.end_time = engine.clock
-    result.fast_forward_steps = engine.fast_forward_steps
-    result.fast_forward_runs = engine.fast_forward_runs
-    if prefix_cache is not None:
-        record_prefix_stats(result, kv_cache, cpu_cache_blocks, step_time)
-    return result
+        replica.engine.add(sequences[i])
+    return replica.finish()
+
+
+class Replica:
+    """One simulated server built from a config: its cache, costed executor, recorder, engine
+    and the :class:`SimResult` its observer fills (:func:`simulate` runs one, the fleet many)."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        sequences: list[Sequence],
+        *,
+        progress: bool = False,
+        measure: type | None = None,
+    ):
+        self.config = config
+        kv_cache = make_cache(config)
+        executor = costed_steps(config.step_time, kv_cache, config.cpu_cache_blocks)
+        recorder = Recorder(kv_cache) if config.record else None
+        result = SimResult(config.cache, kv_cache.capacity, sequences, executor.timed)
+        result.prefix_caching = config.prefix_cache is not None
+        result.prefix_cache = config.prefix_cache
+        result.max_num_batched_tokens = config.max_num_batched_tokens
+        result.chunked_prefill = config.chunked_prefill
+        result.trace = recorder and recorder.trace
+        self.result = result
+        self.measure = (measure or _Measure)(result, progress)
+        self.engine = Engine(
+            kv_cache, executor, config=config, recorder=recorder, observer=self.measure
+        )
+
+    def finish(self) -> SimResult:
+        """Run to the end; the engine's counters into the result."""
+        engine, result = self.engine, self.result
+        try:
+            engine.run()
+        finally:
+            self.measure.close()
+        scheduler = engine.scheduler
+        result.token_gaps = engine.token_gaps
+        result.preemptions = scheduler.num_preemptions
+        result.recompute_tokens = scheduler.recompute_tokens
+        result.swapped_tokens = scheduler.swapped_out_tokens
+        result.end_time = engine.clock
+        result.fast_forward_steps = engine.fast_forward_steps
+        result.fast_forward_runs = engine.fast_forward_runs
+        config = self.config
+        if config.prefix_cache is not None:
+            record_prefix_stats(result, engine.cache, config.cpu_cache_blocks, config.step_time)
+        return result
 
 
 def costed_steps(step_time, kv_cache, cpu_cache_blocks: int | None) -> CostedSteps:
     """The executor that costs each step, copies up from a CPU tier included."""
     copied_up = None
     if cpu_cache_blocks is not None:
-        tier = kv_cache.manager.prefix_cache
-        copied_up = lambda: tier.tier_hits  # noqa: E731
+        copied_up = lambda: kv_cache.tier_hit_tokens  # noqa: E731
     return CostedSteps(step_time, copied_up)
 
 

@@ -180,7 +180,6 @@ TABLE = (
 GUARD = (
     Scheduler.step,
     Scheduler.schedule,
-    Scheduler._schedule_budgeted,
     Scheduler._admit_arrived,
     Scheduler._make_room,
     Scheduler._chunk,

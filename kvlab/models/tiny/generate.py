@@ -102,8 +102,9 @@ def _check_fits(kv_cache, lengths: list[int]) -> None:
     """Reject up front a prompt that could never run, even alone in the cache (never mid-run)."""
     for i, n in enumerate(lengths):
         if isinstance(kv_cache, PagedCache):
-            need, have = kv_cache.manager.blocks_needed(n), kv_cache.manager.num_blocks
-            what = f"{need} blocks of {kv_cache.manager.block_size}"
+            size = kv_cache.block_size
+            need, have = -(-n // size), kv_cache.num_blocks
+            what = f"{need} blocks of {size}"
         else:
             need, have, what = n, kv_cache.max_seq_len, f"{n} tokens"
         if need > have:
