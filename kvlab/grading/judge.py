@@ -27,7 +27,7 @@ from pathlib import Path
 
 from kvlab.course.labgen import RAISES_TAG
 from kvlab.course.nbformat_quick import nbformat
-from kvlab.grading.limits import CheckTimeout, time_limit
+from kvlab.grading.limits import CheckTimeout, LearnerClock, counting, time_limit
 from kvlab.grading.registry import get_exercise
 from kvlab.grading.remote import (
     JUDGE,
@@ -120,7 +120,9 @@ class Session:
         self.notes: list[str] = []
         self.outcomes: list = []  # the sandbox's account of each run of the learner's process
         self.sandbox_report: list[str] = []  # what the sandbox did (network, files, limits)
+        self.clock = LearnerClock()  # the CPU-seconds a check's limit counts (limits.cpu_limit)
         self.start()
+        self.clock.follow(self.process.pid)
 
     def start(self) -> None:
         to_child_r, to_child_w = os.pipe()
@@ -149,6 +151,7 @@ class Session:
 
     def stop(self) -> None:
         if self.process is not None:
+            self.clock.ended()
             _kill_tree(self.process)
             run = getattr(self.process, "sandbox", None)
             if run is not None:  # what the sandbox did, a limit hit, a protected file changed
@@ -184,6 +187,7 @@ class Session:
                 raise RemoteDied(
                     f"replaying your notebook's cells failed ({type(e).__name__})"
                 ) from None
+        self.clock.follow(self.process.pid)  # the start and the replay cost no check's time
 
     def how_it_ended(self) -> str:
         """How the learner's process ended, for a report ("SIGSEGV", "exit status 1")."""
@@ -418,9 +422,10 @@ def judge(
                     if error is not None:
                         found.error_cells.append(cell.id)
                     continue
-                found.results[cell.exercise] = _judge_exercise(
-                    session, cell, run_checks, check_timeout or judged_check_timeout()
-                )
+                with counting(session.clock):  # a check's limit: CPU-seconds, both processes
+                    found.results[cell.exercise] = _judge_exercise(
+                        session, cell, run_checks, check_timeout or judged_check_timeout()
+                    )
         finally:
             session.stop()
         found.notes += session.notes
@@ -463,11 +468,13 @@ def sandboxed():
 
 
 def judged_check_timeout() -> float:
-    """A check's time limit under the judge: six times the learner's (``KVLAB_CHECK_TIMEOUT``,
-    10 s), since every call of the learner's code crosses the process boundary (Lab 06's
-    40-guest day takes 9 s so, 3 s in one process) and a class is graded several notebooks at
-    a time (that day took over 30 s on two busy cores). The limit is there for endless loops:
-    an honest submission must never lose a check to a busy grading machine."""
+    """A check's limit under the judge, in CPU-seconds (the judge's and the learner's process
+    tree's, :class:`~kvlab.grading.limits.LearnerClock`): six times the learner's
+    (``KVLAB_CHECK_TIMEOUT``, 10), since every call of the learner's code crosses the process
+    boundary (Lab 06's 40-guest day takes 9 s so, 3 s in one process). CPU time does not grow
+    on a busy machine, so a class graded several notebooks at a time on shared cores scores as
+    one graded alone; the limit is there for endless loops (a check is tried twice before it
+    counts), and a wall-time backstop ten times as long for code that waits."""
     from kvlab.grading.runner import DEFAULT_TIMEOUT
 
     return 6 * DEFAULT_TIMEOUT

@@ -225,7 +225,9 @@ def test_a_hang_costs_its_exercise_only(tmp_path):
     path = submission(tmp_path, "00", {"lab00-14": hang}, solved=["lab00-07"])
     found = judged(path, check_timeout=3)
     kv = found.results["00.kv_bytes"]
-    assert kv.passed == 0 and kv.outcomes[0].status.value == "timed out"
+    assert kv.passed == 0 and kv.outcomes[0].status.value == "stopped at limit"
+    assert kv.status.value == "stopped at limit" and kv.timed_out == 1
+    assert "stopped at its limit of 3 CPU-s" in kv.report() and "endless loop" not in kv.report()
     assert scores(found)["00.decode_step"] == (6, 6)
 
 
