@@ -319,7 +319,7 @@ def test_isolated_checks_survive_a_crash_a_hang_and_report_output():
     passed, crashed, hung = result.outcomes
     assert passed.passed and not crashed.passed and not hung.passed
     assert crashed.details[0] == "your code crashed the process (SIGSEGV)"
-    assert hung.details[0].startswith("your code did not finish within 1 s")
+    assert hung.details[0].startswith("stopped at its limit of 1 CPU-s")
     assert result.printed_chars >= 10_001  # counted from the children (the crash lost its own)
 
 
@@ -347,5 +347,5 @@ def test_isolated_check_that_ignores_its_alarm_is_killed_by_the_parent():
         result = run_checks("99.stubborn", learner, timeout=0.5)
     finally:
         del EXERCISES["99.stubborn"]
-    assert time.monotonic() - start < 20  # the parent's deadline (timeout + 5 s), not 60 s
-    assert result.outcomes[0].details[0].startswith("your code did not finish within 0.5 s")
+    assert time.monotonic() - start < 20  # the wall-time backstop (10 x 0.5 s, tried twice), not 60 s
+    assert result.outcomes[0].details[0].startswith("stopped at its limit: 5 s passed")
