@@ -81,7 +81,9 @@ def time_limit(seconds: float):
 
 # --- CPU time ---------------------------------------------------------------------------------
 
-WALL_BACKSTOP = 10.0  # a CPU-time limit of N also stops code that has waited N * this, computing nothing
+WALL_BACKSTOP = (
+    10.0  # a CPU-time limit of N also stops code that has waited N * this, computing nothing
+)
 _clock: list = [time.process_time]  # the CPU-seconds clock cpu_limit reads (the judge sets its own)
 _INTERRUPT = getattr(signal, "SIGUSR2", None)
 

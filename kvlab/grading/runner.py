@@ -21,17 +21,17 @@ from kvlab.grading.blame import (
     unwritten,
 )
 from kvlab.grading.expect import CheckFailed, short
-from kvlab.grading.own_code import HANDOVER
 from kvlab.grading.limits import (
+    WALL_BACKSTOP,
     BoundedBuffer,
     CheckTimeout,
     ChildCrashed,
     can_fork,
     captured_output,
-    WALL_BACKSTOP,
     cpu_limit,
     in_child_process,
 )
+from kvlab.grading.own_code import HANDOVER
 from kvlab.grading.registry import Check, get_exercise
 from kvlab.grading.remote import LearnerExit, Remote, RemoteDied, is_remote, origin
 from kvlab.grading.report import SAME_PROBLEM, CheckResult, Outcome, Status, failure_details

@@ -561,3 +561,20 @@ def test_a_class_of_the_real_lab_00_learner_and_solution(tmp_path):
     for e in teacher["exercises"]:
         assert f"{e['id']} · {e['title']}: {e['total']}/{e['total']} checks passed" in text
     assert "not implemented yet" in (tmp_path / "out" / "feedback" / "learner.md").read_text()
+
+
+@pytest.mark.parametrize("content", [b"", b'{"cells": [', b"\x00\xff not json", b"[]"])
+def test_an_unreadable_notebook_has_every_registered_exercise_at_zero_of_n(tmp_path, content):
+    """Corrupt JSON, an empty file: an error, and the lab's exercises at 0/N (never 0/0)."""
+    from kvlab.grading.notebook import grade_by_judge, grade_self_reported
+    from kvlab.grading.registry import load_lab
+
+    path = tmp_path / "03_broken.ipynb"
+    path.write_bytes(content)
+    checks = {ex.id: len(ex.checks) for ex in load_lab("03")}
+    for grade in (grade_by_judge(path), grade_self_reported(path)):
+        assert grade.error.startswith("cannot read notebook: ")
+        assert {e.id: (e.passed, e.total) for e in grade.exercises} == {
+            i: (0, n) for i, n in checks.items()
+        }
+        assert grade.total == sum(checks.values()) > 0 and grade.passed == 0

@@ -132,7 +132,10 @@ def test_a_check_stopped_at_its_limit_is_tried_once_more_and_the_second_try_coun
     result = run_checks("00.kv_bytes", stalls_once, timeout=0.3)
     assert result.status is Status.PASSED and result.passed == result.total
     first = result.outcomes[0]
-    assert any(d.startswith("note:     its first try was stopped at its limit of 0.3 CPU-s") for d in first.details)
+    assert any(
+        d.startswith("note:     its first try was stopped at its limit of 0.3 CPU-s")
+        for d in first.details
+    )
 
 
 def test_an_endless_loop_is_a_status_of_its_own_in_the_result():
