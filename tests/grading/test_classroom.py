@@ -545,6 +545,7 @@ def test_three_shards_in_three_processes_merge_into_the_gradebook_of_one_run(tmp
 
     a, b = tmp_path / "one", tmp_path / "all"
     assert (a / "gradebook.csv").read_bytes() == (b / "gradebook.csv").read_bytes()
+    assert (a / "gradebook_wide.csv").read_bytes() == (b / "gradebook_wide.csv").read_bytes()
     feedback = sorted(p.name for p in (a / "feedback").iterdir())
     assert feedback == ["alice.md", "bob.md", "carol.md"]
     for name in feedback:
@@ -553,6 +554,8 @@ def test_three_shards_in_three_processes_merge_into_the_gradebook_of_one_run(tmp
     assert without_timings(one_doc) == without_timings(all_doc)
 
     rows = list(csv.reader(io.StringIO((a / "gradebook.csv").read_text())))
+    assert all(row[5:] == ["0", "0", "own", "0", "0", "0"] for row in rows[1:])  # no flag
+    rows = [row[:5] for row in rows]
     assert rows == [
         ["student", "lab", "exercise", "points", "total"],
         ["alice", "90", "00.kv_bytes", "5", "5"],
@@ -578,6 +581,21 @@ def test_three_shards_in_three_processes_merge_into_the_gradebook_of_one_run(tmp
     (a / "feedback" / "zed.md").write_text("left from an earlier class")
     kvlab("--merge", *(tmp_path / f"s{k}" for k in (1, 2, 3)), "--out", a)
     assert sorted(p.name for p in (a / "feedback").iterdir()) == feedback
+
+    # bob hands in again: regraded alone, merged into the class; nobody else's rows change
+    before = (a / "gradebook.csv").read_text().splitlines()
+    write_notebook(sub / "bob_90.ipynb", [IMPORTS, GOOD, CHECK])
+    roster = tmp_path / "roster.csv"
+    roster.write_text("folder,id\nalice,s-1\nbob,s-2\ncarol,s-3\n")
+    kvlab(sub, "--out", a, "--student", "bob", "--roster", roster)
+    after = (a / "gradebook.csv").read_text().splitlines()
+    assert [r for r in after if not r.startswith("bob,")] == [
+        r for r in before if not r.startswith("bob,")
+    ]
+    assert "bob,90,00.kv_bytes,5,5,0,0,own,0,0,0" in after
+    wide = list(csv.reader(io.StringIO((a / "gradebook_wide.csv").read_text())))
+    assert wide[0] == ["student", "id", "00.kv_bytes", "lab 90", "lab 91", "total", "max", "flags"]
+    assert wide[2] == ["bob", "s-2", "5", "5", "0", "5", "5", ""]
 
 
 # Runs a command as a Linux "child subreaper": whatever the command leaves running is adopted by
