@@ -198,6 +198,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="PATHS are the shards' grades.json (or their folders): combine them into --out",
     )
     grade.add_argument(
+        "--roster",
+        metavar="CSV",
+        help="class grading: a CSV of folder name -> student id (header folder,id): "
+        "gradebook_wide.csv gets an id column and a row for every student of the roster",
+    )
+    grade.add_argument(
+        "--student",
+        action="append",
+        metavar="NAME",
+        help="class grading: grade only this student (repeatable) and merge the new rows into "
+        "the class already graded in --out",
+    )
+    grade.add_argument(
         "--notebook-timeout",
         type=float,
         metavar="SECONDS",
@@ -339,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return doctor(start_kernel=not args.quick)
     if args.command == "grade":
-        if args.out or args.shard or args.merge:
+        if args.out or args.shard or args.merge or args.student or args.roster:
             from kvlab.grading.classroom import main as grade_class
 
             return grade_class(
@@ -352,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
                 notebook_timeout=args.notebook_timeout,
                 kernel_name=args.kernel,
                 as_json=args.json,
+                roster=args.roster,
+                students=args.student,
             )
         from kvlab.grading.notebook import main as grade
 

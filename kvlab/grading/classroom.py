@@ -40,12 +40,14 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 FORMAT = "kvlab-class-grades/1"
 TOTAL_ROW = "total"  # the exercise column of a lab's total row in gradebook.csv
-CSV_COLUMNS = ["student", "lab", "exercise", "points", "total"]
+FLAG_COLUMNS = ["timeout", "error", "cells", "old_version", "duplicate", "handover"]
+CSV_COLUMNS = ["student", "lab", "exercise", "points", "total", *FLAG_COLUMNS]
+WIDE_CSV = "gradebook_wide.csv"
 DEFAULT_NOTEBOOK_TIMEOUT = 1800  # seconds for one notebook's whole grading, kernel start included
 _LAB_FILE = re.compile(r"^(\d\d)_")  # a lab's number as `kvlab grade` reads it: 03_anything.ipynb
 _STUDENT_FILE = re.compile(r"^(?P<student>.+?)_(?P<lab>\d\d)(?:_.*)?\.ipynb$")  # alice_03[_x].ipynb
@@ -65,6 +67,8 @@ class Submission:
     lab: str  # two digits, as in the notebook's name
     path: Path
     sha256: str
+    mtime: float = 0.0  # when the file was last written: of two for one lab, the newer is graded
+    others: tuple[str, ...] = ()  # the student's other files for this lab, not graded
 
     @property
     def key(self) -> tuple[str, str]:
@@ -98,8 +102,9 @@ def discover(paths: Iterable[str | Path], exclude: Iterable[str | Path] = ()) ->
     name's leading two digits, as for ``kvlab grade NOTEBOOK``) and notebooks named
     ``alice_03.ipynb`` or ``alice_03_anything.ipynb``. Hidden files and folders, files that are not
     notebooks, folders inside a student's folder and notebooks whose name says no lab are skipped;
-    so is every notebook after the first (in path order) for the same student and lab, and the
-    folders in ``exclude`` (``--out``, when it lies inside the class).
+    so is every notebook but the newest (the last written; then the first by path) for the same
+    student and lab (the graded one lists them in ``others``), and the folders in ``exclude``
+    (``--out``, when it lies inside the class).
     """
     found: list[Submission] = []
     skipped: list[Skipped] = []
@@ -123,7 +128,8 @@ def discover(paths: Iterable[str | Path], exclude: Iterable[str | Path] = ()) ->
         s for s in skipped if s.reason != _NOTHING_IN_FOLDER or Path(s.path).name not in students
     ]
     graded: dict[tuple[str, str], Submission] = {}
-    for s in sorted(found, key=lambda s: (s.key, str(s.path))):
+    # the newest first (by when the file was written, then by path), so it is the one graded
+    for s in sorted(found, key=lambda s: (s.key, -s.mtime, str(s.path))):
         first = graded.get(s.key)
         if first is None:
             graded[s.key] = s
@@ -131,10 +137,11 @@ def discover(paths: Iterable[str | Path], exclude: Iterable[str | Path] = ()) ->
             skipped.append(Skipped(str(s.path), f"listed twice (as {first.path})"))
         else:
             reason = (
-                f"{s.student} has another notebook for lab {s.lab}, {first.path}, which is graded "
-                "(one notebook per student and lab)"
+                f"{s.student} has a newer notebook for lab {s.lab}, {first.path}, which is "
+                "graded (one notebook per student and lab: the newest)"
             )
             skipped.append(Skipped(str(s.path), reason))
+            graded[s.key] = replace(first, others=(*first.others, str(s.path)))
     return Discovery(
         sorted(graded.values(), key=lambda s: s.key), sorted(skipped, key=lambda s: s.path)
     )
@@ -178,10 +185,11 @@ def _scan_student(folder: Path, found: list[Submission], skipped: list[Skipped])
 def _add(found, skipped, student: str, lab: str, path: Path) -> None:
     try:
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        mtime = path.stat().st_mtime
     except OSError as e:
         skipped.append(Skipped(str(path), f"cannot be read: {e.strerror or e}"))
         return
-    found.append(Submission(student, lab, path, digest))
+    found.append(Submission(student, lab, path, digest, mtime))
 
 
 def _shown(path: Path) -> str:
@@ -510,6 +518,7 @@ def record(submission: Submission, grade: dict) -> dict:
         "lab": submission.lab,
         "path": str(submission.path),
         "sha256": submission.sha256,
+        "duplicates": list(submission.others),
     }
     return {**head, **{k: v for k, v in grade.items() if k not in head}}
 
@@ -524,6 +533,8 @@ def failed_record(submission: Submission, error: str, seconds: float) -> dict:
             "total": len(ex.checks),
             "status": "not run",
             "report": None,
+            "timed_out": 0,
+            "handover": False,
         }
         for ex in _lab_exercises(submission.lab)
     ]
@@ -536,6 +547,9 @@ def failed_record(submission: Submission, error: str, seconds: float) -> dict:
         "error": error,
         "notes": [],
         "seconds": round(seconds, 1),
+        "cell_match": None,
+        "old_version": [],
+        "cell_notes": [],
     }
     return record(submission, grade)
 
@@ -577,13 +591,32 @@ def class_document(
     }
 
 
+def exercise_flags(r: dict, e: dict | None) -> list:
+    """The flag columns of a gradebook row (``e`` None: the lab's total row, which carries its
+    exercises' flags): checks stopped at their limit, the notebook did not run to the end (or
+    could not be read), how its cells were found (id, grade_id, order; ``own`` for a notebook
+    that is not a lab), another version of the lab, other files for this lab, a hand-over to
+    kvlab's own code refused. 1 or 0, but ``cells``."""
+    exercises = r["exercises"] if e is None else [e]
+    return [
+        sum(int(x.get("timed_out") or 0) for x in exercises),
+        int(bool(r.get("error"))),
+        r.get("cell_match") or "",
+        int(bool(r.get("old_version"))),
+        int(bool(r.get("duplicates"))),
+        int(any(x.get("handover") for x in exercises)),
+    ]
+
+
 def gradebook_rows(records: list[dict]) -> list[list]:
     """One row per exercise (the notebook's order), then the lab's ``total`` row."""
     rows = []
     for r in sorted(records, key=lambda r: (r["student"], r["lab"])):
         for e in r["exercises"]:
-            rows.append([r["student"], r["lab"], e["id"], e["passed"], e["total"]])
-        rows.append([r["student"], r["lab"], TOTAL_ROW, r["passed"], r["total"]])
+            row = [r["student"], r["lab"], e["id"], e["passed"], e["total"]]
+            rows.append(row + exercise_flags(r, e))
+        total = [r["student"], r["lab"], TOTAL_ROW, r["passed"], r["total"]]
+        rows.append(total + exercise_flags(r, None))
     return rows
 
 
@@ -593,6 +626,106 @@ def gradebook_csv(records: list[dict]) -> str:
     writer.writerow(CSV_COLUMNS)
     writer.writerows(gradebook_rows(records))
     return out.getvalue()
+
+
+# --- the wide gradebook an LMS imports ---------------------------------------------------------
+
+_ROSTER_FOLDER = ("folder", "student", "login", "username", "user", "name")
+_ROSTER_ID = ("id", "student_id", "student id", "sis_id", "sis id", "sis user id", "email")
+
+
+def read_roster(path: str | Path) -> dict[str, str]:
+    """A roster CSV: folder name (the student as ``kvlab grade`` names them) -> the student's
+    id in the LMS. The header names the columns (``folder`` or ``student``, and ``id``,
+    ``student_id``, ``sis_id`` or ``email``); without those names, the first two columns."""
+    path = Path(path)
+    try:
+        rows = list(csv.reader(io.StringIO(path.read_text(encoding="utf-8-sig"))))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise ClassroomError(f"cannot read the roster {path}: {e}") from None
+    rows = [r for r in rows if any(c.strip() for c in r)]
+    if len(rows) < 2 or len(rows[0]) < 2:
+        raise ClassroomError(
+            f"the roster {path} needs a header and a row per student, two columns at least: "
+            "folder,id"
+        )
+    header = [c.strip().lower() for c in rows[0]]
+    folder = next((header.index(n) for n in _ROSTER_FOLDER if n in header), 0)
+    ident = next(
+        (header.index(n) for n in _ROSTER_ID if n in header and header.index(n) != folder), None
+    )
+    ident = ident if ident is not None else (1 if folder == 0 else 0)
+    roster: dict[str, str] = {}
+    for line, row in enumerate(rows[1:], 2):
+        if len(row) <= max(folder, ident):
+            raise ClassroomError(
+                f"the roster {path}, line {line}: fewer than {max(folder, ident) + 1} columns"
+            )
+        name, sid = row[folder].strip(), row[ident].strip()
+        if name in roster and roster[name] != sid:
+            raise ClassroomError(f"the roster {path} gives {name} two ids: {roster[name]}, {sid}")
+        roster[name] = sid
+    return roster
+
+
+def wide_columns(records: list[dict]) -> list[tuple[str, list[str]]]:
+    """(lab, its exercise ids) for every lab in the class, in order; an exercise in any record
+    of the lab is a column, in the order the records have them."""
+    labs: dict[str, list[str]] = {}
+    for r in sorted(records, key=lambda r: (r["lab"], r["student"])):
+        ids = labs.setdefault(r["lab"], [])
+        ids += [e["id"] for e in r["exercises"] if e["id"] not in ids]
+    return sorted(labs.items())
+
+
+def gradebook_wide_csv(records: list[dict], roster: dict[str, str] | None = None) -> str:
+    """One row per student, a column per exercise and per lab (``lab NN``: its points), then
+    ``total``, ``max`` (every lab's checks, the same for everyone, so totals compare) and
+    ``flags`` (lab:flag for each flag raised). A lab not handed in is blank and counts 0. With a
+    ``roster``, an ``id`` column follows ``student``; a student of the roster who handed in
+    nothing has a row of blanks, one who is not in the roster is kept, flagged."""
+    columns = wide_columns(records)
+    maxima: dict[str, int] = {}
+    for r in records:
+        maxima[r["lab"]] = max(maxima.get(r["lab"], 0), r["total"])
+    by_student: dict[str, dict[str, dict]] = {}
+    for r in records:
+        by_student.setdefault(r["student"], {})[r["lab"]] = r
+    students = sorted(set(by_student) | set(roster or {}))
+    header = ["student", *(["id"] if roster is not None else [])]
+    for lab, ids in columns:
+        header += [*ids, f"lab {lab}"]
+    header += ["total", "max", "flags"]
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(header)
+    for student in students:
+        labs = by_student.get(student, {})
+        row: list = [student]
+        flags = []
+        if roster is not None:
+            row.append(roster.get(student, ""))
+            if student not in roster:
+                flags.append("not in the roster")
+        for lab, ids in columns:
+            r = labs.get(lab)
+            points = {e["id"]: e["passed"] for e in r["exercises"]} if r else {}
+            row += [points.get(i, "" if r is None else 0) for i in ids]
+            row.append("" if r is None else r["passed"])
+            if r is not None:
+                flags += [f"{lab}:{name}" for name in _raised(r)]
+        row += [sum(r["passed"] for r in labs.values()), sum(maxima.values()), " ".join(flags)]
+        writer.writerow(row)
+    return out.getvalue()
+
+
+def _raised(r: dict) -> list[str]:
+    """The names of a record's flags that are raised (``cells`` when not found by id)."""
+    values = dict(zip(FLAG_COLUMNS, exercise_flags(r, None), strict=True))
+    names = [k for k, v in values.items() if k != "cells" and v]
+    if values["cells"] not in ("", "id", "own"):
+        names.append(f"cells={values['cells']}")
+    return names
 
 
 def visible_lines(exercise_id: str, lines: list[str]) -> list[str]:
@@ -624,6 +757,19 @@ def feedback_markdown(student: str, records: list[dict]) -> str:
         name = Path(r["path"]).name
         lines += ["", f"## Lab {r['lab']}: {r['passed']}/{r['total']}", ""]
         lines.append(f"Graded `{name}` (SHA-256 `{r['sha256'][:12]}`).")
+        if r.get("duplicates"):
+            others = ", ".join(f"`{Path(d).name}`" for d in r["duplicates"])
+            lines += ["", f"Also handed in for this lab, not graded (the newest is): {others}."]
+        for note in r.get("cell_notes") or []:
+            lines += ["", f"Note: {_cell(note)}."]
+        stopped = [e for e in r["exercises"] if e.get("timed_out")]
+        if stopped:
+            names = ", ".join(e["id"] for e in stopped)
+            lines += [
+                "",
+                f"Stopped at their time limit (CPU time, each tried twice): {names}. "
+                "See the reports below.",
+            ]
         if r["error"]:
             lines += ["", f"**The notebook did not run to the end:** {_cell(r['error'])}"]
         if r["error_cells"]:
@@ -663,15 +809,17 @@ def _longest_backticks(text: str) -> int:
     return max((len(m) for m in re.findall(r"`+", text)), default=0)
 
 
-def write_outputs(out: Path, doc: dict, *, full: bool) -> list[Path]:
-    """grades.json, and for a whole class (``full``) gradebook.csv and feedback/<student>.md
-    (feedback files of students no longer in the class are removed)."""
+def write_outputs(out: Path, doc: dict, *, full: bool, roster: dict | None = None) -> list[Path]:
+    """grades.json, and for a whole class (``full``) gradebook.csv, gradebook_wide.csv (with
+    the ``roster``'s ids, when given) and feedback/<student>.md (feedback files of students no
+    longer in the class are removed)."""
     out.mkdir(parents=True, exist_ok=True)
     written = [_write(out / "grades.json", json.dumps(doc, indent=2, ensure_ascii=False) + "\n")]
     if not full:
         return written
     records = doc["notebooks"]
     written.append(_write(out / "gradebook.csv", gradebook_csv(records)))
+    written.append(_write(out / WIDE_CSV, gradebook_wide_csv(records, roster)))
     feedback = out / "feedback"
     feedback.mkdir(exist_ok=True)
     students = sorted({r["student"] for r in records})
@@ -787,21 +935,32 @@ def main(
     kernel_name: str | None = None,
     as_json: bool = False,
     progress: bool | None = None,
+    roster: str | Path | None = None,
+    students: list[str] | None = None,
 ) -> int:
-    """``kvlab grade`` for a class (``--out``, ``--shard``, ``--merge``): 0 when every notebook
-    has its row (those that could not be graded included), 2 for a usage mistake."""
+    """``kvlab grade`` for a class (``--out``, ``--shard``, ``--merge``, ``--student``): 0 when
+    every notebook has its row (those that could not be graded included), 2 for a usage
+    mistake. ``roster``: a CSV of folder name -> student id for gradebook_wide.csv;
+    ``students``: grade only these and merge them into the class already in ``out``."""
     say = _printer(sys.stderr if as_json else sys.stdout)
     try:
         if out is None:
-            flag = "--merge" if merge else "--shard" if shard else "--out"
+            flag = (
+                "--merge" if merge else "--shard" if shard else "--student" if students else "--out"
+            )
             raise ClassroomError(f"{flag} writes its results into a folder: add --out DIR")
         out = Path(out)
+        ids = read_roster(roster) if roster else None
+        if students and (merge or shard):
+            raise ClassroomError(
+                "--student regrades into a whole class's folder: drop --merge/--shard"
+            )
         if merge:
             if shard:
                 raise ClassroomError("--merge combines shards already graded: drop --shard")
             docs = [(str(p), load_grades(p)) for p in paths]
             doc = merge_documents(docs)
-            written = write_outputs(out, doc, full=True)
+            written = write_outputs(out, doc, full=True, roster=ids)
             if as_json:
                 print(json.dumps(doc, indent=2, ensure_ascii=False))
             say(f"merged {_plural(len(docs), 'shard')}: {_counts(doc)}")
@@ -820,6 +979,20 @@ def main(
             for s in discovery.skipped:
                 say(f"  {s.path}: {s.reason}")
         mine = select_shard(discovery.submissions, k, n)
+        settings = {
+            "cell_timeout": cell_timeout,
+            "notebook_timeout": notebook_timeout,
+            "kernel": kernel_name,
+        }
+        earlier = None
+        if students:
+            earlier = _class_to_update(out, settings)
+            unknown = sorted(set(students) - set(discovery.students))
+            if unknown:
+                raise ClassroomError(
+                    f"no submissions of {', '.join(unknown)} in {' '.join(map(str, paths))}"
+                )
+            mine = [s for s in mine if s.student in students]
         started = time.monotonic()
         with _stop_on_sigterm():
             records = grade_submissions(
@@ -831,13 +1004,11 @@ def main(
                 progress=progress,
             )
         seconds = time.monotonic() - started
-        settings = {
-            "cell_timeout": cell_timeout,
-            "notebook_timeout": notebook_timeout,
-            "kernel": kernel_name,
-        }
         doc = class_document(discovery, records, (k, n), settings)
-        written = write_outputs(out, doc, full=n == 1)
+        if earlier is not None:
+            current = {s.key: s.sha256 for s in discovery.submissions}
+            doc = updated_document(earlier, doc, students, current, say)
+        written = write_outputs(out, doc, full=n == 1, roster=ids)
     except ClassroomError as e:
         print(f"kvlab grade: {e}", file=sys.stderr)
         return 2
@@ -860,6 +1031,63 @@ def main(
     if n > 1:
         say(f"when all {n} shards are done: kvlab grade --merge SHARD_DIR ... --out DIR")
     return 0
+
+
+def _class_to_update(out: Path, settings: dict) -> dict | None:
+    """The class already graded in ``out`` that ``--student`` merges into (None: there is none
+    yet, and the students graded now are the class)."""
+    if not (out / "grades.json").exists():
+        return None
+    doc = load_grades(out)
+    if doc.get("shard") != "1/1":
+        raise ClassroomError(
+            f"{out} holds shard {doc.get('shard')}: --student merges into a whole class "
+            "(merge the shards first)"
+        )
+    from kvlab import __version__
+
+    if doc.get("kvlab") != __version__ or doc.get("settings") != settings:
+        raise ClassroomError(
+            f"{out} was graded with kvlab {doc.get('kvlab')} and settings {doc.get('settings')}, "
+            f"not {__version__} and {settings}: regrade the whole class"
+        )
+    return doc
+
+
+def updated_document(
+    earlier: dict, now: dict, students: list[str], current: dict | None = None, say=None
+) -> dict:
+    """The class of ``earlier`` with every record of ``students`` replaced by ``now``'s (the
+    students regraded), and what was skipped for them updated; the class's digest and counts
+    are of the records it then holds, so shards and merges still check out. ``current``:
+    (student, lab) -> the SHA-256 found now, to say which other notebooks changed since."""
+    keep = [r for r in earlier["notebooks"] if r["student"] not in students]
+    mine = [r for r in now["notebooks"] if r["student"] in students]
+    records = sorted(keep + mine, key=lambda r: (r["student"], r["lab"]))
+    for r in keep:
+        sha = (current or {}).get((r["student"], r["lab"]))
+        if say is not None and sha is not None and sha != r["sha256"]:
+            say(
+                f"note: {r['student']}'s lab {r['lab']} changed since it was graded: "
+                f"regrade it with --student {r['student']}"
+            )
+
+    def theirs(skipped: dict) -> bool:
+        path = Path(skipped["path"].rstrip("/"))
+        return any(
+            path.name == s or s in path.parent.parts or path.name.startswith(f"{s}_")
+            for s in students
+        )
+
+    skipped = [x for x in earlier.get("skipped", []) if not theirs(x)]
+    skipped += [x for x in now.get("skipped", []) if theirs(x)]
+    doc = {**earlier, "notebooks": records, "skipped": sorted(skipped, key=lambda x: x["path"])}
+    doc["class"] = {
+        "notebooks": len(records),
+        "students": len({r["student"] for r in records}),
+        "digest": class_digest(records),
+    }
+    return doc
 
 
 class _Terminated(KeyboardInterrupt):

@@ -25,9 +25,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvlab.course.labgen import RAISES_TAG
 from kvlab.course.nbformat_quick import nbformat
-from kvlab.grading.limits import CheckTimeout, time_limit
+from kvlab.grading.cell_match import kind_of, match_cells
+from kvlab.grading.limits import CheckTimeout, LearnerClock, counting, time_limit
 from kvlab.grading.registry import get_exercise
 from kvlab.grading.remote import (
     JUDGE,
@@ -51,10 +51,11 @@ ASK_TIMEOUT = 5.0  # seconds for the judge's own requests (find an object, forge
 @dataclass
 class Cell:
     id: str
-    kind: str  # "given", "exercise" or "check"
+    kind: str  # "given", "exercise", "check" or "added" (a cell the learner added)
     source: str
     exercise: str | None = None  # a check cell's exercise id
     name: str | None = None  # the object a check cell names
+    origin: int | None = None  # the submission's cell it came from (index), if any
 
 
 def lab_notebook(number: str) -> Path:
@@ -79,26 +80,46 @@ def lab_for(path: Path) -> Path | None:
         return None
 
 
-def program(submission, lab) -> list[Cell]:
-    """The cells the learner's process runs: the lab's, with the submission's exercise cells
-    (same id) in place of the lab's stubs. Cells the learner added are left out."""
-    theirs = {
-        c.get("id"): c.source for c in submission.cells if c.cell_type == "code" and c.get("id")
-    }
-    cells = []
+def program(submission, lab, matched=None) -> list[Cell]:
+    """The cells the learner's process runs: the lab's, with the submission's exercise cells in
+    place of the lab's stubs (found by id, grade_id or order: :mod:`~kvlab.grading.cell_match`)
+    and the cells the learner added in their place. ``matched``: that match, when the caller
+    wants to say how it was made."""
     if lab is None:  # not a lab of the course: its own cells, its check cells judged
-        lab, theirs = submission, {}
-    for cell in lab.cells:
-        if cell.cell_type != "code":
-            continue
+        cells = []
+        for i, cell in enumerate(submission.cells):
+            if cell.cell_type != "code":
+                continue
+            match = CHECK_CELL.match(cell.source)
+            cid = cell.get("id") or f"cell-{i + 1}"
+            if match:
+                cells.append(Cell(cid, "check", cell.source, match.group(1), match.group(2), i))
+            else:
+                cells.append(Cell(cid, "exercise", cell.source, origin=i))
+        return cells
+    matched = matched if matched is not None else match_cells(submission, lab)
+    added: dict[int | None, list] = {}
+    for a in matched.added:
+        if a.runs:
+            added.setdefault(a.after, []).append(a)
+    cells = []
+    for k, cell in enumerate(c for c in lab.cells if c.cell_type == "code"):
         cid = cell.get("id") or ""
-        match = CHECK_CELL.match(cell.source)
-        if match:
-            cells.append(Cell(cid, "check", cell.source, match.group(1), match.group(2)))
-        elif RAISES_TAG in cell.metadata.get("tags", []) or not theirs:
-            cells.append(Cell(cid, "exercise", theirs.get(cid, cell.source)))
+        origin = matched.where.get(k)
+        kind = kind_of(cell)
+        if kind == "check":
+            match = CHECK_CELL.match(cell.source)
+            cells.append(Cell(cid, "check", cell.source, match.group(1), match.group(2), origin))
+        elif kind == "exercise":
+            cells.append(
+                Cell(cid, "exercise", matched.exercise.get(k, cell.source), None, None, origin)
+            )
         else:
-            cells.append(Cell(cid, "given", cell.source))
+            cells.append(Cell(cid, "given", cell.source, None, None, origin))
+        # the learner's own cells, where they put them (those before every lab cell: after the
+        # first, which sets kvlab up)
+        for a in added.pop(k, []) + (added.pop(None, []) if k == 0 else []):
+            cells.append(Cell(f"added-{a.index + 1}", "added", a.source, origin=a.index))
     return cells
 
 
@@ -120,7 +141,9 @@ class Session:
         self.notes: list[str] = []
         self.outcomes: list = []  # the sandbox's account of each run of the learner's process
         self.sandbox_report: list[str] = []  # what the sandbox did (network, files, limits)
+        self.clock = LearnerClock()  # the CPU-seconds a check's limit counts (limits.cpu_limit)
         self.start()
+        self.clock.follow(self.process.pid)
 
     def start(self) -> None:
         to_child_r, to_child_w = os.pipe()
@@ -149,6 +172,7 @@ class Session:
 
     def stop(self) -> None:
         if self.process is not None:
+            self.clock.ended()
             _kill_tree(self.process)
             run = getattr(self.process, "sandbox", None)
             if run is not None:  # what the sandbox did, a limit hit, a protected file changed
@@ -184,6 +208,7 @@ class Session:
                 raise RemoteDied(
                     f"replaying your notebook's cells failed ({type(e).__name__})"
                 ) from None
+        self.clock.follow(self.process.pid)  # the start and the replay cost no check's time
 
     def how_it_ended(self) -> str:
         """How the learner's process ended, for a report ("SIGSEGV", "exit status 1")."""
@@ -375,6 +400,12 @@ class Judged:
     notes: list[str] = field(default_factory=list)
     tampered: bool = False  # a protected file changed (and was put back): the run fails
     seconds: float = 0.0
+    # how the submission's cells were found (cell_match): id, grade_id, order; "own" for a
+    # notebook that is not a lab; what that left out or could not find, said to the learner
+    cell_match: str = "own"
+    old_version: list[str] = field(default_factory=list)
+    cell_notes: list[str] = field(default_factory=list)
+    error_origins: list[int] = field(default_factory=list)  # the submission's cells that raised
 
 
 AUTO = "auto"
@@ -401,7 +432,14 @@ def judge(
     lab = nbformat.read(lab_path, as_version=4) if lab_path is not None else None
     found = Judged()
     cells = []
-    for cell in program(submission, lab):
+    matched = None
+    if lab is not None:
+        from kvlab.grading.cell_match import describe
+
+        matched = match_cells(submission, lab)
+        found.cell_match, found.old_version = matched.how, matched.old_version
+        found.cell_notes = describe(matched, lab)
+    for cell in program(submission, lab, matched):
         if cell.kind == "check":
             try:  # every check's module is imported before the learner's code runs at all
                 get_exercise(cell.exercise)
@@ -417,10 +455,13 @@ def judge(
                     error = session.run_cell(cell.source, cell_timeout)
                     if error is not None:
                         found.error_cells.append(cell.id)
+                        if cell.origin is not None:
+                            found.error_origins.append(cell.origin)
                     continue
-                found.results[cell.exercise] = _judge_exercise(
-                    session, cell, run_checks, check_timeout or judged_check_timeout()
-                )
+                with counting(session.clock):  # a check's limit: CPU-seconds, both processes
+                    found.results[cell.exercise] = _judge_exercise(
+                        session, cell, run_checks, check_timeout or judged_check_timeout()
+                    )
         finally:
             session.stop()
         found.notes += session.notes
@@ -463,11 +504,13 @@ def sandboxed():
 
 
 def judged_check_timeout() -> float:
-    """A check's time limit under the judge: six times the learner's (``KVLAB_CHECK_TIMEOUT``,
-    10 s), since every call of the learner's code crosses the process boundary (Lab 06's
-    40-guest day takes 9 s so, 3 s in one process) and a class is graded several notebooks at
-    a time (that day took over 30 s on two busy cores). The limit is there for endless loops:
-    an honest submission must never lose a check to a busy grading machine."""
+    """A check's limit under the judge, in CPU-seconds (the judge's and the learner's process
+    tree's, :class:`~kvlab.grading.limits.LearnerClock`): six times the learner's
+    (``KVLAB_CHECK_TIMEOUT``, 10), since every call of the learner's code crosses the process
+    boundary (Lab 06's 40-guest day takes 9 s so, 3 s in one process). CPU time does not grow
+    on a busy machine, so a class graded several notebooks at a time on shared cores scores as
+    one graded alone; the limit is there for endless loops (a check is tried twice before it
+    counts), and a wall-time backstop ten times as long for code that waits."""
     from kvlab.grading.runner import DEFAULT_TIMEOUT
 
     return 6 * DEFAULT_TIMEOUT

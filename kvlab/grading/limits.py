@@ -20,8 +20,15 @@ import warnings
 class CheckTimeout(BaseException):
     """Raised inside learner code that runs past its time limit.
 
-    A BaseException, so a learner's ``except Exception`` cannot swallow it.
+    A BaseException, so a learner's ``except Exception`` cannot swallow it. ``seconds`` is the
+    limit; ``kind`` says which: ``"cpu"`` (CPU-seconds, :func:`cpu_limit`), ``"wall"`` (the far
+    backstop of :func:`cpu_limit`, or :func:`time_limit`).
     """
+
+    def __init__(self, seconds=None, kind: str = "wall"):
+        super().__init__(seconds)
+        self.seconds = seconds
+        self.kind = kind
 
 
 @contextlib.contextmanager
@@ -38,7 +45,7 @@ def time_limit(seconds: float):
     if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
 
         def on_alarm(signum, frame):
-            raise CheckTimeout(seconds)
+            raise CheckTimeout(seconds, "wall")
 
         previous = signal.signal(signal.SIGALRM, on_alarm)
         signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -70,6 +77,129 @@ def time_limit(seconds: float):
         timer.cancel()
         if fired.is_set():  # the exception may not have been delivered yet: withdraw it
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(target), None)
+
+
+# --- CPU time ---------------------------------------------------------------------------------
+
+WALL_BACKSTOP = (
+    10.0  # a CPU-time limit of N also stops code that has waited N * this, computing nothing
+)
+_clock: list = [time.process_time]  # the CPU-seconds clock cpu_limit reads (the judge sets its own)
+_INTERRUPT = getattr(signal, "SIGUSR2", None)
+
+
+def cpu_seconds() -> float:
+    """The CPU-seconds :func:`cpu_limit` counts now: this process's own by default; under
+    ``kvlab grade``'s judge, the judge's and the learner's process tree's (see :func:`counting`)."""
+    return _clock[-1]()
+
+
+@contextlib.contextmanager
+def counting(clock):
+    """Within the block, :func:`cpu_limit` reads ``clock()`` (CPU-seconds, never decreasing)."""
+    _clock.append(clock)
+    try:
+        yield
+    finally:
+        _clock.remove(clock)
+
+
+class _Limit:
+    def __init__(self, seconds: float, backstop: float):
+        self.seconds = seconds
+        self.backstop = backstop
+        self.kind: str | None = None  # set when it fires
+        self.done = threading.Event()
+
+
+_active: list[_Limit] = []
+
+
+def _on_interrupt(signum, frame):
+    for limit in _active:
+        if limit.kind is not None and not limit.done.is_set():
+            raise CheckTimeout(limit.seconds, limit.kind)
+
+
+@contextlib.contextmanager
+def cpu_limit(seconds: float | None, clock=None, backstop: float = WALL_BACKSTOP, wall=None):
+    """Interrupt the block with :class:`CheckTimeout` once it has used ``seconds`` CPU-seconds
+    (``clock``, by default :func:`cpu_seconds`) and ``seconds`` of wall time have passed, or
+    (``kind="wall"``) once ``backstop * seconds`` of wall time have passed whatever it used.
+
+    CPU time, not wall time, so that a busy machine (where a process waits for a core) costs no
+    check: the same code uses the same CPU-seconds on an idle machine and on one running ten
+    other jobs. The wall time must pass too, so that code using many cores at once is never held
+    to less time than a wall-clock limit gave it. The backstop is for code that waits without
+    computing (``time.sleep``, a lock, ``input()``). ``wall`` (seconds, monotonic) is for tests.
+
+    A watcher thread reads the clock, more often as the limit nears, and interrupts the thread
+    that runs the block: by a signal in the main thread (which breaks a blocking read of the
+    judge's pipe as SIGALRM does, without taking SIGALRM's one timer from :func:`time_limit`),
+    elsewhere by an exception set asynchronously (pure-Python loops only).
+    """
+    if seconds is None or seconds <= 0:
+        yield
+        return
+    read = clock or cpu_seconds
+    now = wall or time.monotonic
+    limit = _Limit(seconds, backstop * seconds)
+    target = threading.get_ident()
+    main = threading.current_thread() is threading.main_thread() and _INTERRUPT is not None
+    start_cpu, start_wall = read(), now()
+
+    def watch():
+        while not limit.done.is_set():
+            used, waited = read() - start_cpu, now() - start_wall
+            if waited >= limit.backstop:
+                limit.kind = "wall"
+            elif used >= seconds and waited >= seconds:
+                limit.kind = "cpu"
+            if limit.kind is not None:
+                if main:
+                    signal.pthread_kill(target, _INTERRUPT)
+                else:
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                        ctypes.c_ulong(target), ctypes.py_object(CheckTimeout)
+                    )
+                return
+            left = min(seconds - used, limit.backstop - waited, seconds - waited)
+            limit.done.wait(min(1.0, max(0.02, left / 4)))
+
+    previous = signal.signal(_INTERRUPT, _on_interrupt) if main else None
+    _active.append(limit)
+    watcher = threading.Thread(target=watch, name="kvlab-cpu-limit", daemon=True)
+    watcher.start()
+    try:
+        yield limit
+    finally:
+        limit.done.set()
+        watcher.join()
+        _active.remove(limit)
+        if main:
+            signal.signal(_INTERRUPT, previous)
+        elif limit.kind is not None:  # not delivered yet: withdraw it
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(target), None)
+
+
+def process_tree_cpu(pid: int) -> float:
+    """CPU-seconds used by a process and everything it started (those still running, and those
+    that ended and were waited for); 0.0 once it is gone."""
+    try:
+        import psutil
+
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except Exception:
+        return 0.0
+    total = 0.0
+    for p in tree:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except Exception:
+            pass
+    return total
 
 
 class BoundedBuffer(io.TextIOBase):
@@ -194,3 +324,45 @@ def _reap(pid: int):
         return os.waitpid(pid, 0)[1]
     except ChildProcessError:
         return None
+
+
+class LearnerClock:
+    """The CPU-seconds a judged check uses: the judge's own (this process: kvlab's reference
+    and the check's work) and the learner's process tree's (their code, across the channel).
+
+    Never decreasing, across restarts of the learner's process: what an ended process used is
+    kept, and what a new one uses before :meth:`follow` (its start, the cells replayed into it)
+    is not counted, so a crash in one check does not eat the next one's time.
+    """
+
+    def __init__(self):
+        self.spent = 0.0  # counted CPU-seconds of the learner's processes that have ended
+        self.pid: int | None = None
+        self.base = self.seen = 0.0
+        self.last = 0.0
+
+    def follow(self, pid: int) -> None:
+        """Count the learner's process ``pid`` from now on."""
+        self.ended()
+        self.base = self.seen = process_tree_cpu(pid)
+        self.pid = pid
+
+    def _used(self) -> float:
+        """CPU-seconds of the followed process since :meth:`follow` (the last reading once it is
+        gone: a process that died reads as 0)."""
+        pid = self.pid  # read once: the watcher thread reads while the judge may switch it
+        if pid is not None:
+            self.seen = max(self.seen, process_tree_cpu(pid))
+        return self.seen - self.base
+
+    def ended(self) -> None:
+        """The followed process is about to end (or has): keep what it used."""
+        if self.pid is not None:
+            used = self._used()
+            self.pid, self.base, self.seen = None, 0.0, 0.0
+            self.spent += used
+
+    def __call__(self) -> float:
+        learner = self.spent + self._used()
+        self.last = max(self.last, time.process_time() + learner)
+        return self.last

@@ -36,6 +36,8 @@ class ExerciseScore:
     total: int
     status: str
     report: str | None = None  # the text the check cell printed (class feedback files)
+    timed_out: int = 0  # checks stopped at their time limit (after their second try)
+    handover: bool = False  # a check refused a hand-over to kvlab's own code
 
 
 @dataclass
@@ -46,6 +48,11 @@ class NotebookGrade:
     error: str | None = None  # the notebook could not be run at all
     seconds: float = 0.0  # wall time of the run, kernel start included
     notes: list[str] = field(default_factory=list)  # what the judge or its sandbox did
+    # how its cells were found in the lab (id, grade_id, order; "own": not a lab; None: not
+    # read), whether it looks like another version of the lab, and what the learner is told
+    cell_match: str | None = None
+    old_version: list[str] = field(default_factory=list)
+    cell_notes: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> int:
@@ -68,6 +75,9 @@ class NotebookGrade:
             "error": self.error,
             "notes": self.notes,
             "seconds": round(self.seconds, 1),
+            "cell_match": self.cell_match,
+            "old_version": self.old_version,
+            "cell_notes": self.cell_notes,
         }
 
 
@@ -130,10 +140,8 @@ def grade_by_judge(path: str | Path, cell_timeout: int = 300) -> NotebookGrade:
     path = Path(path)
     grade = NotebookGrade(str(path))
     started = time.monotonic()
-    try:
-        nb = nbformat.read(path, as_version=4)
-    except Exception as e:
-        grade.error = f"cannot read notebook: {type(e).__name__}: {e}"
+    nb = read_or_zero(path, grade)
+    if nb is None:
         return grade
     lab_path = lab_for(path)
     lab = nbformat.read(lab_path, as_version=4) if lab_path else nb
@@ -144,8 +152,15 @@ def grade_by_judge(path: str | Path, cell_timeout: int = 300) -> NotebookGrade:
         grade.seconds = time.monotonic() - started
         return grade
     index = {c.get("id"): i for i, c in enumerate(nb.cells)}
-    grade.error_cells = [index[c] for c in found.error_cells if c in index]
+    grade.error_cells = sorted(
+        set(found.error_origins)
+        if found.error_origins or not found.error_cells
+        else {index[c] for c in found.error_cells if c in index}
+    )
     grade.notes = found.notes
+    grade.cell_match = found.cell_match
+    grade.old_version = list(found.old_version)
+    grade.cell_notes = list(found.cell_notes)
     if found.tampered:  # the sandbox put kvlab's files back: this submission scores nothing
         grade.error = "the submission changed files it must not change (put back): not graded"
         found.results = {}
@@ -165,10 +180,32 @@ def grade_by_judge(path: str | Path, cell_timeout: int = 300) -> NotebookGrade:
                 result.total,
                 result.status.value,
                 result.report(),
+                result.timed_out,
+                result.handover,
             )
         )
     grade.seconds = time.monotonic() - started
     return grade
+
+
+def read_or_zero(path: Path, grade: NotebookGrade):
+    """The notebook, or None when it cannot be read (corrupt JSON, an empty file, not a
+    notebook): then ``grade`` has the error and every registered exercise of the file's lab at
+    0 of its checks, so the row's total is the lab's (never 0/0) and totals compare."""
+    try:
+        nb = nbformat.read(path, as_version=4)
+        if not isinstance(nb.get("cells"), list):
+            raise ValueError("no cells")
+        return nb
+    except Exception as e:
+        text = " ".join(str(e).split())[:200] or "empty or not a notebook"
+        grade.error = f"cannot read notebook: {type(e).__name__}: {text}"
+    match = _LAB_NAME.match(path.name)
+    for ex in load_lab(match.group(1)) if match else []:
+        grade.exercises.append(
+            ExerciseScore(ex.id, ex.title, 0, len(ex.checks), Status.NOT_RUN.value)
+        )
+    return None
 
 
 def grade_self_reported(path: str | Path, cell_timeout: int = 300, kernel_name=None):
@@ -178,10 +215,8 @@ def grade_self_reported(path: str | Path, cell_timeout: int = 300, kernel_name=N
     path = Path(path)
     started = time.monotonic()
     grade = NotebookGrade(str(path))
-    try:
-        nb = nbformat.read(path, as_version=4)
-    except Exception as e:
-        grade.error = f"cannot read notebook: {type(e).__name__}: {e}"
+    nb = read_or_zero(path, grade)
+    if nb is None:
         return grade
     ids = expected_exercises(nb, path)
     with tempfile.TemporaryDirectory() as tmp:
@@ -218,7 +253,14 @@ def grade_self_reported(path: str | Path, cell_timeout: int = 300, kernel_name=N
             r = results[exercise_id]
             grade.exercises.append(
                 ExerciseScore(
-                    exercise_id, r["title"], r["passed"], r["total"], r["status"], r.get("report")
+                    exercise_id,
+                    r["title"],
+                    r["passed"],
+                    r["total"],
+                    r["status"],
+                    r.get("report"),
+                    int(r.get("timed_out", 0)),
+                    bool(r.get("handover", False)),
                 )
             )
         else:

@@ -44,8 +44,9 @@ def wrap(line: str, indent: str = "", width: int = REPORT_WIDTH) -> list[str]:
 
 class Status(Enum):
     """How one check, or a whole exercise, came out. A check is passed, failed (a wrong answer),
-    error (the learner's code raised or exited), not implemented, timed out, crashed (an isolated
-    check's process died) or skipped (after a time-out); an exercise is passed, failed, not
+    error (the learner's code raised or exited), not implemented, stopped at its time limit
+    (``TIMED_OUT``, tried twice), crashed (an isolated check's process died) or skipped (after
+    a time-out); an exercise is passed, failed, stopped at limit (a check of it was), not
     implemented or wrong kind (not a function/class of the learner's), and ``kvlab grade`` says
     not run for one whose check cell never ran."""
 
@@ -53,7 +54,7 @@ class Status(Enum):
     FAILED = "failed"
     ERROR = "error"
     NOT_IMPLEMENTED = "not implemented"
-    TIMED_OUT = "timed out"
+    TIMED_OUT = "stopped at limit"
     CRASHED = "crashed"
     SKIPPED = "skipped"
     WRONG_KIND = "wrong kind"
@@ -68,6 +69,9 @@ class Outcome:
     cause: str | None = None  # the diagnosed mistake, to fold later failures with the same cause
     unimplemented: str | None = None  # the learner's function that still raises NotImplementedError
     warnings: list[str] = field(default_factory=list)  # warnings raised while it ran (hidden)
+    # the learner's code handed the work to kvlab's own (a guard refused it): the gradebook's
+    # hand-over flag. Set by the runner for kvlab's cause, by a guard that sets it on its failure.
+    handover: bool = False
 
     @property
     def passed(self) -> bool:
@@ -110,6 +114,16 @@ class CheckResult:
     def _ipython_display_(self):
         pass
 
+    @property
+    def timed_out(self) -> int:
+        """Checks stopped at their time limit (after their second try)."""
+        return sum(o.status is Status.TIMED_OUT for o in self.outcomes)
+
+    @property
+    def handover(self) -> bool:
+        """A check found the learner's code handing the work to kvlab's own."""
+        return any(o.handover for o in self.outcomes)
+
     def to_dict(self) -> dict:
         return {
             "exercise": self.exercise,
@@ -117,6 +131,8 @@ class CheckResult:
             "status": self.status.value,
             "passed": self.passed,
             "total": self.total,
+            "timed_out": self.timed_out,
+            "handover": self.handover,
         }
 
     @property

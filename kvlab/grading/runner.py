@@ -22,14 +22,16 @@ from kvlab.grading.blame import (
 )
 from kvlab.grading.expect import CheckFailed, short
 from kvlab.grading.limits import (
+    WALL_BACKSTOP,
     BoundedBuffer,
     CheckTimeout,
     ChildCrashed,
     can_fork,
     captured_output,
+    cpu_limit,
     in_child_process,
-    time_limit,
 )
+from kvlab.grading.own_code import HANDOVER
 from kvlab.grading.registry import Check, get_exercise
 from kvlab.grading.remote import LearnerExit, Remote, RemoteDied, is_remote, origin
 from kvlab.grading.report import SAME_PROBLEM, CheckResult, Outcome, Status, failure_details
@@ -39,7 +41,7 @@ DEFAULT_TIMEOUT = float(os.environ.get("KVLAB_CHECK_TIMEOUT", "10"))
 GRADE_LOG_VAR = "KVLAB_GRADE_LOG"  # set by `kvlab grade`: results are appended there as JSON lines
 # causes the harness itself gives; a check's own causes are its hints or its `cause=` keys
 TIMEOUT_CAUSE = "kvlab: time limit"
-TIMED_OUT_SKIP = "skipped: your code timed out in an earlier check"
+TIMED_OUT_SKIP = "skipped: your code was stopped at its limit in an earlier check"
 CRASH_HINT = (
     "a load or store outside a tensor? mask every tl.load / tl.store (tokens past seq_len, "
     "lanes past HEAD_DIM, heads past GROUP) and stop at the key card's last room"
@@ -81,7 +83,7 @@ def run_checks(exercise_id: str, obj, timeout: float | None = None) -> CheckResu
     reference = _kvlab_reference(obj)
     if reference:
         details = [f"{reference} is kvlab's reference, not your exercise"]
-        outcome = Outcome("hand in your own code", Status.FAILED, details)
+        outcome = Outcome("hand in your own code", Status.FAILED, details, handover=True)
         return CheckResult(ex.id, ex.title, Status.WRONG_KIND, [outcome], total)
     out = BoundedBuffer()
     outcomes: list[Outcome] = []
@@ -94,6 +96,8 @@ def run_checks(exercise_id: str, obj, timeout: float | None = None) -> CheckResu
         # the judge's learner process is the isolation: a crash there costs this check only
         run = _run_isolated if ex.isolate and can_fork() and not remote else _run_one
         outcome = run(check_, obj, timeout, out, ex.isolate)
+        if outcome.status is Status.TIMED_OUT:  # tried once more before it counts
+            outcome = _second_try(run(check_, obj, timeout, out, ex.isolate), outcome)
         unwritten_ = outcome.status is Status.NOT_IMPLEMENTED
         itself = outcome.unimplemented in ("?", getattr(obj, "__name__", None))
         if unwritten_ and itself and not outcomes and not wanted_class:
@@ -103,8 +107,24 @@ def run_checks(exercise_id: str, obj, timeout: float | None = None) -> CheckResu
         outcomes.append(outcome)
     if all(o.status is Status.NOT_IMPLEMENTED for o in outcomes):
         return CheckResult(ex.id, ex.title, Status.NOT_IMPLEMENTED, outcomes, total)
-    status = Status.PASSED if all(o.passed for o in outcomes) else Status.FAILED
+    if all(o.passed for o in outcomes):
+        status = Status.PASSED
+    elif any(o.status is Status.TIMED_OUT for o in outcomes):
+        status = Status.TIMED_OUT  # a status of its own: the gradebook tells it from a wrong answer
+    else:
+        status = Status.FAILED
     return CheckResult(ex.id, ex.title, status, outcomes, total, out.total)
+
+
+def _second_try(second: Outcome, first: Outcome) -> Outcome:
+    """A check stopped at its limit is run once more; the second try counts. Stopped again, it
+    says so; finished, it says the first try was stopped (a machine can stall a process for a
+    moment even when CPU time is what counts)."""
+    if second.status is Status.TIMED_OUT:
+        second.details = [f"{second.details[0]}; tried twice", *second.details[1:]]
+        return second
+    second.details = [*second.details, f"note:     its first try was {first.details[0]}"]
+    return second
 
 
 def _kvlab_reference(obj) -> str | None:
@@ -145,13 +165,16 @@ def _run_caught(
     check_: Check, obj, timeout: float, out: BoundedBuffer, kernel: bool = False
 ) -> Outcome:
     name = check_.name
+    limit = None
     try:
-        with captured_output(out), time_limit(timeout):
+        with captured_output(out), cpu_limit(timeout) as limit:
             check_.func(obj)
     except CheckFailed as f:
-        return Outcome(name, Status.FAILED, failure_details(f), cause=f.cause)
-    except CheckTimeout:
-        return _timed_out(name, timeout)
+        handover = bool(getattr(f, "handover", False)) or f.cause == HANDOVER
+        return Outcome(name, Status.FAILED, failure_details(f), cause=f.cause, handover=handover)
+    except CheckTimeout as stopped:
+        kind = getattr(limit, "kind", None) or getattr(stopped, "kind", "cpu")
+        return _timed_out(name, timeout, kind)
     except RemoteDied as died:
         how = getattr(died, "how", str(died))
         if getattr(died, "broke_protocol", False):
@@ -182,8 +205,19 @@ def _run_caught(
     return Outcome(name, Status.PASSED)
 
 
-def _timed_out(name: str, timeout: float) -> Outcome:
-    details = [f"your code did not finish within {timeout:g} s (an endless loop?)"]
+def stopped_at_limit(timeout: float, kind: str = "cpu") -> str:
+    """What a report says of a check stopped at its time limit (CPU time, or the far backstop
+    on wall time for code that waits without computing)."""
+    if kind == "wall":
+        return (
+            f"stopped at its limit: {WALL_BACKSTOP * timeout:g} s passed while your code "
+            f"used less than {timeout:g} CPU-s (waiting on something: sleep, input, a lock?)"
+        )
+    return f"stopped at its limit of {timeout:g} CPU-s (CPU time your code and the check used)"
+
+
+def _timed_out(name: str, timeout: float, kind: str = "cpu") -> Outcome:
+    details = [stopped_at_limit(timeout, kind)]
     return Outcome(name, Status.TIMED_OUT, details, cause=TIMEOUT_CAUSE)
 
 
@@ -198,9 +232,9 @@ def _run_isolated(
         return outcome, buffer.text(), buffer.total
 
     try:
-        outcome, text, total = in_child_process(child, timeout + 5)
+        outcome, text, total = in_child_process(child, WALL_BACKSTOP * timeout + 5)
     except CheckTimeout:
-        return _timed_out(check_.name, timeout)
+        return _timed_out(check_.name, timeout, "wall")
     except ChildCrashed as crash:
         if crash.signalled:
             details = [f"your code crashed the process ({crash.how})", f"hint:     {CRASH_HINT}"]

@@ -5,6 +5,7 @@ and a notebook that crashes or hangs costing its own row only."""
 import csv
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -60,6 +61,14 @@ def test_discovers_both_layouts_and_says_what_it_skipped(tmp_path):
         "dave_03.ipynb",  # and a third, in the other layout
     ]:
         write_notebook(sub / name, ["x = 1"])
+    # dave handed in lab 03 three times: the final one last (when he wrote it is what counts)
+    for age, name in [
+        (300, "dave_03.ipynb"),
+        (200, "dave/03_draft.ipynb"),
+        (100, "dave/03_final.ipynb"),
+    ]:
+        stamp = time.time() - age
+        os.utime(sub / name, (stamp, stamp))
     (sub / "alice" / "readme.txt").write_text("hi")
     (sub / "erin").mkdir()  # handed in nothing
     (sub / ".DS_Store").write_text("")
@@ -70,9 +79,11 @@ def test_discovers_both_layouts_and_says_what_it_skipped(tmp_path):
         ("alice", "03", "alice/03_paged_allocator.ipynb"),
         ("bob", "00", "bob_00.ipynb"),
         ("bob", "03", "bob_03_paged_allocator.ipynb"),
-        ("dave", "03", "dave/03_draft.ipynb"),
+        ("dave", "03", "dave/03_final.ipynb"),
         ("mary_jane_2024", "07", "mary_jane_2024_07.ipynb"),
     ]
+    dave = next(s for s in found.submissions if s.student == "dave")
+    assert dave.others == (str(sub / "dave" / "03_draft.ipynb"), str(sub / "dave_03.ipynb"))
     assert found.students == ["alice", "bob", "dave", "mary_jane_2024"]
     skipped = {s.path.replace(str(sub) + "/", ""): s.reason for s in found.skipped}
     assert skipped == {
@@ -84,10 +95,10 @@ def test_discovers_both_layouts_and_says_what_it_skipped(tmp_path):
         "alice/notes.ipynb": "no lab number: name it NN_anything.ipynb "
         "(e.g. 03_paged_allocator.ipynb)",
         "alice/readme.txt": "not a notebook",
-        "dave/03_final.ipynb": f"dave has another notebook for lab 03, {sub}/dave/03_draft.ipynb, "
-        "which is graded (one notebook per student and lab)",
-        "dave_03.ipynb": f"dave has another notebook for lab 03, {sub}/dave/03_draft.ipynb, "
-        "which is graded (one notebook per student and lab)",
+        "dave/03_draft.ipynb": f"dave has a newer notebook for lab 03, {sub}/dave/03_final.ipynb, "
+        "which is graded (one notebook per student and lab: the newest)",
+        "dave_03.ipynb": f"dave has a newer notebook for lab 03, {sub}/dave/03_final.ipynb, "
+        "which is graded (one notebook per student and lab: the newest)",
         "erin/": "a student's folder with no NN_name.ipynb in it: nothing graded",
     }
     # a notebook named directly; the same file twice; a path that is not there
@@ -143,12 +154,17 @@ def test_a_bad_shard_is_refused_with_the_fix(text, message):
 # --- the gradebook and the feedback ------------------------------------------------------------
 
 
-def fake_record(student, lab, exercises, error=None, error_cells=(), notes=()):
+def fake_record(student, lab, exercises, error=None, error_cells=(), notes=(), **more):
     return {
         "student": student,
         "lab": lab,
         "path": f"SUB/{student}/{lab}_x.ipynb",
         "sha256": "ab" * 32,
+        "duplicates": [],
+        "cell_match": "id",
+        "old_version": [],
+        "cell_notes": [],
+        **more,
         "passed": sum(e["passed"] for e in exercises),
         "total": sum(e["total"] for e in exercises),
         "score": 0.0,
@@ -187,8 +203,10 @@ def test_gradebook_csv_has_one_row_per_exercise_and_a_total_per_lab():
         fake_record("alice, jr.", "00", [exercise("00.kv_bytes", 5, 5, "passed")]),
     ]
     text = gradebook_csv(records)
-    assert text.splitlines()[0] == "student,lab,exercise,points,total"
-    assert list(csv.reader(io.StringIO(text)))[1:] == [
+    assert text.splitlines()[0] == (
+        "student,lab,exercise,points,total,timeout,error,cells,old_version,duplicate,handover"
+    )
+    assert [row[:5] for row in csv.reader(io.StringIO(text))][1:] == [
         ["alice", "08", "total", "0", "0"],
         ["alice, jr.", "00", "00.kv_bytes", "5", "5"],
         ["alice, jr.", "00", "total", "5", "5"],
@@ -196,7 +214,87 @@ def test_gradebook_csv_has_one_row_per_exercise_and_a_total_per_lab():
         ["bob", "03", "03.beds", "0", "4"],
         ["bob", "03", "total", "1", "6"],
     ]
-    assert '"alice, jr.",00,total,5,5\n' in text  # quoted where needed, labs keep their 0
+    assert '"alice, jr.",00,total,5,5,0,0,id,0,0,0\n' in text  # quoted where needed; labs: 00
+
+
+def flagged_class():
+    timed = {**exercise("06.step", 6, 7, "stopped at limit"), "timed_out": 1}
+    handed = {**exercise("03.beds", 0, 4), "handover": True}
+    return [
+        fake_record("alice", "06", [exercise("06.preempt", 4, 4, "passed"), timed]),
+        fake_record("alice", "03", [exercise("03.block_manager", 2, 2, "passed"), handed],
+                    cell_match="order", duplicates=["SUB/alice_03.ipynb"]),
+        fake_record("bob", "03", [exercise("03.block_manager", 0, 2, "not run"),
+                                  exercise("03.beds", 0, 4, "not run")],
+                    error="cannot read notebook: JSONDecodeError", cell_match=None),
+        fake_record("carol", "06", [exercise("06.preempt", 4, 4, "passed"),
+                                    exercise("06.step", 7, 7, "passed")],
+                    cell_match="grade_id", old_version=["cells of another version of the lab"]),
+    ]  # fmt: skip
+
+
+def test_the_gradebook_flags_what_an_instructor_looks_at():
+    rows = {
+        (r[0], r[1], r[2]): r[5:] for r in csv.reader(io.StringIO(gradebook_csv(flagged_class())))
+    }
+    #                      timeout error cells old_version duplicate handover
+    assert rows["alice", "06", "06.step"] == ["1", "0", "id", "0", "0", "0"]
+    assert rows["alice", "06", "06.preempt"] == ["0", "0", "id", "0", "0", "0"]
+    assert rows["alice", "06", "total"] == ["1", "0", "id", "0", "0", "0"]
+    assert rows["alice", "03", "03.beds"] == ["0", "0", "order", "0", "1", "1"]
+    assert rows["alice", "03", "total"] == ["0", "0", "order", "0", "1", "1"]
+    assert rows["bob", "03", "total"] == ["0", "1", "", "0", "0", "0"]
+    assert rows["carol", "06", "total"] == ["0", "0", "grade_id", "1", "0", "0"]
+
+
+def test_the_wide_gradebook_has_a_row_per_student_and_a_column_per_exercise(tmp_path):
+    roster = tmp_path / "roster.csv"
+    roster.write_text(
+        "Name,Email,Student ID\nalice,a@x.org,1001\ncarol,c@x.org,1003\ndan,d@x.org,1004\n"
+    )
+    ids = classroom.read_roster(roster)
+    assert ids == {"alice": "1001", "carol": "1003", "dan": "1004"}  # "student id" over email
+    rows = list(csv.reader(io.StringIO(classroom.gradebook_wide_csv(flagged_class(), ids))))
+    assert rows[0] == [
+        "student", "id", "03.block_manager", "03.beds", "lab 03",
+        "06.preempt", "06.step", "lab 06", "total", "max", "flags",
+    ]  # fmt: skip
+    assert rows[1:] == [
+        ["alice", "1001", "2", "0", "2", "4", "6", "10", "12", "17",
+         "03:duplicate 03:handover 03:cells=order 06:timeout"],
+        ["bob", "", "0", "0", "0", "", "", "", "0", "17", "not in the roster 03:error"],
+        ["carol", "1003", "", "", "", "4", "7", "11", "11", "17", "06:old_version 06:cells=grade_id"],
+        ["dan", "1004", "", "", "", "", "", "", "0", "17", ""],  # in the roster, nothing handed in
+    ]  # fmt: skip
+    no_roster = list(csv.reader(io.StringIO(classroom.gradebook_wide_csv(flagged_class()))))
+    assert no_roster[0][:2] == ["student", "03.block_manager"] and len(no_roster) == 4
+    (tmp_path / "bad.csv").write_text("just one column\nalice\n")
+    with pytest.raises(ClassroomError, match="two columns at least"):
+        classroom.read_roster(tmp_path / "bad.csv")
+
+
+def test_regrading_one_student_replaces_their_rows_only():
+    subs = fake_class(students=3, labs=("03", "06"))
+    earlier = shard_docs(subs, 1)[0][1]
+    newer = [classroom.record(Submission("s01", "03", "s01_03.ipynb", "ff" * 32),
+                              {**fake_record("s01", "03", [exercise("03.beds", 4, 4, "passed")])})]  # fmt: skip
+    now = class_document(Discovery(subs, []), newer, (1, 1), SETTINGS)
+    said = []
+    merged = classroom.updated_document(
+        earlier, now, ["s01"], {("s02", "06"): "00" * 32}, said.append
+    )
+    keys = [(r["student"], r["lab"]) for r in merged["notebooks"]]
+    assert keys == [("s00", "03"), ("s00", "06"), ("s01", "03"), ("s02", "03"), ("s02", "06")]
+    assert next(r for r in merged["notebooks"] if r["student"] == "s01")["passed"] == 4
+    assert [r for r in merged["notebooks"] if r["student"] != "s01"] == [
+        r for r in earlier["notebooks"] if r["student"] != "s01"
+    ]
+    assert merged["class"] == {
+        "notebooks": 5,
+        "students": 3,
+        "digest": classroom.class_digest(merged["notebooks"]),
+    }
+    assert said == ["note: s02's lab 06 changed since it was graded: regrade it with --student s02"]
 
 
 def test_feedback_shows_the_reports_the_learner_saw(monkeypatch):
@@ -447,6 +545,7 @@ def test_three_shards_in_three_processes_merge_into_the_gradebook_of_one_run(tmp
 
     a, b = tmp_path / "one", tmp_path / "all"
     assert (a / "gradebook.csv").read_bytes() == (b / "gradebook.csv").read_bytes()
+    assert (a / "gradebook_wide.csv").read_bytes() == (b / "gradebook_wide.csv").read_bytes()
     feedback = sorted(p.name for p in (a / "feedback").iterdir())
     assert feedback == ["alice.md", "bob.md", "carol.md"]
     for name in feedback:
@@ -455,6 +554,8 @@ def test_three_shards_in_three_processes_merge_into_the_gradebook_of_one_run(tmp
     assert without_timings(one_doc) == without_timings(all_doc)
 
     rows = list(csv.reader(io.StringIO((a / "gradebook.csv").read_text())))
+    assert all(row[5:] == ["0", "0", "own", "0", "0", "0"] for row in rows[1:])  # no flag
+    rows = [row[:5] for row in rows]
     assert rows == [
         ["student", "lab", "exercise", "points", "total"],
         ["alice", "90", "00.kv_bytes", "5", "5"],
@@ -480,6 +581,21 @@ def test_three_shards_in_three_processes_merge_into_the_gradebook_of_one_run(tmp
     (a / "feedback" / "zed.md").write_text("left from an earlier class")
     kvlab("--merge", *(tmp_path / f"s{k}" for k in (1, 2, 3)), "--out", a)
     assert sorted(p.name for p in (a / "feedback").iterdir()) == feedback
+
+    # bob hands in again: regraded alone, merged into the class; nobody else's rows change
+    before = (a / "gradebook.csv").read_text().splitlines()
+    write_notebook(sub / "bob_90.ipynb", [IMPORTS, GOOD, CHECK])
+    roster = tmp_path / "roster.csv"
+    roster.write_text("folder,id\nalice,s-1\nbob,s-2\ncarol,s-3\n")
+    kvlab(sub, "--out", a, "--student", "bob", "--roster", roster)
+    after = (a / "gradebook.csv").read_text().splitlines()
+    assert [r for r in after if not r.startswith("bob,")] == [
+        r for r in before if not r.startswith("bob,")
+    ]
+    assert "bob,90,00.kv_bytes,5,5,0,0,own,0,0,0" in after
+    wide = list(csv.reader(io.StringIO((a / "gradebook_wide.csv").read_text())))
+    assert wide[0] == ["student", "id", "00.kv_bytes", "lab 90", "lab 91", "total", "max", "flags"]
+    assert wide[2] == ["bob", "s-2", "5", "5", "0", "5", "5", ""]
 
 
 # Runs a command as a Linux "child subreaper": whatever the command leaves running is adopted by
@@ -561,3 +677,31 @@ def test_a_class_of_the_real_lab_00_learner_and_solution(tmp_path):
     for e in teacher["exercises"]:
         assert f"{e['id']} · {e['title']}: {e['total']}/{e['total']} checks passed" in text
     assert "not implemented yet" in (tmp_path / "out" / "feedback" / "learner.md").read_text()
+
+
+@pytest.mark.parametrize("content", [b"", b'{"cells": [', b"\x00\xff not json", b"[]"])
+def test_an_unreadable_notebook_has_every_registered_exercise_at_zero_of_n(tmp_path, content):
+    """Corrupt JSON, an empty file: an error, and the lab's exercises at 0/N (never 0/0)."""
+    from kvlab.grading.notebook import grade_by_judge, grade_self_reported
+    from kvlab.grading.registry import load_lab
+
+    path = tmp_path / "03_broken.ipynb"
+    path.write_bytes(content)
+    checks = {ex.id: len(ex.checks) for ex in load_lab("03")}
+    for grade in (grade_by_judge(path), grade_self_reported(path)):
+        assert grade.error.startswith("cannot read notebook: ")
+        assert {e.id: (e.passed, e.total) for e in grade.exercises} == {
+            i: (0, n) for i, n in checks.items()
+        }
+        assert grade.total == sum(checks.values()) > 0 and grade.passed == 0
+
+
+def test_feedback_says_what_was_not_graded_how_cells_were_found_and_what_was_stopped():
+    records = flagged_class()
+    records[1]["cell_notes"] = ["your notebook has no cell ids (Colab, or nbformat 4.4): …"]
+    alice = feedback_markdown("alice", records)
+    assert "Also handed in for this lab, not graded (the newest is): `alice_03.ipynb`." in alice
+    assert "Note: your notebook has no cell ids (Colab, or nbformat 4.4): …." in alice
+    assert "Stopped at their time limit (CPU time, each tried twice): 06.step." in alice
+    assert "| 06.step | a title | 6 | 7 | stopped at limit |" in alice
+    assert "endless loop" not in alice

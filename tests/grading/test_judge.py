@@ -194,8 +194,11 @@ def test_a_given_cell_is_the_instructors_whatever_the_submission_says(tmp_path):
     assert [c.source for c in cells if c.kind == "check"] == [
         c.source for c in lab.cells if c.source.startswith("check(")
     ]
-    assert not any("added by the learner" in c.source for c in cells)
-    assert scores(judge(out)) == {"01.waste_split": (6, 6), "01.max_length_cache": (10, 10)}
+    # a cell the learner added runs where they put it (as in their kernel), as their own
+    assert [c.kind for c in cells if "added by the learner" in c.source] == ["added"]
+    found = judge(out)
+    assert scores(found) == {"01.waste_split": (6, 6), "01.max_length_cache": (10, 10)}
+    assert found.cell_match == "id" and not found.old_version
 
 
 def test_an_exit_or_a_crash_costs_only_what_it_stops(tmp_path):
@@ -225,7 +228,9 @@ def test_a_hang_costs_its_exercise_only(tmp_path):
     path = submission(tmp_path, "00", {"lab00-14": hang}, solved=["lab00-07"])
     found = judged(path, check_timeout=3)
     kv = found.results["00.kv_bytes"]
-    assert kv.passed == 0 and kv.outcomes[0].status.value == "timed out"
+    assert kv.passed == 0 and kv.outcomes[0].status.value == "stopped at limit"
+    assert kv.status.value == "stopped at limit" and kv.timed_out == 1
+    assert "stopped at its limit of 3 CPU-s" in kv.report() and "endless loop" not in kv.report()
     assert scores(found)["00.decode_step"] == (6, 6)
 
 
@@ -326,3 +331,85 @@ def test_honest_code_returning_a_namedtuple_or_a_defaultdict_scores_as_in_the_ke
     )
     found = judged(submission(tmp_path, "01", {"lab01-07": split}))
     assert scores(found)["01.waste_split"] == (6, 6)
+
+
+# --- notebooks as students hand them in ----------------------------------------------------
+
+
+def colab_style(nb, out: Path) -> Path:
+    """``nb`` as Colab saves it: nbformat 4.4, no cell ids (Colab keeps its own in
+    metadata.id), no nbgrader metadata."""
+    raw = json.loads(nbformat.writes(nb))
+    raw["nbformat_minor"] = 4
+    raw["metadata"] = {"colab": {"provenance": []}, "kernelspec": {"name": "python3"}}
+    for i, cell in enumerate(raw["cells"]):
+        cell.pop("id", None)
+        cell["metadata"] = {"id": f"Xq{i:04d}zz"}
+    out.write_text(json.dumps(raw))
+    return out
+
+
+def test_a_solved_notebook_without_cell_ids_colab_style_gets_full_marks(tmp_path):
+    """Against the whole lab: every given cell is found by its text, each exercise by what it
+    defines, and the grade says so."""
+    from kvlab.grading.notebook import grade_by_judge
+
+    _, solution = _lab("00", "solutions")
+    path = colab_style(solution, tmp_path / "00_colab.ipynb")
+    grade = grade_by_judge(path)
+    assert grade.error is None and grade.passed == grade.total > 0, grade.to_dict()
+    assert grade.cell_match == "order" and not grade.old_version
+    assert "no cell ids (Colab, or nbformat 4.4)" in grade.cell_notes[0]
+
+
+def test_a_helper_defined_in_a_cell_the_learner_added_is_there_when_the_exercise_calls_it(
+    tmp_path,
+):
+    path, lab = _lab("00")
+    nb = copy.deepcopy(lab)
+    stub = next(i for i, c in enumerate(nb.cells) if c.get("id") == "lab00-14")
+    nb.cells[stub].source = (
+        "def kv_bytes_per_token(spec):\n    return kv_factor() * spec.num_layers * "
+        "spec.num_kv_heads * spec.head_dim * spec.dtype_bytes\n"
+    )
+    helper = nbformat.v4.new_code_cell("def kv_factor():\n    return 2  # a K and a V\n")
+    nb.cells.insert(stub, helper)  # a cell of the learner's own, just above the exercise
+    nb.cells.insert(stub, nbformat.v4.new_code_cell("!pip install nothing"))
+    out = tmp_path / "00_helper.ipynb"
+    nbformat.write(nb, out)
+    found = judged(out)
+    assert scores(found)["00.kv_bytes"] == (5, 5), found.results["00.kv_bytes"].report()
+    assert found.cell_match == "id"
+    assert any("holds only shell commands or magics: left out" in n for n in found.cell_notes)
+
+
+def test_an_old_version_of_the_lab_is_graded_and_flagged(tmp_path):
+    path, lab = _lab("00")
+    old = copy.deepcopy(lab)
+    for cell in old.cells:
+        if cell.get("id") in exercise_cells("00"):
+            cell.source = solution_of("00", cell.id)
+        elif cell.cell_type == "code" and not cell.source.startswith("check("):
+            cell.source = "# v0.9 of the lab\n" + cell.source
+    old.cells.insert(2, nbformat.v4.new_code_cell("x = 1", id="lab00-99"))
+    out = tmp_path / "00_old.ipynb"
+    nbformat.write(old, out)
+    found = judge(out)  # against the whole lab: this version's given cells run
+    assert scores(found) == {"00.kv_bytes": (5, 5), "00.decode_step": (6, 6)}
+    assert found.old_version[0] == "cells of another version of the lab: lab00-99"
+    assert "given cells differ or are missing" in found.old_version[1]
+    assert any("another version of the lab" in n for n in found.cell_notes)
+
+
+def test_cells_are_found_by_grade_id_when_their_ids_are_gone():
+    """nbgrader's release keeps grade_id in the metadata; the ids may not survive."""
+    from kvlab.grading.cell_match import match_cells
+
+    _, lab = _lab("03")
+    nb = copy.deepcopy(lab)
+    for cell in nb.cells:
+        cell.pop("id", None)
+        if cell.get("metadata", {}).get("nbgrader"):
+            cell.source = "# edited\n" + cell.source  # not found by its text: by grade_id
+    matched = match_cells(nb, lab)
+    assert matched.how == "grade_id" and not matched.missing
