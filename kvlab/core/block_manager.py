@@ -298,18 +298,10 @@ class BlockManager:
         return [seq.table for seq in self._seqs.values()]
 
     def _seq(self, seq_id) -> SequenceBlocks:
-        try:
-            return self._seqs[seq_id]
-        except (KeyError, TypeError):
-            raise _unknown(seq_id) from None
+        return _lookup(self._seqs, seq_id)
 
     def _new(self, seq_id) -> None:
-        try:
-            exists = seq_id in self._seqs
-        except TypeError:
-            raise TypeError(f"seq_id must be hashable, got {type(seq_id).__name__}") from None
-        if exists:
-            raise ValueError(f"seq_id {seq_id!r} already exists")
+        _check_new(self._seqs, seq_id)
 
     def _out_of_blocks(self, seq_id, needed: int, available: int | None = None) -> OutOfBlocks:
         free = self.num_free_blocks if available is None else available
@@ -591,6 +583,24 @@ _num_tokens = operator.attrgetter("num_tokens")
 
 def _unknown(seq_id) -> KeyError:
     return KeyError(f"seq_id {seq_id!r} is not in the block manager")
+
+
+def _lookup(seqs: Mapping, seq_id):
+    """The sequence ``seq_id`` names, or a KeyError that says so (an unhashable id too)."""
+    try:
+        return seqs[seq_id]
+    except (KeyError, TypeError):
+        raise _unknown(seq_id) from None
+
+
+def _check_new(seqs: Mapping, seq_id) -> None:
+    """Raise unless ``seq_id`` is hashable and not taken yet."""
+    try:
+        exists = seq_id in seqs
+    except TypeError:
+        raise TypeError(f"seq_id must be hashable, got {type(seq_id).__name__}") from None
+    if exists:
+        raise ValueError(f"seq_id {seq_id!r} already exists")
 
 
 def _same_ids(prompt, ids: list[int] | None) -> bool:

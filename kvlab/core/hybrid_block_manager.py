@@ -20,7 +20,14 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from kvlab.core.block_hashes import chain_block_hashes
-from kvlab.core.block_manager import BlockManager, OutOfBlocks, _prompt, _token_id, _unknown
+from kvlab.core.block_manager import (
+    BlockManager,
+    OutOfBlocks,
+    _check_new,
+    _lookup,
+    _prompt,
+    _token_id,
+)
 from kvlab.core.block_pool import Block, BlockPool
 from kvlab.core.kv_spec import KVCacheSpec, LayerGroup
 from kvlab.core.prefix_cache import PrefixCacheStats, check_prefix_cache
@@ -227,18 +234,10 @@ class HybridBlockManager:
         return PrefixCacheStats(self.queries, self.hits, pool.num_evictions, len(pool.cached))
 
     def _seq(self, seq_id) -> _Sequence:
-        try:
-            return self._seqs[seq_id]
-        except (KeyError, TypeError):
-            raise _unknown(seq_id) from None
+        return _lookup(self._seqs, seq_id)
 
     def _new(self, seq_id) -> None:
-        try:
-            exists = seq_id in self._seqs
-        except TypeError:
-            raise TypeError(f"seq_id must be hashable, got {type(seq_id).__name__}") from None
-        if exists:
-            raise ValueError(f"seq_id {seq_id!r} already exists")
+        _check_new(self._seqs, seq_id)
 
     def _out_of_blocks(self, seq_id, needed: int, available: int) -> OutOfBlocks:
         return OutOfBlocks(
