@@ -145,7 +145,34 @@ class Session:
         self.conn = Connection(to_judge_r, to_child_w, JUDGE)
         self.conn.on_printed = _printed
         self.conn.on_died = self.how_it_ended
+        self.conn.handlers["kvlab"] = self.serve_kvlab
         self.roots = {}
+
+    checking: str | None = None  # the exercise whose checks run now (None: the lab's cells)
+    handovers: list[str] = []  # kvlab's functions the learner's code asked the judge for
+
+    def serve_kvlab(self, conn, name, args, kwargs):
+        """kvlab's functions the judge computes for the lab's given cells (:data:`SERVED`):
+        looked up at each call, so a check's guard in this process sees it; refused while an
+        exercise's checks run, when only the learner's code runs there."""
+        if not isinstance(name, str) or name not in SERVED:
+            raise PermissionError(f"kvlab grade's judge computes nothing called {name!r}")
+        if not isinstance(args, tuple) or not isinstance(kwargs, dict):
+            raise TypeError("a malformed call")
+        if self.checking is not None:
+            self.handovers = [*self.handovers, name]
+            raise PermissionError(
+                f"`{name}` is kvlab's answer, computed by the grader: your code may not call it"
+            )
+        module, _, attribute = name.rpartition(".")
+        import importlib
+
+        return (
+            getattr(importlib.import_module(module), attribute)(*args, **kwargs),
+            False,
+            None,
+            None,
+        )
 
     def stop(self) -> None:
         if self.process is not None:
@@ -341,11 +368,25 @@ def _printed(printed) -> None:
         sys.stdout.write(printed.text + " " * hidden)
 
 
+# what the learner's process gets of the judge's environment: PATH and the locale, and what
+# decides where kernels run (kvlab's own settings, Triton's, the GPUs that are visible)
+PASSED_ENV = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "TERM")
+PASSED_PREFIXES = ("KVLAB_", "TRITON_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+
+
 def _child_env() -> dict:
-    env = child_environ()
+    """A clean environment: nothing of the judge's but :data:`PASSED_ENV` and kvlab's, Triton's
+    and the GPUs' settings; PYTHONPATH names the judge's kvlab, so both run the same code."""
+    from kvlab.grading.sandbox import kvlab_package_path
+
+    env = {
+        k: v for k, v in child_environ().items() if k in PASSED_ENV or k.startswith(PASSED_PREFIXES)
+    }
     env.pop("KVLAB_GRADE_LOG", None)
+    env.pop("KVLAB_JUDGE_LOG", None)
     env["MPLBACKEND"] = "Agg"
-    env.setdefault("PYTHONHASHSEED", "0")
+    env["PYTHONHASHSEED"] = os.environ.get("PYTHONHASHSEED", "0")
+    env["PYTHONPATH"] = str(kvlab_package_path().parent)
     return env
 
 
@@ -445,7 +486,9 @@ def sandboxed():
     torch = sys.modules.get("torch")
     gpu = torch is not None and torch.cuda.is_available()
     # CUDA reserves far more address space than it uses: no memory limit on a GPU machine
-    limits = sandbox.Limits(memory_bytes=None if gpu else 8 << 30, wall_seconds=3600.0)
+    limits = sandbox.Limits(
+        memory_bytes=None if gpu else 8 << 30, wall_seconds=3600.0, disk_bytes=1 << 30
+    )
     from kvlab.core import files
 
     # the course's data (traces, the tiny model) read-only: a checkout's (it may lie under /tmp,
@@ -454,12 +497,60 @@ def sandboxed():
     where = files.course_root()
     assets = where[1] / "assets" if where else None
     data = [assets] if assets and assets.is_dir() and not assets.is_relative_to(package) else []
+    hidden, overlay = student_view(package)
     return sandbox.launcher(
         limits,
         protected=[sandbox.kvlab_package_path()],
         readonly=data,
         stderr=_debug_log(),
+        hidden=hidden,
+        overlay=overlay,
     )
+
+
+# Top-level folders a submission needs (the system's programs and libraries); every other one
+# (homes, checkouts, data, other submissions) is hidden but for the paths the run needs.
+SYSTEM_DIRS = frozenset(
+    ("bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "opt", "proc", "run", "sbin", "sys")
+    + ("tmp", "usr", "var")
+)
+# What the learner's process keeps of kvlab.grading: the judge's channel and its helpers
+CHILD_RUNTIME = ("judge_child.py", "remote.py", "wire.py", "limits.py", "blame.py", "expect.py")
+CHILD_RUNTIME += ("own_code.py",)  # the in-process guard: a first line, never the only one
+# the graders' names a lab's given cells import, in the learner's process (student_view/)
+STUDENT_VIEW = {
+    "__init__.py": "grading_init.py",
+    "lab05.py": "lab05.py",
+    "lab09/__init__.py": "lab09_init.py",
+    "lab09/chunk.py": "lab09_chunk.py",
+    "lab09/roofline.py": "lab09_roofline.py",
+}
+# kvlab's functions the judge computes for a lab's given cells (never for the learner's code)
+SERVED = frozenset({"kvlab.grading.lab09.roofline.almost_free_tokens"})
+
+
+def student_view(package: Path) -> tuple[list[Path], list[tuple[Path, Path]]]:
+    """(hidden folders, overlay files) for the learner's process: every top-level folder but
+    the system's (so the course's ``solutions/``, its tests, its git history, homes and other
+    checkouts are out of sight), the package's bundled solutions, and ``kvlab.grading`` but
+    the channel's modules, with :mod:`kvlab.grading.student_view`'s files in the graders'
+    place."""
+    from kvlab.core import files
+
+    root = Path("/")
+    hidden = [p for p in root.iterdir() if p.is_dir() and not p.is_symlink()]
+    hidden = [p for p in hidden if p.name not in SYSTEM_DIRS]
+    where = files.course_root()
+    if where is not None:  # a checkout under /usr or /opt: hidden all the same
+        hidden.append(where[1])
+        if (where[1] / "solutions").is_dir():
+            hidden.append(where[1] / "solutions")
+    grading = package / "grading"
+    hidden.append(grading)
+    overlay = [(grading / name, grading / name) for name in CHILD_RUNTIME]
+    view = grading / "student_view"
+    overlay += [(view / source, grading / target) for target, source in STUDENT_VIEW.items()]
+    return hidden, overlay
 
 
 def judged_check_timeout() -> float:
@@ -474,6 +565,27 @@ def judged_check_timeout() -> float:
 
 
 def _judge_exercise(session: Session, cell: Cell, run_checks, timeout: float) -> CheckResult:
+    result = _judge_checks(session, cell, run_checks, timeout)
+    handed = _handover(result, session.handovers)
+    session.handovers = []
+    result.handover = handed  # the gradebook's hand-over flag: kvlab's code given as an answer
+    return result
+
+
+def _handover(result: CheckResult, asked: list[str]) -> str | None:
+    """What the learner's code handed to kvlab in this exercise (a check's hand-over failure,
+    or kvlab's answer asked of the judge), or None."""
+    from kvlab.grading.own_code import HANDOVER
+
+    if asked:
+        return asked[0]
+    for outcome in result.outcomes:
+        if outcome.cause == HANDOVER:
+            return next(iter(outcome.details), "kvlab reference")
+    return None
+
+
+def _judge_checks(session: Session, cell: Cell, run_checks, timeout: float) -> CheckResult:
     ex = get_exercise(cell.exercise)
     try:
         obj = session.root(cell.name)
@@ -483,9 +595,11 @@ def _judge_exercise(session: Session, cell: Cell, run_checks, timeout: float) ->
         return _not_run(ex, f"`{cell.name}` is not defined when its check cell runs")
     except Exception as e:  # noqa: BLE001
         return _not_run(ex, f"`{cell.name}` could not be read ({type(e).__name__})")
+    session.checking = cell.exercise
     try:
         return run_checks(cell.exercise, obj, timeout)
     finally:
+        session.checking = None
         session.release()
 
 

@@ -21,6 +21,16 @@ from kvlab.grading.limits import BoundedBuffer
 from kvlab.grading.remote import LEARNER, MUTABLE, Connection
 
 KEEP = 2000  # characters of what the learner's code prints kept for the report
+CONNECTION: Connection | None = None  # the channel to the judge, for what the judge serves
+
+
+def served(name: str, *args, **kwargs):
+    """kvlab's ``name`` computed by the judge (Lab 09's ``almost_free_tokens`` for its given
+    cells): the graders are hidden from this process, and the judge refuses them to the
+    learner's code while it is checked."""
+    if CONNECTION is None:
+        raise RuntimeError(f"`{name}` is computed by kvlab grade's judge, which is not here")
+    return CONNECTION.request("kvlab", name, args, kwargs)
 
 
 class _Quiet:
@@ -194,7 +204,8 @@ def main(argv: list[str]) -> int:
     read_fd, write_fd = int(argv[0]), int(argv[1])
     os.set_inheritable(read_fd, False)
     os.set_inheritable(write_fd, False)
-    conn = Connection(read_fd, write_fd, LEARNER)
+    global CONNECTION
+    conn = CONNECTION = Connection(read_fd, write_fd, LEARNER)
     Learner(conn)
     conn.serve_forever()
     return 0

@@ -761,6 +761,30 @@ def _known_exception(module: str, qualname: str):
     return found if isinstance(found, type) and issubclass(found, Exception) else None
 
 
+ERROR_TEXT = 1000  # characters of one string the learner's side says of an error
+ERROR_ITEMS = 8  # arguments, attributes and lines of it kept
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= ERROR_TEXT else text[: ERROR_TEXT - 1] + "…"
+
+
+def _bounded(info: dict) -> dict:
+    """What the learner's side said of an error, cut to what a report shows: a patched
+    ``describe_error`` may send any amount of text, the feedback keeps a few lines of it."""
+    out = {}
+    for key in ("lines", "cause", "learner", "unwritten", "too_early", "code"):
+        value = info.get(key)
+        if isinstance(value, list):
+            value = [_short(str(v)) for v in value[:ERROR_ITEMS]]
+        elif isinstance(value, str):
+            value = _short(value)
+        elif type(value) not in (bool, int, float, type(None)):
+            value = None
+        out[key] = value
+    return out
+
+
 def rebuild_error(info, remote: bool = True) -> BaseException:
     """The judge's side: an exception of the nearest class it knows (builtins, kvlab.core.errors),
     carrying what the learner's side said of it."""
@@ -775,9 +799,11 @@ def rebuild_error(info, remote: bool = True) -> BaseException:
     cls = cls or Exception
     error = cls.__new__(cls)
     args = info.get("args") if isinstance(info.get("args"), list) else []
-    BaseException.__init__(error, *[a for a in args if type(a) in (bool, int, float, str)])
+    args = [_short(a) for a in args[:ERROR_ITEMS] if type(a) in (bool, int, float, str)]
+    BaseException.__init__(error, *args)
     attrs = info.get("attrs") if isinstance(info.get("attrs"), dict) else {}
-    for key, value in attrs.items():
+    for key, value in list(attrs.items())[:ERROR_ITEMS]:
+        value = _short(value) if type(value) is str else value
         if isinstance(key, str) and not key.startswith("_"):
             try:
                 object.__setattr__(error, key, value)
@@ -787,7 +813,7 @@ def rebuild_error(info, remote: bool = True) -> BaseException:
         code = info.get("code")
         error.code = code if type(code) in (int, str, type(None)) else None
     if remote:  # raised by the learner's code: what it said of its traceback
-        error.__kvlab_remote__ = info
+        error.__kvlab_remote__ = _bounded(info)
     return error
 
 

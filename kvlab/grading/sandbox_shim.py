@@ -276,6 +276,8 @@ def _everything_readonly(writable, own, notes):
             continue  # covered by the run's own /proc, mounted read-only
         if point in own or any(_inside(point, w) for w in writable):
             continue
+        if not os.path.exists(point):
+            continue  # under a folder hidden by the run's own tmpfs: out of reach already
         try:
             _remount_readonly(point)
         except (OSError, SetupError) as err:
@@ -496,6 +498,8 @@ def main(argv):
         if namespaces:
             _hide_private_dirs(spec["private"], spec["keep"], spec["tmpfs_bytes"], notes)
             for folder in spec.get("hidden", []):  # outer folders first: inner ones lie in binds
+                if not os.path.isdir(folder):
+                    continue  # under a folder hidden already
                 _hide_private_dirs(
                     [folder], spec["keep"], 0, notes, spec.get("overlay", []), readonly=True
                 )
