@@ -595,12 +595,35 @@ def _judge_checks(session: Session, cell: Cell, run_checks, timeout: float) -> C
         return _not_run(ex, f"`{cell.name}` is not defined when its check cell runs")
     except Exception as e:  # noqa: BLE001
         return _not_run(ex, f"`{cell.name}` could not be read ({type(e).__name__})")
+    if cell.exercise in TRITON_KERNELS and not _is_jit_function(obj):
+        kind = f"{obj._info.get('module')}.{obj._info.get('type')}"
+        outcome = Outcome(
+            "the exercise's object",
+            Status.WRONG_KIND,
+            [f"`{cell.name}` is a {kind}, not a Triton kernel: write it with @triton.jit"],
+        )
+        return CheckResult(ex.id, ex.title, Status.WRONG_KIND, [outcome], len(ex.checks))
     session.checking = cell.exercise
     try:
         return run_checks(cell.exercise, obj, timeout)
     finally:
         session.checking = None
         session.release()
+
+
+TRITON_KERNELS = frozenset({"05.kernel", "09.chunk_kernel"})  # only a @triton.jit function
+
+
+def _is_jit_function(obj) -> bool:
+    """What ``@triton.jit`` returns (a ``triton.runtime.jit.JITFunction``, or Triton's
+    interpreter's wrapper of one), as the learner's process describes it."""
+    info = getattr(obj, "_info", None)
+    if not isinstance(info, dict) or isinstance(obj, _RemoteMeta):
+        return False
+    module, text = str(info.get("module", "")), str(info.get("repr", ""))
+    return info.get("type") in ("JITFunction", "InterpretedFunction") and (
+        module.startswith("triton.") or text.startswith(("JITFunction(", "<triton."))
+    )
 
 
 def _not_run(ex, why: str) -> CheckResult:
