@@ -869,8 +869,10 @@ def _start(req: _Request, isolated: bool, why_not: str) -> SandboxRun:
     private = private if (isolated and req.private_tmp) else []
     drop_to = _unprivileged_user() if (isolated and req.drop_root and os.geteuid() == 0) else None
     hidden = [str(p) for p in req.hidden if p.is_dir()] if isolated else []
+    homes = [d for d in ("/root", "/home") if os.path.isdir(d) and os.path.realpath(d) == d]
+    if drop_to is not None and not _reachable(workdir, [*private, *homes, *hidden]):
+        drop_to = None  # a working folder nobody cannot reach (under the judge's own /tmp)
     if drop_to is not None:  # the judge's home: closed to nobody, and with it the interpreter
-        homes = [d for d in ("/root", "/home") if os.path.isdir(d) and os.path.realpath(d) == d]
         hidden = sorted({*homes, *hidden}, key=len)
         with contextlib.suppress(OSError):
             os.chown(workdir, *drop_to)
@@ -987,6 +989,11 @@ def _start(req: _Request, isolated: bool, why_not: str) -> SandboxRun:
             )
         if drop_to is not None:
             report.append(f"user: nobody (uid {drop_to[0]}), not the judge's root")
+        elif os.geteuid() == 0:
+            report.append(
+                "user: ROOT inside the namespaces (the judge's root, without capabilities): "
+                "its private files are readable"
+            )
         if limits.disk_bytes is not None:
             report.append(
                 f"disk: the working folder is a tmpfs of {_size(limits.disk_bytes)} (all its "
@@ -1037,6 +1044,17 @@ def _start(req: _Request, isolated: bool, why_not: str) -> SandboxRun:
 
 
 NOBODY = 65534
+
+
+def _reachable(path: Path, covered: list[str]) -> bool:
+    """Whether any user may walk down to ``path``: each folder above it is searchable by
+    others, or lies in a folder the run covers (whose kept paths are searchable)."""
+    for parent in path.parents:
+        if any(_inside(str(parent), d) for d in covered):
+            continue
+        if parent != Path("/") and not os.stat(parent).st_mode & stat.S_IXOTH:
+            return False
+    return True
 
 
 def _unprivileged_user() -> tuple[int, int]:
