@@ -213,7 +213,7 @@ def test_kvlabs_answer_computed_by_the_judge_is_refused_to_the_learners_code(tmp
     found = judged(submission(tmp_path, "09", {"lab09-13": LAB09_SERVED}))
     result = found.results["09.almost_free"]
     assert result.passed == 0, result.report()
-    assert result.handover == "kvlab.grading.lab09.roofline.almost_free_tokens"
+    assert result.handover == "kvlab.grading.lab09.roofline.almost_free_tokens", result.report()
 
 
 @needs_namespaces
