@@ -28,6 +28,7 @@ from pathlib import Path
 from kvlab.course.labgen import RAISES_TAG
 from kvlab.course.nbformat_quick import nbformat
 from kvlab.grading.limits import CheckTimeout, time_limit
+from kvlab.grading.own_answers import Refusing, learner_stand_ins, stand_in_source
 from kvlab.grading.registry import get_exercise
 from kvlab.grading.remote import (
     JUDGE,
@@ -146,23 +147,37 @@ class Session:
         self.conn.on_printed = _printed
         self.conn.on_died = self.how_it_ended
         self.conn.handlers["kvlab"] = self.serve_kvlab
+        self.conn.serve_guard = self.own_answer_guard
         self.roots = {}
 
     checking: str | None = None  # the exercise whose checks run now (None: the lab's cells)
+    stand_ins: dict[str, str] = {}  # kvlab's names stood in for in the learner's process: exercise
     handovers: list[str] = []  # kvlab's functions the learner's code asked the judge for
+
+    def own_answer_guard(self):
+        """While an exercise's checks run, every request the learner's code makes of this
+        process is served with kvlab's own answer to it (``registry.OWN_ANSWERS``) refused:
+        ``tree.match()`` on the judge's tree inside ``match_prefix``. It is this process's
+        code, so nothing the learner's process does can lift it."""
+        from kvlab.grading.registry import OWN_ANSWERS
+
+        names = OWN_ANSWERS.get(self.checking) if self.checking is not None else None
+        return Refusing(self, self.checking, names) if names else None
 
     def serve_kvlab(self, conn, name, args, kwargs):
         """kvlab's functions the judge computes for the lab's given cells (:data:`SERVED`):
         looked up at each call, so a check's guard in this process sees it; refused while an
         exercise's checks run, when only the learner's code runs there."""
-        if not isinstance(name, str) or name not in SERVED:
+        owner = self.stand_ins.get(name) if isinstance(name, str) else None
+        if not isinstance(name, str) or (name not in SERVED and owner is None):
             raise PermissionError(f"kvlab grade's judge computes nothing called {name!r}")
         if not isinstance(args, tuple) or not isinstance(kwargs, dict):
             raise TypeError("a malformed call")
-        if self.checking is not None:
+        if self.checking is not None and (owner is None or owner == self.checking):
             self.handovers = [*self.handovers, name]
+            what = f"kvlab's own answer to {owner}" if owner else "kvlab's answer"
             raise PermissionError(
-                f"`{name}` is kvlab's answer, computed by the grader: your code may not call it"
+                f"`{name}` is {what}, computed by the grader: your code may not call it"
             )
         module, _, attribute = name.rpartition(".")
         import importlib
@@ -450,8 +465,18 @@ def judge(
                 found.notes.append(f"no exercise {cell.exercise!r}: its check cell is left out")
                 continue
         cells.append(cell)
-    with tempfile.TemporaryDirectory(prefix="kvlab-judge-") as tmp:
-        session = Session(Path(tmp), launcher=launcher or sandboxed())
+    checked = [cell.exercise for cell in cells if cell.kind == "check"]
+    cells = cells[: _after_last_check(cells)]  # a given cell after the last check scores nothing
+    with tempfile.TemporaryDirectory(prefix="kvlab-judge-") as tmp, tempfile.TemporaryDirectory(
+        prefix="kvlab-own-"
+    ) as own:
+        stand_ins = write_stand_ins(checked, Path(own)) if launcher is None else {}
+        session = Session(Path(tmp), launcher=launcher or sandboxed(stand_ins))
+        session.stand_ins = {
+            f"{module}.{name}": exercise_id
+            for module, names in learner_stand_ins(checked).items()
+            for name, exercise_id in names.items()
+        }
         try:
             for cell in cells:
                 if cell.kind != "check":
@@ -478,7 +503,31 @@ def judge(
     return found
 
 
-def sandboxed():
+def _after_last_check(cells: list[Cell]) -> int:
+    """How many cells the judge runs: up to the last check cell (all, where there is none)."""
+    last = [i for i, cell in enumerate(cells) if cell.kind == "check"]
+    return last[-1] + 1 if last else len(cells)
+
+
+def write_stand_ins(exercise_ids, folder: Path) -> dict[Path, Path]:
+    """kvlab's modules holding the checked exercises' own answers, rewritten with stand-ins
+    (:func:`kvlab.grading.own_answers.stand_in_source`) into ``folder``: {the package's file:
+    its stand-in copy}, for the learner's process to import in their place."""
+    import importlib
+
+    written = {}
+    for module, names in learner_stand_ins(exercise_ids).items():
+        path = Path(importlib.import_module(module).__file__)
+        copy = folder / f"{module}.py"
+        copy.write_text(stand_in_source(path.read_text(), module, names))
+        copy.chmod(0o644)
+        written[path] = copy
+    if written:
+        folder.chmod(0o755)
+    return written
+
+
+def sandboxed(stand_ins: dict[Path, Path] | None = None):
     """How the judge starts the learner's process: in kvlab's sandbox (namespaces where the
     machine allows them, else content hashes of kvlab's package), with its limits."""
     from kvlab.grading import sandbox
@@ -497,7 +546,7 @@ def sandboxed():
     where = files.course_root()
     assets = where[1] / "assets" if where else None
     data = [assets] if assets and assets.is_dir() and not assets.is_relative_to(package) else []
-    hidden, overlay = student_view(package)
+    hidden, overlay = student_view(package, stand_ins)
     return sandbox.launcher(
         limits,
         protected=[sandbox.kvlab_package_path()],
@@ -529,7 +578,9 @@ STUDENT_VIEW = {
 SERVED = frozenset({"kvlab.grading.lab09.roofline.almost_free_tokens"})
 
 
-def student_view(package: Path) -> tuple[list[Path], list[tuple[Path, Path]]]:
+def student_view(
+    package: Path, stand_ins: dict[Path, Path] | None = None
+) -> tuple[list[Path], list[tuple[Path, Path]]]:
     """(hidden folders, overlay files) for the learner's process: every top-level folder but
     the system's (so the course's ``solutions/``, its tests, its git history, homes and other
     checkouts are out of sight), the package's bundled solutions, and ``kvlab.grading`` but
@@ -550,6 +601,12 @@ def student_view(package: Path) -> tuple[list[Path], list[tuple[Path, Path]]]:
     overlay = [(grading / name, grading / name) for name in CHILD_RUNTIME]
     view = grading / "student_view"
     overlay += [(view / source, grading / target) for target, source in STUDENT_VIEW.items()]
+    for original, copy in (stand_ins or {}).items():  # kvlab's own answers: stand-ins instead
+        folder = original.parent
+        if folder != grading and folder not in hidden:
+            hidden.append(folder)  # its other files bound back (not its bytecode: the answer's)
+            overlay += [(p, p) for p in sorted(folder.iterdir()) if p.name != "__pycache__"]
+        overlay = [(s, t) for s, t in overlay if t != original] + [(copy, original)]
     return hidden, overlay
 
 

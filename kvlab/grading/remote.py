@@ -56,6 +56,7 @@ class Connection:
         self.broken = False
         self.storages: list[dict] = []  # per request being served: its rebuilt storages
         self.pending_back = None  # what a call that raised left of its arguments
+        self.serve_guard = None  # the judge: () -> a guard around each request it serves, or None
 
     # --- handles ---------------------------------------------------------------------------
     def export(self, obj) -> int:
@@ -304,8 +305,13 @@ class Connection:
         except ValueError:
             raise ProtocolError("a malformed request") from None
         self.storages.append(built)  # the request's tensors, for what goes back after a call
+        guard = self.serve_guard() if self.serve_guard is not None else None
         try:
-            self._answer(op, args)
+            if guard is None:
+                self._answer(op, args)
+            else:  # the judge: kvlab's own answer to the exercise checked now is refused
+                with guard:
+                    self._answer(op, args)
         finally:
             self.storages.pop()
 

@@ -496,6 +496,11 @@ def main(argv):
         if namespaces and spec.get("drop_to"):
             _enter_namespaces(*spec["drop_to"])
         if namespaces:
+            # overlay files may lie where the run's own /tmp goes: opened before it is covered
+            spec["overlay"] = [
+                (f"/proc/self/fd/{os.open(src, os.O_PATH | os.O_CLOEXEC)}", dst)
+                for src, dst in spec.get("overlay", [])
+            ]
             _hide_private_dirs(spec["private"], spec["keep"], spec["tmpfs_bytes"], notes)
             for folder in spec.get("hidden", []):  # outer folders first: inner ones lie in binds
                 if not os.path.isdir(folder):
