@@ -302,8 +302,10 @@ class LayerGroup:
 
     def bytes_held(self, num_tokens: int, block_size: int) -> int:
         """Bytes a request of ``num_tokens`` holds in these layers, in whole blocks."""
-        return self.num_layers * self.spec.blocks_held(num_tokens, block_size) * (
-            self.spec.page_bytes(block_size)
+        return (
+            self.num_layers
+            * self.spec.blocks_held(num_tokens, block_size)
+            * (self.spec.page_bytes(block_size))
         )
 
     def sharded(self, tensor_parallel: int) -> LayerGroup:

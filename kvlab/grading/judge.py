@@ -467,9 +467,10 @@ def judge(
         cells.append(cell)
     checked = [cell.exercise for cell in cells if cell.kind == "check"]
     cells = cells[: _after_last_check(cells)]  # a given cell after the last check scores nothing
-    with tempfile.TemporaryDirectory(prefix="kvlab-judge-") as tmp, tempfile.TemporaryDirectory(
-        prefix="kvlab-own-"
-    ) as own:
+    with (
+        tempfile.TemporaryDirectory(prefix="kvlab-judge-") as tmp,
+        tempfile.TemporaryDirectory(prefix="kvlab-own-") as own,
+    ):
         stand_ins = write_stand_ins(checked, Path(own)) if launcher is None else {}
         session = Session(Path(tmp), launcher=launcher or sandboxed(stand_ins))
         session.stand_ins = {

@@ -150,7 +150,12 @@ class Learner:
         """kvlab's reference functions guarded while the judge calls the learner's code."""
         from kvlab.grading.own_code import refuse_reference
 
-        found = [_find(module, qualname) for module, qualname in references]
+        found = []
+        for module, qualname in references:
+            try:
+                found.append(_find(module, qualname))
+            except AttributeError:  # kvlab's own answer, stood in for here: nothing to guard
+                pass
         guard = refuse_reference(*found, learner=learner, task=task)
         guard.__enter__()
         self.guards.append(guard)

@@ -161,6 +161,26 @@ LAB10_REFERENCES = """import kvlab.grading.lab10.radix as radix
 match_prefix = getattr(radix, "match_prefix", None) or getattr(radix, "reference_match", None)
 """
 
+LAB10_TREE = """def match_prefix(tree, token_ids):
+    hit = tree.match(token_ids[:-1])
+    node, k = hit.node, hit.num_blocks
+    return tree.split(node, k) if 0 < k < len(node.blocks) else node
+"""
+
+LAB10_TIERS = """from kvlab.perf import tiers
+def fetch_beats_recompute(spec, gpu, num_tokens, pcie_bytes_per_s):
+    return tiers.fetch_beats_recompute(spec, gpu, num_tokens, pcie_bytes_per_s=pcie_bytes_per_s)
+"""
+
+LAB10_ROUTER = """from kvlab.serving.fleet import make_router
+def prefix_router(request, views, now, load_penalty=128.0):
+    return make_router("prefix_aware", load_penalty=load_penalty)(request, views, now)
+"""
+
+LAB10_ZERO = """def prefix_router(request, views, now, load_penalty=128.0):
+    return 0
+"""
+
 LAB09_SERVED = """from kvlab.grading.lab09.roofline import almost_free_tokens as kvlab_almost_free
 def almost_free_tokens(spec, gpu, batch, context):
     return kvlab_almost_free(spec, gpu, batch, context)
@@ -184,6 +204,8 @@ my_paged_decode_kernel = _Fake()
         ("10", {"lab10-05": LAB10_SOLUTIONS.format(root=ROOT)}),
         ("10", {"lab10-05": LAB10_REFERENCES}),
         ("05", {"lab05-07": LAB05_FAKE_KERNEL}),
+        ("10", {"lab10-05": LAB10_TREE, "lab10-13": LAB10_TIERS, "lab10-22": LAB10_ROUTER}),
+        ("10", {"lab10-22": LAB10_ZERO}),
     ],
     ids=[
         "03-own-code-and-beds",
@@ -191,6 +213,8 @@ my_paged_decode_kernel = _Fake()
         "10-solutions-on-disk",
         "10-graders",
         "05-fake",
+        "10-tree-tiers-and-router",
+        "10-router-returns-0",
     ],
 )
 def test_a_cheat_on_an_unsolved_lab_scores_no_more_than_it(tmp_path, number, cells):
@@ -223,3 +247,39 @@ def test_a_solved_lab_still_scores_full_marks_in_the_sandbox(tmp_path):
     assert scores(found) == {"03.block_manager": (8, 8), "03.beds_report": (4, 4)}, scores(found)
     assert all(r.handover is None for r in found.results.values())
     assert any(line.startswith("hidden: ") for line in found.notes)
+
+
+@needs_namespaces
+def test_kvlabs_own_answers_are_refused_and_flagged_by_the_judge(tmp_path):
+    """Lab 10: the judge's tree's own walk (refused on the judge's side), the tiers' rule and
+    the fleet's router (stand-ins in the learner's copy of kvlab, served by the judge)."""
+    cells = {"lab10-05": LAB10_TREE, "lab10-13": LAB10_TIERS, "lab10-22": LAB10_ROUTER}
+    found = judged(submission(tmp_path, "10", cells))
+    handed = {k: r.handover for k, r in found.results.items()}
+    assert handed == {
+        "10.match_prefix": "kvlab.core.prefix_cache.radix_tree.RadixTreeCache.match",
+        "10.fetch_or_recompute": "kvlab.perf.tiers.fetch_beats_recompute",
+        "10.prefix_score": "kvlab.serving.fleet.make_router",
+    }, scores(found)
+    assert _total(found) == 0, scores(found)
+
+
+@needs_namespaces
+def test_the_reference_block_manager_is_no_base_class_in_the_learners_process(tmp_path):
+    subclass = "class BlockManager(ReferenceBlockManager):\n    pass\n"
+    found = judged(submission(tmp_path, "03", {"lab03-05": subclass}))
+    assert scores(found)["03.block_manager"][0] == 0, scores(found)
+    assert "lab03-05" in found.error_cells  # the class statement raised: no base class
+
+
+@needs_namespaces
+@pytest.mark.parametrize("number", ["03", "05", "06", "09", "10"])
+def test_a_solved_notebook_scores_full_marks_through_the_judge(number):
+    """The whole solved notebook, every given cell included (Lab 03's reference block manager
+    and Lab 10's tiers are the judge's there): full marks, no cell raised, nothing flagged."""
+    from kvlab.grading.judge import judge
+
+    path = sorted((ROOT / "solutions").glob(f"{number}_*.ipynb"))[0]
+    found = judge(path)
+    assert all(r.passed == r.total for r in found.results.values()), scores(found)
+    assert found.error_cells == [] and all(r.handover is None for r in found.results.values())

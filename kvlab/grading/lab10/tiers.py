@@ -25,7 +25,10 @@ fetch_ex = exercise("10.fetch_or_recompute", "fetch or recompute: the rule")
 own_answers(
     "10.fetch_or_recompute",
     *(f"kvlab.perf.tiers:{name}" for name in ("fetch_beats_recompute", "break_even_tokens")),
-    *(f"kvlab.perf.tiers:{name}" for name in ("fetch_seconds", "recompute_flops", "recompute_seconds")),
+    *(
+        f"kvlab.perf.tiers:{name}"
+        for name in ("fetch_seconds", "recompute_flops", "recompute_seconds")
+    ),
 )
 
 GIB_PER_GB = 1e9 / 2**30
