@@ -28,6 +28,7 @@ from pathlib import Path
 from kvlab.course.nbformat_quick import nbformat
 from kvlab.grading.cell_match import kind_of, match_cells
 from kvlab.grading.limits import CheckTimeout, LearnerClock, counting, time_limit
+from kvlab.grading.own_answers import Refusing, learner_stand_ins, stand_in_source
 from kvlab.grading.registry import get_exercise
 from kvlab.grading.remote import (
     JUDGE,
@@ -168,7 +169,48 @@ class Session:
         self.conn = Connection(to_judge_r, to_child_w, JUDGE)
         self.conn.on_printed = _printed
         self.conn.on_died = self.how_it_ended
+        self.conn.handlers["kvlab"] = self.serve_kvlab
+        self.conn.serve_guard = self.own_answer_guard
         self.roots = {}
+
+    checking: str | None = None  # the exercise whose checks run now (None: the lab's cells)
+    stand_ins: dict[str, str] = {}  # kvlab's names stood in for in the learner's process: exercise
+    handovers: list[str] = []  # kvlab's functions the learner's code asked the judge for
+
+    def own_answer_guard(self):
+        """While an exercise's checks run, every request the learner's code makes of this
+        process is served with kvlab's own answer to it (``registry.OWN_ANSWERS``) refused:
+        ``tree.match()`` on the judge's tree inside ``match_prefix``. It is this process's
+        code, so nothing the learner's process does can lift it."""
+        from kvlab.grading.registry import OWN_ANSWERS
+
+        names = OWN_ANSWERS.get(self.checking) if self.checking is not None else None
+        return Refusing(self, self.checking, names) if names else None
+
+    def serve_kvlab(self, conn, name, args, kwargs):
+        """kvlab's functions the judge computes for the lab's given cells (:data:`SERVED`):
+        looked up at each call, so a check's guard in this process sees it; refused while an
+        exercise's checks run, when only the learner's code runs there."""
+        owner = self.stand_ins.get(name) if isinstance(name, str) else None
+        if not isinstance(name, str) or (name not in SERVED and owner is None):
+            raise PermissionError(f"kvlab grade's judge computes nothing called {name!r}")
+        if not isinstance(args, tuple) or not isinstance(kwargs, dict):
+            raise TypeError("a malformed call")
+        if self.checking is not None and (owner is None or owner == self.checking):
+            self.handovers = [*self.handovers, name]
+            what = f"kvlab's own answer to {owner}" if owner else "kvlab's answer"
+            raise PermissionError(
+                f"`{name}` is {what}, computed by the grader: your code may not call it"
+            )
+        module, _, attribute = name.rpartition(".")
+        import importlib
+
+        return (
+            getattr(importlib.import_module(module), attribute)(*args, **kwargs),
+            False,
+            None,
+            None,
+        )
 
     def stop(self) -> None:
         if self.process is not None:
@@ -366,11 +408,25 @@ def _printed(printed) -> None:
         sys.stdout.write(printed.text + " " * hidden)
 
 
+# what the learner's process gets of the judge's environment: PATH and the locale, and what
+# decides where kernels run (kvlab's own settings, Triton's, the GPUs that are visible)
+PASSED_ENV = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "TERM")
+PASSED_PREFIXES = ("KVLAB_", "TRITON_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+
+
 def _child_env() -> dict:
-    env = child_environ()
+    """A clean environment: nothing of the judge's but :data:`PASSED_ENV` and kvlab's, Triton's
+    and the GPUs' settings; PYTHONPATH names the judge's kvlab, so both run the same code."""
+    from kvlab.grading.sandbox import kvlab_package_path
+
+    env = {
+        k: v for k, v in child_environ().items() if k in PASSED_ENV or k.startswith(PASSED_PREFIXES)
+    }
     env.pop("KVLAB_GRADE_LOG", None)
+    env.pop("KVLAB_JUDGE_LOG", None)
     env["MPLBACKEND"] = "Agg"
-    env.setdefault("PYTHONHASHSEED", "0")
+    env["PYTHONHASHSEED"] = os.environ.get("PYTHONHASHSEED", "0")
+    env["PYTHONPATH"] = str(kvlab_package_path().parent)
     return env
 
 
@@ -447,8 +503,19 @@ def judge(
                 found.notes.append(f"no exercise {cell.exercise!r}: its check cell is left out")
                 continue
         cells.append(cell)
-    with tempfile.TemporaryDirectory(prefix="kvlab-judge-") as tmp:
-        session = Session(Path(tmp), launcher=launcher or sandboxed())
+    checked = [cell.exercise for cell in cells if cell.kind == "check"]
+    cells = cells[: _after_last_check(cells)]  # a given cell after the last check scores nothing
+    with (
+        tempfile.TemporaryDirectory(prefix="kvlab-judge-") as tmp,
+        tempfile.TemporaryDirectory(prefix="kvlab-own-") as own,
+    ):
+        stand_ins = write_stand_ins(checked, Path(own)) if launcher is None else {}
+        session = Session(Path(tmp), launcher=launcher or sandboxed(stand_ins))
+        session.stand_ins = {
+            f"{module}.{name}": exercise_id
+            for module, names in learner_stand_ins(checked).items()
+            for name, exercise_id in names.items()
+        }
         try:
             for cell in cells:
                 if cell.kind != "check":
@@ -478,7 +545,31 @@ def judge(
     return found
 
 
-def sandboxed():
+def _after_last_check(cells: list[Cell]) -> int:
+    """How many cells the judge runs: up to the last check cell (all, where there is none)."""
+    last = [i for i, cell in enumerate(cells) if cell.kind == "check"]
+    return last[-1] + 1 if last else len(cells)
+
+
+def write_stand_ins(exercise_ids, folder: Path) -> dict[Path, Path]:
+    """kvlab's modules holding the checked exercises' own answers, rewritten with stand-ins
+    (:func:`kvlab.grading.own_answers.stand_in_source`) into ``folder``: {the package's file:
+    its stand-in copy}, for the learner's process to import in their place."""
+    import importlib
+
+    written = {}
+    for module, names in learner_stand_ins(exercise_ids).items():
+        path = Path(importlib.import_module(module).__file__)
+        copy = folder / f"{module}.py"
+        copy.write_text(stand_in_source(path.read_text(), module, names))
+        copy.chmod(0o644)
+        written[path] = copy
+    if written:
+        folder.chmod(0o755)
+    return written
+
+
+def sandboxed(stand_ins: dict[Path, Path] | None = None):
     """How the judge starts the learner's process: in kvlab's sandbox (namespaces where the
     machine allows them, else content hashes of kvlab's package), with its limits."""
     from kvlab.grading import sandbox
@@ -486,7 +577,9 @@ def sandboxed():
     torch = sys.modules.get("torch")
     gpu = torch is not None and torch.cuda.is_available()
     # CUDA reserves far more address space than it uses: no memory limit on a GPU machine
-    limits = sandbox.Limits(memory_bytes=None if gpu else 8 << 30, wall_seconds=3600.0)
+    limits = sandbox.Limits(
+        memory_bytes=None if gpu else 8 << 30, wall_seconds=3600.0, disk_bytes=1 << 30
+    )
     from kvlab.core import files
 
     # the course's data (traces, the tiny model) read-only: a checkout's (it may lie under /tmp,
@@ -495,12 +588,68 @@ def sandboxed():
     where = files.course_root()
     assets = where[1] / "assets" if where else None
     data = [assets] if assets and assets.is_dir() and not assets.is_relative_to(package) else []
+    hidden, overlay = student_view(package, stand_ins)
     return sandbox.launcher(
         limits,
         protected=[sandbox.kvlab_package_path()],
         readonly=data,
         stderr=_debug_log(),
+        hidden=hidden,
+        overlay=overlay,
     )
+
+
+# Top-level folders a submission needs (the system's programs and libraries); every other one
+# (homes, checkouts, data, other submissions) is hidden but for the paths the run needs.
+SYSTEM_DIRS = frozenset(
+    ("bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "opt", "proc", "run", "sbin", "sys")
+    + ("tmp", "usr", "var")
+)
+# What the learner's process keeps of kvlab.grading: the judge's channel and its helpers
+CHILD_RUNTIME = ("judge_child.py", "remote.py", "wire.py", "limits.py", "blame.py", "expect.py")
+CHILD_RUNTIME += ("own_code.py",)  # the in-process guard: a first line, never the only one
+# the graders' names a lab's given cells import, in the learner's process (student_view/)
+STUDENT_VIEW = {
+    "__init__.py": "grading_init.py",
+    "lab05.py": "lab05.py",
+    "lab09/__init__.py": "lab09_init.py",
+    "lab09/chunk.py": "lab09_chunk.py",
+    "lab09/roofline.py": "lab09_roofline.py",
+}
+# kvlab's functions the judge computes for a lab's given cells (never for the learner's code)
+SERVED = frozenset({"kvlab.grading.lab09.roofline.almost_free_tokens"})
+
+
+def student_view(
+    package: Path, stand_ins: dict[Path, Path] | None = None
+) -> tuple[list[Path], list[tuple[Path, Path]]]:
+    """(hidden folders, overlay files) for the learner's process: every top-level folder but
+    the system's (so the course's ``solutions/``, its tests, its git history, homes and other
+    checkouts are out of sight), the package's bundled solutions, and ``kvlab.grading`` but
+    the channel's modules, with :mod:`kvlab.grading.student_view`'s files in the graders'
+    place."""
+    from kvlab.core import files
+
+    root = Path("/")
+    hidden = [p for p in root.iterdir() if p.is_dir() and not p.is_symlink()]
+    hidden = [p for p in hidden if p.name not in SYSTEM_DIRS]
+    where = files.course_root()
+    if where is not None:  # a checkout under /usr or /opt: hidden all the same
+        hidden.append(where[1])
+        if (where[1] / "solutions").is_dir():
+            hidden.append(where[1] / "solutions")
+    grading = package / "grading"
+    hidden.append(grading)
+    overlay = [(grading / name, grading / name) for name in CHILD_RUNTIME]
+    view = grading / "student_view"
+    overlay += [(view / source, grading / target) for target, source in STUDENT_VIEW.items()]
+    for original, copy in (stand_ins or {}).items():  # kvlab's own answers: stand-ins instead
+        folder = original.parent
+        if folder != grading and folder not in hidden:
+            hidden.append(folder)  # its other files bound back (not its bytecode: the answer's)
+            overlay += [(p, p) for p in sorted(folder.iterdir()) if p.name != "__pycache__"]
+        overlay = [(s, t) for s, t in overlay if t != original] + [(copy, original)]
+    return hidden, overlay
 
 
 def judged_check_timeout() -> float:
@@ -517,6 +666,27 @@ def judged_check_timeout() -> float:
 
 
 def _judge_exercise(session: Session, cell: Cell, run_checks, timeout: float) -> CheckResult:
+    result = _judge_checks(session, cell, run_checks, timeout)
+    handed = _handover(result, session.handovers)
+    session.handovers = []
+    result.handed_over = handed  # the gradebook's hand-over flag: kvlab's code given as an answer
+    return result
+
+
+def _handover(result: CheckResult, asked: list[str]) -> str | None:
+    """What the learner's code handed to kvlab in this exercise (a check's hand-over failure,
+    or kvlab's answer asked of the judge), or None."""
+    from kvlab.grading.own_code import HANDOVER
+
+    if asked:
+        return asked[0]
+    for outcome in result.outcomes:
+        if outcome.cause == HANDOVER:
+            return next(iter(outcome.details), "kvlab reference")
+    return None
+
+
+def _judge_checks(session: Session, cell: Cell, run_checks, timeout: float) -> CheckResult:
     ex = get_exercise(cell.exercise)
     try:
         obj = session.root(cell.name)
@@ -526,10 +696,35 @@ def _judge_exercise(session: Session, cell: Cell, run_checks, timeout: float) ->
         return _not_run(ex, f"`{cell.name}` is not defined when its check cell runs")
     except Exception as e:  # noqa: BLE001
         return _not_run(ex, f"`{cell.name}` could not be read ({type(e).__name__})")
+    if cell.exercise in TRITON_KERNELS and not _is_jit_function(obj):
+        kind = f"{obj._info.get('module')}.{obj._info.get('type')}"
+        outcome = Outcome(
+            "the exercise's object",
+            Status.WRONG_KIND,
+            [f"`{cell.name}` is a {kind}, not a Triton kernel: write it with @triton.jit"],
+        )
+        return CheckResult(ex.id, ex.title, Status.WRONG_KIND, [outcome], len(ex.checks))
+    session.checking = cell.exercise
     try:
         return run_checks(cell.exercise, obj, timeout)
     finally:
+        session.checking = None
         session.release()
+
+
+TRITON_KERNELS = frozenset({"05.kernel", "09.chunk_kernel"})  # only a @triton.jit function
+
+
+def _is_jit_function(obj) -> bool:
+    """What ``@triton.jit`` returns (a ``triton.runtime.jit.JITFunction``, or Triton's
+    interpreter's wrapper of one), as the learner's process describes it."""
+    info = getattr(obj, "_info", None)
+    if not isinstance(info, dict) or isinstance(obj, _RemoteMeta):
+        return False
+    module, text = str(info.get("module", "")), str(info.get("repr", ""))
+    return info.get("type") in ("JITFunction", "InterpretedFunction") and (
+        module.startswith("triton.") or text.startswith(("JITFunction(", "<triton."))
+    )
 
 
 def _not_run(ex, why: str) -> CheckResult:

@@ -25,10 +25,11 @@ from kvlab.grading.key_cards import (
     two_guests_grow,
 )
 from kvlab.grading.own_code import refuse_reference
-from kvlab.grading.registry import exercise
+from kvlab.grading.registry import exercise, own_answers
 from kvlab.grading.slips import Slip, quietly
 
 manager = exercise("03.block_manager", "allocate, append_slot and free", expects="class")
+own_answers("03.block_manager", "kvlab.core.block_manager:BlockManager")
 
 
 # kvlab's own manager: a learner's class that inherits from it or hands calls over to it (the lab
@@ -395,6 +396,7 @@ def _random(cls):
 # --- the beds report -------------------------------------------------------------------------
 
 beds = exercise("03.beds_report", "measure the paged hotel")
+own_answers("03.beds_report", "kvlab.core.block_manager:BlockManager.memory_report")
 BEDS_KEYS = ("used", "future", "free")
 
 

@@ -49,6 +49,23 @@ def exercise(
     return ex
 
 
+# kvlab's own answer to each exercise: the functions, classes and methods ("module:qualname") the
+# exercise asks the learner to write, declared beside its checks (``own_answers``). The judge
+# refuses them to the learner's code under that exercise's checks, on its side of the channel,
+# and (a module-level name) puts a stand-in in their place in the learner's process
+# (docs/grading-judge.md)
+OWN_ANSWERS: dict[str, tuple[str, ...]] = {}
+
+
+def own_answers(exercise_id: str, *names: str) -> None:
+    """Declare what ``exercise_id`` asks for, as ``"kvlab.perf.tiers:fetch_seconds"``."""
+    for name in names:
+        module, sep, qualname = name.partition(":")
+        if not sep or not module.startswith("kvlab.") or not qualname:
+            raise ValueError(f"names must read 'kvlab.module:qualname', got {name!r}")
+    OWN_ANSWERS[exercise_id] = (*OWN_ANSWERS.get(exercise_id, ()), *names)
+
+
 def lab_of(exercise_id: str) -> str:
     return str(exercise_id).split(".", 1)[0]
 

@@ -56,6 +56,7 @@ class Connection:
         self.broken = False
         self.storages: list[dict] = []  # per request being served: its rebuilt storages
         self.pending_back = None  # what a call that raised left of its arguments
+        self.serve_guard = None  # the judge: () -> a guard around each request it serves, or None
 
     # --- handles ---------------------------------------------------------------------------
     def export(self, obj) -> int:
@@ -304,8 +305,13 @@ class Connection:
         except ValueError:
             raise ProtocolError("a malformed request") from None
         self.storages.append(built)  # the request's tensors, for what goes back after a call
+        guard = self.serve_guard() if self.serve_guard is not None else None
         try:
-            self._answer(op, args)
+            if guard is None:
+                self._answer(op, args)
+            else:  # the judge: kvlab's own answer to the exercise checked now is refused
+                with guard:
+                    self._answer(op, args)
         finally:
             self.storages.pop()
 
@@ -761,6 +767,30 @@ def _known_exception(module: str, qualname: str):
     return found if isinstance(found, type) and issubclass(found, Exception) else None
 
 
+ERROR_TEXT = 1000  # characters of one string the learner's side says of an error
+ERROR_ITEMS = 8  # arguments, attributes and lines of it kept
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= ERROR_TEXT else text[: ERROR_TEXT - 1] + "…"
+
+
+def _bounded(info: dict) -> dict:
+    """What the learner's side said of an error, cut to what a report shows: a patched
+    ``describe_error`` may send any amount of text, the feedback keeps a few lines of it."""
+    out = {}
+    for key in ("lines", "cause", "learner", "unwritten", "too_early", "code"):
+        value = info.get(key)
+        if isinstance(value, list):
+            value = [_short(str(v)) for v in value[:ERROR_ITEMS]]
+        elif isinstance(value, str):
+            value = _short(value)
+        elif type(value) not in (bool, int, float, type(None)):
+            value = None
+        out[key] = value
+    return out
+
+
 def rebuild_error(info, remote: bool = True) -> BaseException:
     """The judge's side: an exception of the nearest class it knows (builtins, kvlab.core.errors),
     carrying what the learner's side said of it."""
@@ -775,9 +805,11 @@ def rebuild_error(info, remote: bool = True) -> BaseException:
     cls = cls or Exception
     error = cls.__new__(cls)
     args = info.get("args") if isinstance(info.get("args"), list) else []
-    BaseException.__init__(error, *[a for a in args if type(a) in (bool, int, float, str)])
+    args = [_short(a) for a in args[:ERROR_ITEMS] if type(a) in (bool, int, float, str)]
+    BaseException.__init__(error, *args)
     attrs = info.get("attrs") if isinstance(info.get("attrs"), dict) else {}
-    for key, value in attrs.items():
+    for key, value in list(attrs.items())[:ERROR_ITEMS]:
+        value = _short(value) if type(value) is str else value
         if isinstance(key, str) and not key.startswith("_"):
             try:
                 object.__setattr__(error, key, value)
@@ -787,7 +819,7 @@ def rebuild_error(info, remote: bool = True) -> BaseException:
         code = info.get("code")
         error.code = code if type(code) in (int, str, type(None)) else None
     if remote:  # raised by the learner's code: what it said of its traceback
-        error.__kvlab_remote__ = info
+        error.__kvlab_remote__ = _bounded(info)
     return error
 
 

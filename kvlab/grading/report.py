@@ -89,6 +89,7 @@ class CheckResult:
     outcomes: list[Outcome]
     total: int
     printed_chars: int = 0
+    handed_over: str | None = None  # what of kvlab's the judge refused to the learner's code
 
     @property
     def passed(self) -> int:
@@ -121,8 +122,9 @@ class CheckResult:
 
     @property
     def handover(self) -> bool:
-        """A check found the learner's code handing the work to kvlab's own."""
-        return any(o.handover for o in self.outcomes)
+        """A check found the learner's code handing the work to kvlab's own, or the judge
+        refused it kvlab's answer (``handed_over`` names it)."""
+        return self.handed_over is not None or any(o.handover for o in self.outcomes)
 
     def to_dict(self) -> dict:
         return {
@@ -133,6 +135,7 @@ class CheckResult:
             "total": self.total,
             "timed_out": self.timed_out,
             "handover": self.handover,
+            "handed_over": self.handed_over,
         }
 
     @property

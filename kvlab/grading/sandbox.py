@@ -68,16 +68,20 @@ class Limits:
     tensors. CUDA reserves far more address space than it uses: on a GPU, pass
     ``memory_bytes=None`` (and bound memory with a container instead).
 
-    memory, CPU time, open files and file size are per process (setrlimit); processes counts
-    every process and thread of the run.
+    CPU time, open files and file size are per process (setrlimit); processes counts every
+    process and thread of the run. ``memory_bytes`` is per process (address space) and, where a
+    memory cgroup is writable (a root judge), for the whole run too (its RAM and its tmpfs
+    files together). ``disk_bytes``: in namespace mode the working folder is a tmpfs of that
+    size, for all the files of the run together (None: the folder is on disk, unbounded).
     """
 
-    memory_bytes: int | None = 8 * GiB  # address space (RLIMIT_AS), per process
+    memory_bytes: int | None = 8 * GiB  # address space (RLIMIT_AS), per process; cgroup: total
     cpu_seconds: int | None = 600  # RLIMIT_CPU, per process: SIGXCPU, SIGKILL 5 s later
     processes: int | None = 256  # processes and threads of the run
     open_files: int | None = 1024  # RLIMIT_NOFILE
     output_bytes: int | None = 64 * MiB  # size of any one file written (RLIMIT_FSIZE)
     wall_seconds: float | None = 900.0  # then the whole tree is killed
+    disk_bytes: int | None = None  # the working folder as a tmpfs of this size (namespaces)
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -109,6 +113,7 @@ class Limits:
             f"open files {show(self.open_files, str)}, "
             f"file size {show(self.output_bytes, _size)}, "
             f"wall time {show(self.wall_seconds, _seconds)}"
+            + ("" if self.disk_bytes is None else f", working folder {_size(self.disk_bytes)}")
         )
 
 
@@ -348,6 +353,68 @@ def _pids_cgroup() -> Path | None:
     return None
 
 
+def _memory_cgroup(limit: int | None) -> Path | None:
+    """A fresh memory cgroup of ``limit`` bytes for one run (RAM, swap where counted, and the
+    tmpfs pages it writes, all its processes together), or None where none is writable."""
+    if limit is None or os.geteuid() != 0:
+        return None
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    for line in mounts:
+        _dev, mnt, fstype, opts = line.split()[:4]
+        base = Path(mnt)
+        try:
+            if fstype == "cgroup" and "memory" in opts.split(","):
+                files = ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes")
+            elif fstype == "cgroup2" and "memory" in (
+                (base / "cgroup.controllers").read_text().split()
+            ):
+                control = base / "cgroup.subtree_control"
+                if "memory" not in control.read_text().split():
+                    control.write_text("+memory")
+                files = ("memory.max", "memory.swap.max")
+            else:
+                continue
+            _remove_stale_groups(base)
+            group = base / f"kvlab-sandbox-{os.getpid()}-{next(_serial)}"
+            group.mkdir()
+            try:
+                (group / files[0]).write_text(str(limit))
+            except OSError:
+                group.rmdir()
+                raise
+            with contextlib.suppress(OSError):  # no swap beyond it (absent without swap accounting)
+                (group / files[1]).write_text(str(limit) if fstype == "cgroup" else "0")
+            return group
+        except OSError:
+            continue
+    return None
+
+
+def _memory_peak(group: Path | None) -> int | None:
+    for name in ("memory.max_usage_in_bytes", "memory.peak"):
+        with contextlib.suppress(OSError, ValueError):
+            return int((group / name).read_text()) if group is not None else None
+    return None
+
+
+def _memory_refused(group: Path | None) -> bool:
+    """Whether the run's memory cgroup stopped it (an OOM kill, or allocations refused)."""
+    if group is None:
+        return False
+    with contextlib.suppress(OSError, ValueError):
+        if int((group / "memory.failcnt").read_text()) > 0:
+            return True
+    with contextlib.suppress(OSError, ValueError):
+        for line in (group / "memory.events").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key in ("max", "oom_kill") and int(value) > 0:
+                return True
+    return False
+
+
 def _remove_stale_groups(base: Path):
     """Remove the empty cgroups of judges that died without cleaning up."""
     for group in base.glob("kvlab-sandbox-*-*"):
@@ -431,6 +498,7 @@ class SandboxRun:
     _guard: TreeGuard | None = None
     _cgroup: Path | None = None
     _outcome: Outcome | None = None
+    _memory_group: Path | None = None
 
     @property
     def pid(self) -> int:
@@ -467,6 +535,8 @@ class SandboxRun:
             self.kill()
         summary = self._read_status()
         refused = _free_cgroup(self._cgroup)
+        memory_refused = _memory_refused(self._memory_group)
+        _free_cgroup(self._memory_group)
         returncode = self.process.returncode
         elapsed = summary.get("wall_seconds", self.elapsed())
         cpu = summary.get("cpu_seconds")
@@ -494,6 +564,12 @@ class SandboxRun:
             add("cpu_seconds", _CPU.format(_seconds(limits.cpu_seconds)))
         if refused:
             add("processes", f"processes limit hit: {limits.processes} reached, {refused} refused")
+        if memory_refused:
+            add(
+                "memory_bytes",
+                f"memory limit hit: the run as a whole reached {_size(limits.memory_bytes or 0)} "
+                "(memory cgroup: RAM and tmpfs files of all its processes)",
+            )
         for name, line in _explain_output(stderr_text, limits):
             add(name, line)
         tampered = False
@@ -560,6 +636,9 @@ class _Request:
     loopback: bool
     verify: bool
     backup_dir: Path | None
+    hidden: list[Path] = field(default_factory=list)
+    overlay: list[tuple[Path, Path]] = field(default_factory=list)
+    drop_root: bool = True
 
 
 def start(
@@ -582,6 +661,9 @@ def start(
     loopback: bool = False,
     verify: bool = False,
     backup_dir: str | os.PathLike | None = None,
+    hidden: Iterable[str | os.PathLike] = (),
+    overlay: Iterable[tuple[str | os.PathLike, str | os.PathLike]] = (),
+    drop_root: bool = True,
 ) -> SandboxRun:
     """Start ``argv`` sandboxed in ``workdir`` (created; its cwd, HOME and TMPDIR).
 
@@ -602,6 +684,16 @@ def start(
         can write wherever the judge's user can.
     loopback: bring up ``lo`` in the run's network namespace (a Jupyter kernel and its client
         inside the run talk over it); the host's network stays out of reach.
+    hidden: folders the run must not see (namespace mode): each is covered by an empty,
+        read-only tmpfs, with the paths the run needs (the working folder, the protected,
+        readonly and visible paths, the interpreter) and ``overlay`` bound back inside it.
+        Outer folders are covered first. Where they cannot be hidden the run does not start.
+    overlay: ``(source, target)`` pairs: ``source`` is bound at ``target``, which lies in a
+        hidden folder (a file the run sees in place of the one it hides).
+    drop_root: when the judge is root, the command runs as ``nobody`` (uid and gid 65534)
+        in namespace mode, so the judge's private files (``/root``, ``/etc/shadow``) are
+        closed to it; ``/root`` and ``/home`` are hidden too. The working folder is given to
+        that user.
 
     Raises ``OSError`` (as Popen does) when the command cannot be executed. Call
     :meth:`SandboxRun.finish` (or use the run as a context manager) to end it. Start runs from
@@ -636,6 +728,9 @@ def start(
         loopback=loopback,
         verify=verify,
         backup_dir=Path(backup_dir) if backup_dir is not None else None,
+        hidden=sorted({Path(p).resolve() for p in hidden}, key=lambda p: len(str(p))),
+        overlay=[(Path(a).resolve(), Path(b).absolute()) for a, b in overlay],
+        drop_root=drop_root,
     )
     why_not = "fallback asked for"
     if mode == "auto":
@@ -772,9 +867,20 @@ def _start(req: _Request, isolated: bool, why_not: str) -> SandboxRun:
     keep += _runtime_paths(argv, env)
     private = [d for d in PRIVATE_DIRS if os.path.isdir(d) and os.path.realpath(d) == d]
     private = private if (isolated and req.private_tmp) else []
+    drop_to = _unprivileged_user() if (isolated and req.drop_root and os.geteuid() == 0) else None
+    hidden = [str(p) for p in req.hidden if p.is_dir()] if isolated else []
+    homes = [d for d in ("/root", "/home") if os.path.isdir(d) and os.path.realpath(d) == d]
+    if drop_to is not None and not _reachable(workdir, [*private, *homes, *hidden]):
+        drop_to = None  # a working folder nobody cannot reach (under the judge's own /tmp)
+    if drop_to is not None:  # the judge's home: closed to nobody, and with it the interpreter
+        hidden = sorted({*homes, *hidden}, key=len)
+        with contextlib.suppress(OSError):
+            os.chown(workdir, *drop_to)
+    covered = [*private, *hidden]
     keep = sorted(
-        {p for p in keep if os.path.exists(p) and any(_inside(p, d) for d in private)}, key=len
+        {p for p in keep if os.path.exists(p) and any(_inside(p, d) for d in covered)}, key=len
     )
+    memory_group = _memory_cgroup(limits.memory_bytes) if isolated or os.geteuid() == 0 else None
     ready_r, ready_w = os.pipe()
     status_r, status_w = os.pipe()
     spec = {
@@ -793,10 +899,14 @@ def _start(req: _Request, isolated: bool, why_not: str) -> SandboxRun:
         "limits": spec_limits,
         "extra_processes": extra_processes or 0,
         "wall_seconds": limits.wall_seconds,
-        "cgroup_procs": str(cgroup / "cgroup.procs") if cgroup else None,
+        "cgroup_procs": [str(g / "cgroup.procs") for g in (cgroup, memory_group) if g],
+        "hidden": hidden,
+        "overlay": [[str(a), str(b)] for a, b in req.overlay],
+        "drop_to": drop_to,
+        "workdir_bytes": limits.disk_bytes if isolated else None,
     }
     prefix = []
-    if isolated:
+    if isolated and drop_to is None:
         unshare = shutil.which("unshare") or "unshare"
         prefix = [unshare, "--user", "--map-root-user", "--mount", "--net", "--ipc", "--uts", "--"]
     command = [*prefix, sys.executable, "-I", "-S", str(SHIM), json.dumps(spec), "--", *argv]
@@ -816,12 +926,14 @@ def _start(req: _Request, isolated: bool, why_not: str) -> SandboxRun:
         for fd in (ready_r, ready_w, status_r, status_w):
             os.close(fd)
         _cleanup(guard, cgroup)
+        _free_cgroup(memory_group)
         raise
     finally:
         with contextlib.suppress(OSError):
             os.close(ready_w)
             os.close(status_w)
     run = SandboxRun(process, report, limits, isolated, workdir, started, status_r, guard, cgroup)
+    run._memory_group = memory_group
     try:
         messages = _read_ready(ready_r)
     except SandboxUnavailable:
@@ -870,6 +982,24 @@ def _start(req: _Request, isolated: bool, why_not: str) -> SandboxRun:
             f"host's {', '.join([*private, '/dev'])}: hidden "
             "(its /dev has null, zero, full, random, urandom, tty and the GPUs)"
         )
+        if hidden:
+            report.append(
+                f"hidden: {', '.join(hidden)} (empty, but for the paths this run needs"
+                + (f" and {len(req.overlay)} files put in their place)" if req.overlay else ")")
+            )
+        if drop_to is not None:
+            report.append(f"user: nobody (uid {drop_to[0]}), not the judge's root")
+        elif os.geteuid() == 0:
+            report.append(
+                "user: ROOT inside the namespaces (the judge's root, without capabilities): "
+                "its private files are readable"
+            )
+        if limits.disk_bytes is not None:
+            report.append(
+                f"disk: the working folder is a tmpfs of {_size(limits.disk_bytes)} (all its "
+                f"files together); /tmp, /var/tmp, /run and /dev/shm hold "
+                f"{_size(limits.output_bytes or 256 * MiB)} each"
+            )
     else:
         report.append(f"sandbox: fallback, no namespaces ({why_not}); working folder {workdir}")
         if why_not == "fallback asked for":
@@ -899,8 +1029,43 @@ def _start(req: _Request, isolated: bool, why_not: str) -> SandboxRun:
             report.append("processes left behind are killed at the end (pids cgroup)")
     report.extend(f"sandbox note: {n}" for n in notes)
     report.append(process_line)
+    if memory_group is not None:
+        report.append(
+            f"memory: at most {_size(limits.memory_bytes)} for the whole run (memory cgroup: "
+            "RAM and tmpfs files of all its processes together)"
+        )
+    elif limits.memory_bytes is not None:
+        report.append(
+            "memory: per process only (no memory cgroup is writable here): "
+            f"{limits.processes or 'any number of'} processes of {_size(limits.memory_bytes)} each"
+        )
     report.append(f"limits: {limits.describe()}")
     return run
+
+
+NOBODY = 65534
+
+
+def _reachable(path: Path, covered: list[str]) -> bool:
+    """Whether any user may walk down to ``path``: each folder above it is searchable by
+    others, or lies in a folder the run covers (whose kept paths are searchable)."""
+    for parent in path.parents:
+        if any(_inside(str(parent), d) for d in covered):
+            continue
+        if parent != Path("/") and not os.stat(parent).st_mode & stat.S_IXOTH:
+            return False
+    return True
+
+
+def _unprivileged_user() -> tuple[int, int]:
+    """(uid, gid) a root judge's submission runs as: nobody's, else 65534."""
+    try:
+        import pwd
+
+        entry = pwd.getpwnam("nobody")
+        return entry.pw_uid, entry.pw_gid
+    except (ImportError, KeyError):
+        return NOBODY, NOBODY
 
 
 def _paths(paths) -> str:

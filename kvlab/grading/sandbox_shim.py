@@ -61,7 +61,11 @@ ST_TO_MS = {
     os.ST_RELATIME: MS_RELATIME,
 }
 CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
@@ -122,18 +126,26 @@ def _inside(path, folder):
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
-def _hide_private_dirs(private, keep, size, notes):
-    """An empty tmpfs on each private folder; paths in ``keep`` under one stay where they were.
+def _hide_private_dirs(private, keep, size, notes, overlay=(), readonly=False):
+    """An empty tmpfs on each folder; paths in ``keep`` under one stay where they were, and
+    each ``(source, target)`` of ``overlay`` whose target lies under one is bound there.
 
     A kept path is opened (O_PATH) before its folder is covered and bound back from
-    ``/proc/self/fd``, which still reaches the covered original.
+    ``/proc/self/fd``, which still reaches the covered original. ``readonly``: the folders are
+    hidden, not the run's own (a small tmpfs, remounted read-only with the rest).
     """
     for folder in private:
-        inner = [p for p in keep if _inside(p, folder)]
-        handles = [(p, os.open(p, os.O_PATH | os.O_CLOEXEC)) for p in inner]
+        inner = [(p, p) for p in keep if _inside(p, folder)]
+        inner += [(src, dst) for src, dst in overlay if _inside(dst, folder)]
+        handles = [(dst, os.open(src, os.O_PATH | os.O_CLOEXEC)) for src, dst in inner]
+        options = "size=1m,mode=755" if readonly else f"size={size},mode=1777"
         try:
-            _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=1777")
+            _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, options)
         except SetupError as err:
+            if readonly:  # a folder that must be hidden and cannot be: the run does not start
+                for _, fd in handles:
+                    os.close(fd)
+                raise
             notes.append(f"{folder} stays the host's ({err})")
             for _, fd in handles:
                 os.close(fd)
@@ -146,6 +158,46 @@ def _hide_private_dirs(private, keep, size, notes):
                 open(path, "a").close()
             _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
             os.close(fd)
+        if readonly:
+            _remount_readonly(folder)
+
+
+def _enter_namespaces(uid, gid):
+    """New user, mount, network, IPC and UTS namespaces for a judge that is root, whose root is
+    the real root (for the mounts) and which maps one more user, ``uid``, that the command
+    becomes. Only a process outside the new user namespace may write such a map: a forked
+    helper does, then ends (``unshare --map-users`` would need newuidmap)."""
+    ready_r, ready_w = os.pipe()
+    shim = os.getpid()
+    helper = os.fork()
+    if helper == 0:
+        os.close(ready_w)
+        os.read(ready_r, 1)
+        try:
+            for name, outer in (("uid_map", uid), ("gid_map", gid)):
+                with open(f"/proc/{shim}/{name}", "w") as f:
+                    f.write(f"0 0 1\n{outer} {outer} 1\n")
+        except OSError:
+            os._exit(1)
+        os._exit(0)
+    os.close(ready_r)
+    try:
+        _call("unshare", CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
+    finally:
+        os.write(ready_w, b"x")
+        os.close(ready_w)
+    _, status = os.waitpid(helper, 0)
+    if status != 0:
+        raise SetupError(f"could not map user {uid} into the sandbox's user namespace")
+
+
+def _workdir_tmpfs(path, size, owner):
+    """The working folder as a tmpfs of ``size`` bytes (what the run may write there, all
+    files together), owned by the user the command runs as."""
+    options = f"size={size},mode=700"
+    if owner is not None:
+        options += f",uid={owner[0]},gid={owner[1]}"
+    _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, options)
 
 
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -224,6 +276,8 @@ def _everything_readonly(writable, own, notes):
             continue  # covered by the run's own /proc, mounted read-only
         if point in own or any(_inside(point, w) for w in writable):
             continue
+        if not os.path.exists(point):
+            continue  # under a folder hidden by the run's own tmpfs: out of reach already
         try:
             _remount_readonly(point)
         except (OSError, SetupError) as err:
@@ -254,13 +308,18 @@ def _ioctl(sock, request, arg):
     return fcntl.ioctl(sock.fileno(), request, arg)
 
 
-def _drop_capabilities():
-    """Leave the command no capability now or after exec, so it cannot undo the mounts."""
+def _drop_capabilities(user=None):
+    """Leave the command no capability now or after exec, so it cannot undo the mounts; with
+    ``user`` (uid, gid), become that unprivileged user too (no supplementary groups)."""
     last = int(open("/proc/sys/kernel/cap_last_cap").read())
     for cap in range(last + 1):
         _prctl(PR_CAPBSET_DROP, cap)
     _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
     _prctl(PR_SET_SECUREBITS, SECBIT_NOROOT)
+    if user is not None:
+        os.setgroups([])
+        os.setresgid(user[1], user[1], user[1])
+        os.setresuid(user[0], user[0], user[0])
     header = struct.pack("Ii", LINUX_CAPABILITY_VERSION_3, 0)
     data = ctypes.create_string_buffer(24)  # two zeroed {effective, permitted, inheritable}
     _call("capset", ctypes.c_char_p(header), data)
@@ -307,7 +366,7 @@ def _exec_command(spec, argv, ready, drop_caps):
     try:
         _set_limits(spec["limits"], spec.get("extra_processes", 0))
         if drop_caps:
-            _drop_capabilities()
+            _drop_capabilities(spec.get("drop_to"))
             _prctl(PR_SET_NO_NEW_PRIVS, 1)
         os.chdir(spec["workdir"])
     except (OSError, ValueError, SetupError) as err:
@@ -431,11 +490,26 @@ def main(argv):
     namespaces = spec["mode"] == "namespace"
     notes = []
     try:
-        if spec.get("cgroup_procs"):  # before any fork: every process of the run is counted
-            with open(spec["cgroup_procs"], "w") as procs:
+        for procs_file in spec.get("cgroup_procs") or []:  # before any fork: all of it counts
+            with open(procs_file, "w") as procs:
                 procs.write("0")
+        if namespaces and spec.get("drop_to"):
+            _enter_namespaces(*spec["drop_to"])
         if namespaces:
+            # overlay files may lie where the run's own /tmp goes: opened before it is covered
+            spec["overlay"] = [
+                (f"/proc/self/fd/{os.open(src, os.O_PATH | os.O_CLOEXEC)}", dst)
+                for src, dst in spec.get("overlay", [])
+            ]
             _hide_private_dirs(spec["private"], spec["keep"], spec["tmpfs_bytes"], notes)
+            for folder in spec.get("hidden", []):  # outer folders first: inner ones lie in binds
+                if not os.path.isdir(folder):
+                    continue  # under a folder hidden already
+                _hide_private_dirs(
+                    [folder], spec["keep"], 0, notes, spec.get("overlay", []), readonly=True
+                )
+            if spec.get("workdir_bytes"):
+                _workdir_tmpfs(spec["workdir"], spec["workdir_bytes"], spec.get("drop_to"))
             _minimal_dev(spec["tmpfs_bytes"], notes)
             if spec.get("readonly_root"):
                 # the run's own /tmp and the like stay writable, what was kept inside them not

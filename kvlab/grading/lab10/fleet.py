@@ -16,9 +16,11 @@ import random
 
 from kvlab.grading.expect import CheckFailed, short
 from kvlab.grading.lab10 import hints
-from kvlab.grading.registry import exercise
+from kvlab.grading.registry import exercise, own_answers
 
 score_ex = exercise("10.prefix_score", "the prefix-aware router's score")
+# the fleet's routers come from make_router (the prefix-aware one is made inside it)
+own_answers("10.prefix_score", "kvlab.serving.fleet:make_router")
 
 PENALTY = 128.0
 RAISED = object()
@@ -94,6 +96,9 @@ CASES = {
         [(1024, 1, 9), (512, 2, 0), (0, 2, 0)],
     ),
 }
+
+
+ROTATIONS = (1, 2)  # each case is also given with its replicas listed from these places
 
 
 def _views(rows):
@@ -175,6 +180,10 @@ for _name, (_story, _rows) in CASES.items():
 
     def _check(fn, story=_story, rows=_rows):
         expect_pick(fn, story, rows)
+        # the same replicas listed from another place: a router that always names one index
+        # (``return 0``) cannot pass a case by where its answer happens to sit
+        for turn in ROTATIONS:
+            expect_pick(fn, f"{story} (listed from replica {turn})", rows[turn:] + rows[:turn])
 
     score_ex.check(_story)(_check)
 
@@ -212,6 +221,15 @@ def _fleet(fn):
 
     result = simulate_fleet(list(small_day()), router=fn, **FLEET)
     rr = round_robin_hit_rate()
+    idle = [i for i, n in enumerate(result.requests_per_replica) if n == 0]
+    if idle:  # every guest on one replica hits its prefixes, and leaves the others idle
+        raise CheckFailed(
+            "the router leaves replicas idle: it must weigh each replica's load",
+            input="simulate_fleet(many_tenants(240, tenants=12, system_prompt_len=512, rate=0.5, seed=3), "
+            "replicas=4, router=prefix_router, kv_capacity_tokens=4_096, max_seq_len=1_024)",
+            expected="guests on every replica",
+            got=f"no guest on replica {', '.join(map(str, idle))}",
+        )
     if not result.prefix_hit_rate > rr + 0.05:
         raise CheckFailed(
             "the router found no more cached prefixes than round robin",

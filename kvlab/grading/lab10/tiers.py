@@ -14,13 +14,22 @@ from __future__ import annotations
 
 from kvlab.grading.expect import CheckFailed, short
 from kvlab.grading.lab10 import hints
-from kvlab.grading.registry import exercise
+from kvlab.grading.registry import exercise, own_answers
 from kvlab.models import ModelSpec
 from kvlab.models.specs import LLAMA_3_8B, OPT_13B
 from kvlab.perf.roofline import A100_80GB, H100_SXM
 from kvlab.perf.tiers import PCIE_GEN4_X16, PCIE_GEN5_X16, break_even_tokens
 
 fetch_ex = exercise("10.fetch_or_recompute", "fetch or recompute: the rule")
+# the tiers' rule and its parts (break_even_tokens answers it too: the lab asks for no overhead)
+own_answers(
+    "10.fetch_or_recompute",
+    *(f"kvlab.perf.tiers:{name}" for name in ("fetch_beats_recompute", "break_even_tokens")),
+    *(
+        f"kvlab.perf.tiers:{name}"
+        for name in ("fetch_seconds", "recompute_flops", "recompute_seconds")
+    ),
+)
 
 GIB_PER_GB = 1e9 / 2**30
 SLOW_LINK = 5e9  # a narrow or shared link
