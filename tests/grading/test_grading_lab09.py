@@ -194,12 +194,12 @@ def choose_chunk(*edits):
 
 
 def test_the_roofline_solutions_pass_and_the_stubs_are_not_written_yet():
-    for exercise, fn, name in (
-        ("09.almost_free", almost_free(), "almost_free_tokens"),
-        ("09.choose_chunk", choose_chunk(), "choose_chunk"),
+    for exercise, fn, name, total in (
+        ("09.almost_free", almost_free(), "almost_free_tokens", 4),
+        ("09.choose_chunk", choose_chunk(), "choose_chunk", 5),
     ):
         result = run_checks(exercise, fn)
-        assert result.ok and result.passed == result.total == 3, result.report()
+        assert result.ok and result.passed == result.total == total, result.report()
         stub = learner(f"def {name}(*args):\n    raise NotImplementedError\n", name)
         assert run_checks(exercise, stub).status is Status.NOT_IMPLEMENTED
 
@@ -226,6 +226,13 @@ def test_the_roofline_solutions_pass_and_the_stubs_are_not_written_yet():
             ["flops = 2 * spec.num_params * (batch + k) => flops = 2 * spec.num_params * k"],
             checks.TOTAL_TOKENS,
         ),
+        (
+            [
+                "attended = batch * (context + 1) => attended = batch * context",
+                "moved += (batch * (context + 1) + k) => moved += (batch * context + k)",
+            ],
+            checks.DECODE_OWN_TOKEN,
+        ),
     ],
     ids=[
         "weights only",
@@ -233,6 +240,7 @@ def test_the_roofline_solutions_pass_and_the_stubs_are_not_written_yet():
         "the decodes counted",
         "one past",
         "the decodes' FLOPs left out",
+        "batch times context",
     ],
 )
 def test_each_almost_free_slip_gets_its_hint_only(edits, hint):
@@ -246,10 +254,39 @@ def test_each_almost_free_slip_gets_its_hint_only(edits, hint):
         ("max(under) => min(under)", checks.SMALLEST),
         ("r.itl(99) => r.ttft(99)", checks.TTFT),
         ("r.itl(99) => r.itl(0.99)", checks.PERCENT_AS_FRACTION),
+        ("r.itl(99) <= target => r.itl(99) < target", checks.AT_TARGET),
     ],
 )
 def test_each_choice_slip_gets_its_hint_only(edit, hint):
     assert_only_hint(run_checks("09.choose_chunk", choose_chunk(edit)), hint)
+
+
+WALK = """
+def choose_chunk(results, target):
+    best = None
+    for budget in sorted(results):
+        if results[budget].itl(99) > target:
+            break
+        best = budget
+    return best
+"""
+
+
+def test_a_walk_that_stops_at_the_first_budget_over_the_target_fails_with_its_hint():
+    """On the lab's sweep p99 grows with the budget and the walk is right; on a day of chats
+    alone it does not, and the walk stops at 256 where 4,096 meets the target."""
+    results = checks.roofline.choose_sweep("chats")
+    p99 = [results[b].itl(99) for b in checks.roofline.CHOOSE_BUDGETS]
+    assert p99[1] > max(p99[2:]), p99  # the sweep the check needs: 512's over the larger ones
+    assert_only_hint(
+        run_checks("09.choose_chunk", learner(WALK, "choose_chunk")), checks.FIRST_OVER
+    )
+
+
+def test_a_decode_without_its_own_token_differs_on_the_checks_inputs_only_by_one():
+    free = checks.roofline.almost_free_tokens
+    slipped = [free(*inp, own=0) - free(*inp) for inp in checks.roofline.FREE_INPUTS]
+    assert slipped == [0, 0, 0, 0, -1, -1], slipped
 
 
 def test_attention_counted_at_half_is_not_called_one_past():

@@ -50,6 +50,11 @@ ONE_PAST = (
     "one token too many: that chunk already makes the step compute-bound; return the largest "
     "chunk whose compute time is still at most its memory time"
 )
+DECODE_OWN_TOKEN = (
+    "a decode's own new token was left out: a guest holding context tokens attends to context + 1 "
+    "positions and the step reads K and V of context + 1 tokens for it (its new token's too), so "
+    "the decodes count batch × (context + 1) in both the attention FLOPs and the bytes moved"
+)
 
 # --- 09.choose_chunk -------------------------------------------------------------------------
 
@@ -64,6 +69,14 @@ PERCENT_AS_FRACTION = (
 SMALLEST = (
     "that is the smallest budget under the target: the largest one is the answer (bigger chunks "
     "give lower TTFT and fewer steps, so take the biggest that still keeps p99 under the target)"
+)
+AT_TARGET = (
+    "a p99 exactly at the target meets it: keep the budgets with r.itl(99) <= target, not < target"
+)
+FIRST_OVER = (
+    "the budgets were walked in order and the walk stopped at the first one over the target: the "
+    "p99 need not grow with the budget (on a day of chats alone a budget can be over the target "
+    "and a larger one under it); keep every budget under the target and take the largest"
 )
 TTFT = (
     "that compares the time to first token: the target is on the gap between two tokens, "
