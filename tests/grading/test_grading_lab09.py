@@ -321,7 +321,7 @@ def chunk_kernel(*edits):
 
 def test_the_chunk_solutions_pass_and_the_stubs_are_not_written_yet():
     for exercise, fn, checks_ in (
-        ("09.chunk_attention", chunk_attention(), 6),
+        ("09.chunk_attention", chunk_attention(), 7),
         ("09.chunk_kernel", chunk_kernel(), 5),
     ):
         result = run_checks(exercise, fn)
@@ -367,6 +367,13 @@ FUTURE = "future = positions[None, :] > num_computed + torch.arange(n)[:, None]"
             ],
             checks.READ_PAST,
         ),
+        (
+            [
+                'scores.masked_fill(future, float("-inf")).softmax(dim=-1) => '
+                'scores.masked_fill(future, float("-inf")).to(q.dtype).softmax(dim=-1).float()'
+            ],
+            checks.SOFTMAX_LOW,
+        ),
     ],
     ids=[
         "excludes itself",
@@ -375,6 +382,7 @@ FUTURE = "future = positions[None, :] > num_computed + torch.arange(n)[:, None]"
         "no causal mask",
         "kv head modulo",
         "reads past",
+        "softmax in q's dtype",
     ],
 )
 def test_each_chunk_attention_slip_gets_its_hint_only(edits, hint):
@@ -388,7 +396,8 @@ def test_an_answer_left_in_fp32_fails_the_bfloat16_check():
             'return torch.einsum("hij,jhd->ihd", weights, v).to(q.dtype) => return torch.einsum("hij,jhd->ihd", weights, v)'
         ),
     )
-    assert result.status is Status.FAILED and result.passed == result.total - 1, result.report()
+    # (both bfloat16 checks: the second folds into the first)
+    assert result.status is Status.FAILED and result.passed == result.total - 2, result.report()
     assert "not q's dtype" in failures(result)[0].details[0], result.report()
 
 

@@ -45,11 +45,13 @@ def make_chunk_case(
     seed: int = 0,
     garbage: float = math.nan,
     dtype: torch.dtype = torch.float32,
+    sharpness: float = 1.0,
 ):
     """(q, k_cache, v_cache, block_table, num_computed) for one guest: ``n`` queries at positions
     ``num_computed ..``, K/V of the positions before ``num_computed + n`` in scattered rooms, one
     padding entry, and ``garbage`` in every bed that holds no token of the guest; q and the
-    caches in ``dtype``."""
+    caches in ``dtype``, q scaled by ``sharpness`` (scores in the tens, where a softmax in bf16
+    rounds them: trained models have such heads)."""
     g = torch.Generator().manual_seed(seed)
     total = num_computed + n
     rooms = -(-total // block_size)
@@ -62,14 +64,23 @@ def make_chunk_case(
     for pos in range(total):
         room = int(table[pos // block_size])
         k_cache[room, pos % block_size], v_cache[room, pos % block_size] = k[pos], v[pos]
-    q = torch.randn(n, q_heads, head_dim, generator=g)
+    q = torch.randn(n, q_heads, head_dim, generator=g) * sharpness
     return q.to(dtype), k_cache.to(dtype), v_cache.to(dtype), table, num_computed
 
 
 def describe(
-    num_computed: int, n: int, block_size: int = 4, q_heads=2, kv_heads=1, dtype=None, **_
+    num_computed: int,
+    n: int,
+    block_size: int = 4,
+    q_heads=2,
+    kv_heads=1,
+    dtype=None,
+    sharpness=1.0,
+    **_,
 ) -> str:
     kind = "" if dtype in (None, torch.float32) else f", q and the caches in {dtype}"
+    if sharpness != 1.0:
+        kind += f", q {sharpness:g}× larger (scores in the tens)"
     return (
         f"a chunk of {n} queries after {num_computed} cached tokens, rooms of {block_size}, "
         f"{q_heads} query heads on {kv_heads} KV head{'s' if kv_heads > 1 else ''}, NaN in every "
@@ -80,11 +91,13 @@ def describe(
 # --- what the slips compute --------------------------------------------------------------------
 
 
-def attend(args, visible, kv_of=None, rescale=True):
+def attend(args, visible, kv_of=None, rescale=True, softmax_dtype=None):
     """fp32 attention of each query row over the key positions ``visible(i, j)`` (True: seen),
     reading keys through the key card (NaN where a slip reads unread memory); ``kv_of[h]`` the KV
-    head of query head h; ``rescale=False``: an online softmax room by room without alpha."""
+    head of query head h; ``rescale=False``: an online softmax room by room without alpha;
+    ``softmax_dtype``: the scores rounded to it for the softmax."""
     q, k_cache, v_cache, table, nc = args
+    q, k_cache, v_cache = q.float(), k_cache.float(), v_cache.float()
     n, q_heads, head_dim = q.shape
     size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = q_heads // kv_heads
@@ -103,7 +116,8 @@ def attend(args, visible, kv_of=None, rescale=True):
             k, v = keys[seen, kv_of[h]], values[seen, kv_of[h]]
             scores = (k @ q[i, h]) * scale
             if rescale:
-                w = torch.softmax(scores, dim=0)
+                low = scores if softmax_dtype is None else scores.to(softmax_dtype)
+                w = torch.softmax(low, dim=0).float()
                 out[i, h] = w @ v
                 continue
             m, denom, acc = -math.inf, 0.0, torch.zeros(head_dim)
@@ -149,6 +163,13 @@ def _slips(args, kernel: bool):
         )
         causal = lambda i, j: j <= nc + i  # noqa: E731
         slips.append(Slip(hints.NO_RESCALE, lambda a: attend(a, causal, rescale=False)))
+    if q.dtype != torch.float32:
+        slips.append(
+            Slip(
+                hints.SOFTMAX_LOW,
+                lambda a: attend(a, lambda i, j: j <= nc + i, softmax_dtype=q.dtype).to(q.dtype),
+            )
+        )
     if 1 < kv_heads < q_heads:
         modulo = [h % kv_heads for h in range(q_heads)]
         slips.append(
@@ -245,6 +266,11 @@ def _register(ex, run, kernel: bool):
         check(
             "q and the caches in bfloat16: the answer in q's dtype",
             dict(num_computed=5, n=3, seed=6, dtype=torch.bfloat16),
+        )
+        check(
+            "bfloat16 with sharp queries (scores in the tens): the softmax in fp32",
+            dict(num_computed=12, n=4, seed=6, dtype=torch.bfloat16, sharpness=32.0),
+            dict(num_computed=12, n=4, seed=7, dtype=torch.bfloat16, sharpness=32.0),
         )
 
 

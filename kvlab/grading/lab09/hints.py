@@ -123,6 +123,11 @@ READ_PAST = (
     "past the key card's used entries, are unread memory): mask the key loads with position < "
     "num_computed + n as well as the causal mask, and give masked scores -inf"
 )
+SOFTMAX_LOW = (
+    "the softmax ran in q's dtype: scores in the tens rounded to bfloat16 (8 bits of mantissa) "
+    "move by a tenth or more, and the weights by as much; compute the scores, the softmax and "
+    "the weighted sum in fp32 (.float()), and only the output in q's dtype"
+)
 NO_RESCALE = (
     "the online softmax was not rescaled: when a room raises the running max from m to m_new, "
     "multiply acc and l by alpha = exp(m - m_new) before adding the room (Lab 05)"

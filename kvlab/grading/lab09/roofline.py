@@ -192,6 +192,7 @@ def largest_chunk(
     """The largest (or, slipped, smallest) budget whose measure is under the target, or None;
     slipped too: ``strict`` (a measure at the target does not meet it), ``walk`` (the budgets in
     order, stopping at the first over the target)."""
+
     def meets(r):
         return measure(r) < target if strict else measure(r) <= target
 
