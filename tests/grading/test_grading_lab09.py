@@ -4,6 +4,7 @@ that hint (later failures fold into "the same problem")."""
 
 import learner_code
 import pytest
+import torch
 from learner_code import assert_only_hint, failures, hints_of
 
 from kvlab.grading import Status, run_checks
@@ -322,7 +323,7 @@ def chunk_kernel(*edits):
 def test_the_chunk_solutions_pass_and_the_stubs_are_not_written_yet():
     for exercise, fn, checks_ in (
         ("09.chunk_attention", chunk_attention(), 7),
-        ("09.chunk_kernel", chunk_kernel(), 5),
+        ("09.chunk_kernel", chunk_kernel(), 6),
     ):
         result = run_checks(exercise, fn)
         assert result.ok and result.passed == result.total == checks_, result.report()
@@ -439,6 +440,20 @@ SEEN = "seen = (key_pos[None, :] <= query_pos[:, None]) & (key_pos < end)[None, 
             ],
             checks.NO_RESCALE,
         ),
+        (
+            [
+                "room = tl.load(bt_ptr + b * stride_btb).to(tl.int64) => "
+                "room = tl.load(bt_ptr + b * stride_btb)"
+            ],
+            checks.ROOM_INT64,
+        ),
+        (
+            [
+                "end = tl.minimum(num_computed + (tile + 1) * BLOCK_Q, num_computed + num_tokens) => "
+                "end = tl.minimum(num_computed + (tile + 1) * BLOCK_Q, num_computed + num_tokens) - 1"
+            ],
+            checks.KEYS_ONE_SHORT,
+        ),
     ],
     ids=[
         "causal off by one",
@@ -449,10 +464,21 @@ SEEN = "seen = (key_pos[None, :] <= query_pos[:, None]) & (key_pos < end)[None, 
         "one ahead (keys up to the tile's last row)",
         "one ahead (keys up to the chunk's end)",
         "no rescale",
+        "room number in 32 bits",
+        "end one short",
     ],
 )
 def test_each_chunk_kernel_slip_gets_its_hint_only(edits, hint):
     assert_only_hint(run_checks("09.chunk_kernel", chunk_kernel(*edits)), hint)
+
+
+def test_the_far_rooms_case_reads_what_the_near_one_does_from_a_few_pages():
+    case = checks.chunk.far_rooms_case(**checks.chunk.FAR_CASE)
+    near = checks.chunk.make_chunk_case(**checks.chunk.FAR_CASE)
+    from kvlab.ops.attention import chunk_attention_reference
+
+    assert int(case[3].min()) * case[1].stride(0) >= 2**31
+    assert torch.equal(chunk_attention_reference(*case), chunk_attention_reference(*near))
 
 
 def test_launch_isolated_says_an_unwritten_kernel_is_not_written_yet():

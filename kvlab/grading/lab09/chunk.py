@@ -21,7 +21,7 @@ from kvlab.grading.expect import CheckFailed, max_error, preview
 from kvlab.grading.lab05 import _unwrap_unimplemented, explain_triton_error
 from kvlab.grading.lab09 import hints
 from kvlab.grading.registry import exercise
-from kvlab.grading.slips import Slip, matching, only
+from kvlab.grading.slips import Slip, only
 from kvlab.ops.attention import chunk_attention_reference
 from kvlab.ops.kernels.sizes import pow2
 from kvlab.ops.runtime import kernel_mode
@@ -161,6 +161,14 @@ def _slips(args, kernel: bool):
                 lambda a: attend(a, lambda i, j: j <= nc + i + 1 and j < tile_end(i)),
             )
         )
+        # `end` one short: the keys a tile reads stop before its last row's own position (on a
+        # chunk of one query, as a mask of j < num_computed + i answers)
+        slips.append(
+            Slip(
+                hints.KEYS_ONE_SHORT,
+                lambda a: attend(a, lambda i, j: j <= nc + i and j < tile_end(i) - 1),
+            )
+        )
         causal = lambda i, j: j <= nc + i  # noqa: E731
         slips.append(Slip(hints.NO_RESCALE, lambda a: attend(a, causal, rescale=False)))
     if q.dtype != torch.float32:
@@ -224,8 +232,7 @@ def _expect_chunk(fn, run, kernel: bool, **case) -> None:
     if _close(again, chunk_attention_reference(*zeroed)):
         hint = hints.READ_PAST
     else:
-        found = matching(_slips(args, kernel), got, (args,), want, same=_close)
-        hint = None if only(found) is None else only(found).hint
+        hint = _named(fn, run, kernel, case, args, got, want)
     raise CheckFailed(
         f"query {row} of the chunk, head {head} differs from the reference "
         f"({max_error(got.float(), diff)})",
@@ -235,6 +242,38 @@ def _expect_chunk(fn, run, kernel: bool, **case) -> None:
         hint=hint,
         replay=f"from kvlab.grading.lab09.chunk import make_chunk_case; make_chunk_case(**{case})",
     )
+
+
+# a chunk of two tiles after a prefix: where slips that answer alike on a short chunk part
+PROBE = dict(num_computed=6, n=7, seed=11)
+
+
+def _named(fn, run, kernel: bool, case: dict, args, got, want) -> str | None:
+    """The hint of the one slip that answers as ``fn`` on the case and on a probe of the same
+    heads (a longer chunk), else None: on a chunk of one query, a tile's keys stopping one short
+    answers as a causal mask that leaves each query out of its own keys."""
+    here = _slips(args, kernel)
+    found = [i for i, slip in enumerate(here) if _agrees(slip, got, args, want)]
+    if len({here[i].mistake for i in found}) > 1:
+        probe = make_chunk_case(**{**case, **PROBE})
+        try:
+            mine = run(fn, probe)
+        except Exception:
+            mine = None
+        if isinstance(mine, torch.Tensor):
+            right = chunk_attention_reference(*probe)
+            there = _slips(probe, kernel)
+            found = [i for i in found if _agrees(there[i], mine, probe, right, right_too=True)]
+    return None if only(here[i] for i in found) is None else here[found[0]].hint
+
+
+def _agrees(slip, got, args, want, right_too=False) -> bool:
+    """Whether ``got`` is the slip's wrong answer on ``args`` (or, ``right_too``, the right one
+    where the slip answers right too)."""
+    wrong = slip.answer(args)
+    if _close(wrong, want):
+        return right_too and _close(got, want)
+    return _close(got, wrong)
 
 
 def _call_torch(fn, args):
@@ -313,6 +352,72 @@ def _call_kernel(fn, args):
 
 
 _register(kernel_ex, _call_kernel, kernel=True)
+
+
+# --- rooms numbered past 2**31 values: room * stride_kb needs 64 bits ---------------------------
+
+FAR = 2**31  # values before the cache's first room: a 32-bit room * stride wraps back to them
+
+
+def far_rooms_case(device: str = "cpu", **case):
+    """:func:`make_chunk_case`'s guest with its rooms renumbered from ``2**31 // room size`` on,
+    so that room * stride_kb passes 2**31: K and V share one storage whose first ``FAR`` values
+    lie before the caches, where a room number multiplied in 32 bits lands (zeros there, a wrong
+    answer, never a crash). On the CPU the storage is an anonymous mapping with no reserve:
+    16 GiB of addresses, a few pages of memory."""
+    q, k, v, table, nc = make_chunk_case(**case)
+    m, size, heads, dim = k.shape
+    room = size * heads * dim
+    first = -(-FAR // room)
+    num_blocks = first + m
+    total = FAR + (num_blocks + m) * room
+    if device == "cpu":
+        import mmap
+
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0)
+        storage = torch.frombuffer(mmap.mmap(-1, total * 4, flags=flags), dtype=torch.float32)
+    else:
+        storage = torch.zeros(total, dtype=torch.float32, device=device)
+    shape = (num_blocks, size, heads, dim)
+    k_cache = storage[FAR : FAR + num_blocks * room].view(shape)
+    v_cache = storage[FAR + m * room : FAR + (num_blocks + m) * room].view(shape)
+    k_cache[first:] = k.to(device)
+    v_cache[first:] = v.to(device)
+    far = (table.long() + first).to(torch.int32).to(device)
+    return q.to(device), k_cache, v_cache, far, nc
+
+
+FAR_CASE = dict(num_computed=6, n=5, seed=4)
+
+
+@kernel_ex.check("rooms numbered past 2**31 values into the cache: room * stride_kb in 64 bits")
+def _far_rooms(fn):
+    """Run where 16 GiB of addresses cost nothing: Triton's interpreter (a mapping with no
+    reserve), or a GPU with 20 GiB free; elsewhere the case is left out."""
+    device = "cpu"
+    if kernel_mode() != "interpreter":
+        device = "cuda"
+        if torch.cuda.mem_get_info()[0] < 20 * 2**30:
+            return
+    args = far_rooms_case(device, **FAR_CASE)
+    want = chunk_attention_reference(*args).cpu()
+    got = _call_kernel(fn, args)
+    if isinstance(got, torch.Tensor) and _close(got, want):
+        return
+    small = make_chunk_case(**FAR_CASE)
+    near = _call_kernel(
+        fn, tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in small)
+    )
+    right_near = _close(near, chunk_attention_reference(*small))
+    room = args[1].stride(0)
+    raise CheckFailed(
+        "the answer differs when the rooms are numbered far into the cache",
+        input=f"{describe(**FAR_CASE)}; rooms numbered from {int(args[3].min()):,} on "
+        f"(stride_kb {room}: room * stride_kb past 2**31)",
+        expected=preview(want[0, 0]),
+        got=preview(got[0, 0].float().cpu()) if isinstance(got, torch.Tensor) else repr(got)[:80],
+        hint=hints.ROOM_INT64 if right_near else None,
+    )
 
 
 def launch_isolated(fn, *case, timeout: float = 60.0):

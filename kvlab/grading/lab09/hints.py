@@ -94,6 +94,11 @@ CAUSAL_ONE_AHEAD = (
     "causal mask off by one: query i (position num_computed + i) sees key positions "
     "j <= num_computed + i, not one position further ahead"
 )
+KEYS_ONE_SHORT = (
+    "each tile read one key too few: end, one past the last position the tile's last row sees, "
+    "is min(num_computed + (tile + 1) * BLOCK_Q, num_computed + num_tokens), not one less; the "
+    "last row of every tile lost its own key (the causal mask itself was right)"
+)
 NO_CAUSAL = (
     "the chunk's queries saw the tokens after them: within the chunk attention is causal, "
     "query i sees key positions j <= num_computed + i (mask the rest with -inf)"
@@ -127,6 +132,12 @@ SOFTMAX_LOW = (
     "the softmax ran in q's dtype: scores in the tens rounded to bfloat16 (8 bits of mantissa) "
     "move by a tenth or more, and the weights by as much; compute the scores, the softmax and "
     "the weighted sum in fp32 (.float()), and only the output in q's dtype"
+)
+ROOM_INT64 = (
+    "right with the same rooms numbered low, wrong numbered past 2**31 / stride_kb: the room "
+    "number was multiplied by a stride in 32 bits and wrapped around. Load it as "
+    "tl.load(bt_ptr + b * stride_btb).to(tl.int64) before room * stride_kb (and stride_vb), "
+    "as Lab 05 does"
 )
 NO_RESCALE = (
     "the online softmax was not rescaled: when a room raises the running max from m to m_new, "
