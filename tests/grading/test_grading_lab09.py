@@ -105,6 +105,26 @@ def skips_a_refused_guest():
     )
 
 
+def test_an_if_around_the_preemption_passes_as_the_lab_says():
+    """On Lab 09's days no two guests share a bed, so one guest leaving always frees one and an
+    `if` serves them as `while` does: the lab says the checks cannot tell them apart."""
+    fn = budget_step(
+        "        while not scheduler.cache.can_append(seq.seq_id):\n"
+        "            victim = scheduler.preempt()\n            out.preempted.append(victim)\n"
+        "            if victim is seq:\n                break\n        else:\n            decode(seq)\n"
+        " =>         if not scheduler.cache.can_append(seq.seq_id):\n"
+        "            victim = scheduler.preempt()\n            out.preempted.append(victim)\n"
+        "        if seq.status is SequenceStatus.RUNNING:\n            decode(seq)\n"
+    )
+    assert run_checks("09.budget_step", fn).ok
+    import json
+    import pathlib
+
+    lab = pathlib.Path(__file__).parents[2] / "solutions" / "09_token_budget.ipynb"
+    text = " ".join("".join(c["source"]) for c in json.loads(lab.read_text())["cells"])
+    assert "the checks cannot\n   tell it from a single `if`" in text
+
+
 def test_no_stop_when_the_budget_is_spent_is_named_on_every_day_it_shows():
     """A guest checked in with 0 tokens on the simulated day is refused just as when every guest
     may take the whole budget: the hint is still the budget spent, not the budget overrun."""
