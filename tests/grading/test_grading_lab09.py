@@ -493,12 +493,33 @@ def test_each_chunk_kernel_slip_gets_its_hint_only(edits, hint):
 
 
 def test_the_far_rooms_case_reads_what_the_near_one_does_from_a_few_pages():
-    case = checks.chunk.far_rooms_case(**checks.chunk.FAR_CASE)
+    case = checks.chunk.far_rooms_case()
     near = checks.chunk.make_chunk_case(**checks.chunk.FAR_CASE)
     from kvlab.ops.attention import chunk_attention_reference
 
     assert int(case[3].min()) * case[1].stride(0) >= 2**31
+    assert case[1].untyped_storage().nbytes() < 4.01 * 2**30  # within the judge's 8 GiB
     assert torch.equal(chunk_attention_reference(*case), chunk_attention_reference(*near))
+
+
+def test_the_far_rooms_check_passes_the_solution_in_the_judges_address_space():
+    """The judge bounds each process to 8 GiB of address space (RLIMIT_AS): the far case's
+    mapping, and the kernel run on it, fit."""
+    import resource
+
+    from kvlab.grading.limits import in_child_process
+
+    solution = chunk_kernel()
+
+    def far_rooms():
+        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+        try:
+            checks.chunk._far_rooms(solution)
+        except CheckFailed as failure:
+            return str(failure)
+        return "passed"
+
+    assert in_child_process(far_rooms, 300.0) == "passed"
 
 
 def test_launch_isolated_says_an_unwritten_kernel_is_not_written_yet():
