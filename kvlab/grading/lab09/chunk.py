@@ -416,7 +416,13 @@ def _launch_far(fn, args):
 
 @kernel_ex.check("rooms numbered past 2**31 values into the cache: room * stride_kb in 64 bits")
 def _far_rooms(fn):
-    """In Triton's interpreter, or on a GPU with 12 GiB free (elsewhere the case is left out)."""
+    """In Triton's interpreter, or on a GPU with 12 GiB free; left out elsewhere, and under the
+    judge, whose learner's process gets a tensor as its storage's bytes (4 GiB here, past what
+    one message may carry): the lab's own check cell runs it."""
+    from kvlab.grading.remote import is_remote
+
+    if is_remote(fn):
+        return
     device = "cpu"
     if kernel_mode() != "interpreter":
         device = "cuda"
