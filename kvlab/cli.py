@@ -179,7 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument(
         "--kernel",
         default=None,
-        help="a registered Jupyter kernel to run in (default: kvlab's kernel on this Python)",
+        help="grade the old, self-reported way, the whole notebook in this registered Jupyter "
+        "kernel (default: none: the sandboxed judge runs the instructor's copy of each lab with "
+        "the submission's exercise cells)",
     )
     grade.add_argument(
         "--out",

@@ -200,6 +200,10 @@ def main(folder: str | Path = DEFAULT_DIR, lab: bool = True, port: int | None = 
     for p in placed:
         print(p.line())
     print(ensure_kernel())
+    try:  # as `make lab` does: no news toast over the outputs, no update check; with --no-lab
+        write_overrides(sys.prefix)  # too, for a JupyterLab of the learner's own on this Python
+    except OSError:
+        pass  # a read-only environment: JupyterLab's own defaults, which is fine
     if not lab:
         print(
             f"to open them: kvlab start {shlex.quote(str(target))}  (or open that folder in Jupyter)"
@@ -210,10 +214,6 @@ def main(folder: str | Path = DEFAULT_DIR, lab: bool = True, port: int | None = 
             "kvlab start: JupyterLab is not installed here: pip install jupyterlab", file=sys.stderr
         )
         return 1
-    try:  # as `make lab` does: no news toast over the outputs, no update check
-        write_overrides(sys.prefix)
-    except OSError:
-        pass  # a read-only environment: JupyterLab's own defaults, which is fine
     argv = lab_command(target, labs[0].name, port)
     print(f"starting JupyterLab: {shlex.join(argv)}", flush=True)
     if os.name == "posix":  # JupyterLab takes this process over: Ctrl-C reaches it alone

@@ -2,6 +2,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import LEARNER_ENV, ROOT, kvlab_cli
 
 
@@ -86,3 +87,20 @@ def test_labs_command_writes_and_checks(tmp_path):
     assert written.returncode == 0
     for lab in (ROOT / "labs").glob("*.ipynb"):
         assert (tmp_path / lab.name).read_bytes() == lab.read_bytes()
+
+
+def test_grade_help_says_what_kernel_defaults_to_as_the_code_does(capsys):
+    """No --kernel: the sandboxed judge grades (kernel_name None means judged), as the README
+    says; the help once said "kvlab's kernel on this Python"."""
+    import inspect
+
+    from kvlab.cli import build_parser
+    from kvlab.grading import notebook
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["grade", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "default: none: the sandboxed judge" in text
+    assert "kvlab's kernel on this Python" not in text
+    assert build_parser().parse_args(["grade", "x.ipynb"]).kernel is None
+    assert "judged = kernel_name is None" in inspect.getsource(notebook)

@@ -83,8 +83,12 @@ def test_the_command_exits_2_on_a_bad_dir(tmp_path, capsys):
 
 def test_the_command_copies_says_what_it_did_and_stops_with_no_lab(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(start, "ensure_kernel", lambda: "kernel: (checked)")
+    # --no-lab writes JupyterLab's defaults too (no news toast), for a `jupyter lab` of one's own
+    written = []
+    monkeypatch.setattr(start, "write_overrides", lambda prefix: written.append(prefix))
     monkeypatch.chdir(tmp_path)
     assert cli(["start", "--no-lab"]) == 0
+    assert written == [sys.prefix]
     out = capsys.readouterr().out.splitlines()
     assert (
         out[0]

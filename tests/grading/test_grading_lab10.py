@@ -111,7 +111,7 @@ def prefix_router(*edits):
 
 def test_the_router_passes_and_the_stub_is_not_written_yet():
     result = run_checks("10.prefix_score", prefix_router())
-    assert result.ok and result.passed == result.total == 6, result.report()
+    assert result.ok and result.passed == result.total == 7, result.report()
     stub = learner(
         "def prefix_router(request, views, now, load_penalty=128.0):\n    raise NotImplementedError\n",
         "prefix_router",
@@ -130,8 +130,15 @@ def test_the_router_passes_and_the_stub_is_not_written_yet():
             ["view.cached_prefix_tokens(request) - => view.cached_prefix_tokens(request) / 16 -"],
             checks.IN_BLOCKS,
         ),
+        (
+            [
+                "    for view in views:\n =>     for place, view in enumerate(views):\n",
+                "best, top = view.index, score => best, top = place, score",
+            ],
+            checks.POSITION,
+        ),
     ],
-    ids=["no load", "running only", "lowest score", "in rooms"],
+    ids=["no load", "running only", "lowest score", "in rooms", "place in views"],
 )
 def test_each_router_slip_gets_its_hint_only(edits, hint):
     assert_only_hint(run_checks("10.prefix_score", prefix_router(*edits)), hint)
@@ -193,11 +200,33 @@ def test_the_checks_agree_with_kvlab_and_tell_every_slip_apart():
         ),
         (["2 * spec.num_layers * spec.num_kv_heads => 2 * spec.num_kv_heads"], checks.PER_LAYER),
         (["/ pcie_bytes_per_s => / gpu.hbm_bytes_per_s"], checks.HBM_NOT_PCIE),
+        (["return fetch < flops => return fetch <= flops"], checks.TIE_FETCHES),
     ],
-    ids=["no attention", "K only", "GiB for GB", "bytes in GiB", "one layer", "HBM, not PCIe"],
+    ids=[
+        "no attention",
+        "K only",
+        "GiB for GB",
+        "bytes in GiB",
+        "one layer",
+        "HBM, not PCIe",
+        "a tie fetches",
+    ],
 )
 def test_each_rule_slip_gets_its_hint_only(edits, hint):
     assert_only_hint(run_checks("10.fetch_or_recompute", fetch_rule(*edits)), hint)
+
+
+def test_the_tie_card_is_a_tie_in_kvlab_and_in_the_learners_sums():
+    """1,024 tokens take exactly as long to fetch as to recompute, in kvlab's sums and in the
+    lab's solution (every term a power of two), so only the tie decides."""
+    from kvlab.perf.tiers import fetch_seconds, recompute_seconds
+
+    t = checks.tiers
+    assert fetch_seconds(t.TIE, 1024, pcie_bytes_per_s=t.TIE_LINK) == 2.0**-9
+    assert recompute_seconds(t.TIE, t.TIE_GPU, 1024) == 2.0**-9
+    assert 1024 in t.CARDS[-1][-1]
+    assert not fetch_rule()(t.TIE, t.TIE_GPU, 1024, t.TIE_LINK)
+    assert fetch_rule("fetch < flops => fetch <= flops")(t.TIE, t.TIE_GPU, 1024, t.TIE_LINK)
 
 
 def test_a_rule_that_is_wrong_another_way_gets_no_hint():

@@ -648,3 +648,16 @@ def test_a_timed_day_with_known_lengths_keeps_its_clock_and_both_waste_colours()
     assert " s ·" in svg and "booked, never used" in svg and "reserved for future tokens" in svg
     hand = encode(small_paged_trace())
     assert not hand["timed"] and hand["has_future"] and not hand["has_internal"]
+
+
+def test_every_plan_form_label_fits_its_width():
+    """7 px a character (13 px sans-serif) for each label: at 110 px, "max at once (0: vLLM's)"
+    and "min tokens/s each" were cut."""
+    from kvlab.ui.widgets.plan_form import PlanForm
+
+    form = PlanForm()
+    boxes = [w for w in vars(form).values() if hasattr(w, "description") and w.description]
+    assert len(boxes) >= 8
+    for box in boxes:
+        width = int(box.style.description_width.removesuffix("px"))
+        assert 7 * len(box.description) <= width, (box.description, width)

@@ -21,7 +21,7 @@ from kvlab.grading.expect import CheckFailed, max_error, preview
 from kvlab.grading.lab05 import _unwrap_unimplemented, explain_triton_error
 from kvlab.grading.lab09 import hints
 from kvlab.grading.registry import exercise
-from kvlab.grading.slips import Slip, matching, only
+from kvlab.grading.slips import Slip, only
 from kvlab.ops.attention import chunk_attention_reference
 from kvlab.ops.kernels.sizes import pow2
 from kvlab.ops.runtime import kernel_mode
@@ -45,11 +45,13 @@ def make_chunk_case(
     seed: int = 0,
     garbage: float = math.nan,
     dtype: torch.dtype = torch.float32,
+    sharpness: float = 1.0,
 ):
     """(q, k_cache, v_cache, block_table, num_computed) for one guest: ``n`` queries at positions
     ``num_computed ..``, K/V of the positions before ``num_computed + n`` in scattered rooms, one
     padding entry, and ``garbage`` in every bed that holds no token of the guest; q and the
-    caches in ``dtype``."""
+    caches in ``dtype``, q scaled by ``sharpness`` (scores in the tens, where a softmax in bf16
+    rounds them: trained models have such heads)."""
     g = torch.Generator().manual_seed(seed)
     total = num_computed + n
     rooms = -(-total // block_size)
@@ -62,14 +64,23 @@ def make_chunk_case(
     for pos in range(total):
         room = int(table[pos // block_size])
         k_cache[room, pos % block_size], v_cache[room, pos % block_size] = k[pos], v[pos]
-    q = torch.randn(n, q_heads, head_dim, generator=g)
+    q = torch.randn(n, q_heads, head_dim, generator=g) * sharpness
     return q.to(dtype), k_cache.to(dtype), v_cache.to(dtype), table, num_computed
 
 
 def describe(
-    num_computed: int, n: int, block_size: int = 4, q_heads=2, kv_heads=1, dtype=None, **_
+    num_computed: int,
+    n: int,
+    block_size: int = 4,
+    q_heads=2,
+    kv_heads=1,
+    dtype=None,
+    sharpness=1.0,
+    **_,
 ) -> str:
     kind = "" if dtype in (None, torch.float32) else f", q and the caches in {dtype}"
+    if sharpness != 1.0:
+        kind += f", q {sharpness:g}× larger (scores in the tens)"
     return (
         f"a chunk of {n} queries after {num_computed} cached tokens, rooms of {block_size}, "
         f"{q_heads} query heads on {kv_heads} KV head{'s' if kv_heads > 1 else ''}, NaN in every "
@@ -80,11 +91,13 @@ def describe(
 # --- what the slips compute --------------------------------------------------------------------
 
 
-def attend(args, visible, kv_of=None, rescale=True):
+def attend(args, visible, kv_of=None, rescale=True, softmax_dtype=None):
     """fp32 attention of each query row over the key positions ``visible(i, j)`` (True: seen),
     reading keys through the key card (NaN where a slip reads unread memory); ``kv_of[h]`` the KV
-    head of query head h; ``rescale=False``: an online softmax room by room without alpha."""
+    head of query head h; ``rescale=False``: an online softmax room by room without alpha;
+    ``softmax_dtype``: the scores rounded to it for the softmax."""
     q, k_cache, v_cache, table, nc = args
+    q, k_cache, v_cache = q.float(), k_cache.float(), v_cache.float()
     n, q_heads, head_dim = q.shape
     size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = q_heads // kv_heads
@@ -103,7 +116,8 @@ def attend(args, visible, kv_of=None, rescale=True):
             k, v = keys[seen, kv_of[h]], values[seen, kv_of[h]]
             scores = (k @ q[i, h]) * scale
             if rescale:
-                w = torch.softmax(scores, dim=0)
+                low = scores if softmax_dtype is None else scores.to(softmax_dtype)
+                w = torch.softmax(low, dim=0).float()
                 out[i, h] = w @ v
                 continue
             m, denom, acc = -math.inf, 0.0, torch.zeros(head_dim)
@@ -147,8 +161,23 @@ def _slips(args, kernel: bool):
                 lambda a: attend(a, lambda i, j: j <= nc + i + 1 and j < tile_end(i)),
             )
         )
+        # `end` one short: the keys a tile reads stop before its last row's own position (on a
+        # chunk of one query, as a mask of j < num_computed + i answers)
+        slips.append(
+            Slip(
+                hints.KEYS_ONE_SHORT,
+                lambda a: attend(a, lambda i, j: j <= nc + i and j < tile_end(i) - 1),
+            )
+        )
         causal = lambda i, j: j <= nc + i  # noqa: E731
         slips.append(Slip(hints.NO_RESCALE, lambda a: attend(a, causal, rescale=False)))
+    if q.dtype != torch.float32:
+        slips.append(
+            Slip(
+                hints.SOFTMAX_LOW,
+                lambda a: attend(a, lambda i, j: j <= nc + i, softmax_dtype=q.dtype).to(q.dtype),
+            )
+        )
     if 1 < kv_heads < q_heads:
         modulo = [h % kv_heads for h in range(q_heads)]
         slips.append(
@@ -203,8 +232,7 @@ def _expect_chunk(fn, run, kernel: bool, **case) -> None:
     if _close(again, chunk_attention_reference(*zeroed)):
         hint = hints.READ_PAST
     else:
-        found = matching(_slips(args, kernel), got, (args,), want, same=_close)
-        hint = None if only(found) is None else only(found).hint
+        hint = _named(fn, run, kernel, case, args, got, want)
     raise CheckFailed(
         f"query {row} of the chunk, head {head} differs from the reference "
         f"({max_error(got.float(), diff)})",
@@ -214,6 +242,38 @@ def _expect_chunk(fn, run, kernel: bool, **case) -> None:
         hint=hint,
         replay=f"from kvlab.grading.lab09.chunk import make_chunk_case; make_chunk_case(**{case})",
     )
+
+
+# a chunk of two tiles after a prefix: where slips that answer alike on a short chunk part
+PROBE = dict(num_computed=6, n=7, seed=11)
+
+
+def _named(fn, run, kernel: bool, case: dict, args, got, want) -> str | None:
+    """The hint of the one slip that answers as ``fn`` on the case and on a probe of the same
+    heads (a longer chunk), else None: on a chunk of one query, a tile's keys stopping one short
+    answers as a causal mask that leaves each query out of its own keys."""
+    here = _slips(args, kernel)
+    found = [i for i, slip in enumerate(here) if _agrees(slip, got, args, want)]
+    if len({here[i].mistake for i in found}) > 1:
+        probe = make_chunk_case(**{**case, **PROBE})
+        try:
+            mine = run(fn, probe)
+        except Exception:
+            mine = None
+        if isinstance(mine, torch.Tensor):
+            right = chunk_attention_reference(*probe)
+            there = _slips(probe, kernel)
+            found = [i for i in found if _agrees(there[i], mine, probe, right, right_too=True)]
+    return None if only(here[i] for i in found) is None else here[found[0]].hint
+
+
+def _agrees(slip, got, args, want, right_too=False) -> bool:
+    """Whether ``got`` is the slip's wrong answer on ``args`` (or, ``right_too``, the right one
+    where the slip answers right too)."""
+    wrong = slip.answer(args)
+    if _close(wrong, want):
+        return right_too and _close(got, want)
+    return _close(got, wrong)
 
 
 def _call_torch(fn, args):
@@ -245,6 +305,11 @@ def _register(ex, run, kernel: bool):
         check(
             "q and the caches in bfloat16: the answer in q's dtype",
             dict(num_computed=5, n=3, seed=6, dtype=torch.bfloat16),
+        )
+        check(
+            "bfloat16 with sharp queries (scores in the tens): the softmax in fp32",
+            dict(num_computed=12, n=4, seed=6, dtype=torch.bfloat16, sharpness=32.0),
+            dict(num_computed=12, n=4, seed=7, dtype=torch.bfloat16, sharpness=32.0),
         )
 
 
@@ -287,6 +352,103 @@ def _call_kernel(fn, args):
 
 
 _register(kernel_ex, _call_kernel, kernel=True)
+
+
+# --- rooms numbered past 2**31 values: room * stride_kb needs 64 bits ---------------------------
+
+FAR = 2**31  # values: a room starting past this many needs its offset in 64 bits
+FAR_CASE = dict(num_computed=6, n=5, seed=4, dtype=torch.float16)
+
+
+def far_rooms_case(device: str = "cpu", **case):
+    """:func:`make_chunk_case`'s guest (float16) with its rooms renumbered from ``2**31 // room
+    size`` on, so that room * stride_kb passes 2**31: K and V share one storage, 4 GiB. On the
+    CPU it is an anonymous mapping with no reserve (addresses, a few pages of memory: within the
+    judge's 8 GiB of address space), and a room number multiplied in 32 bits points 4 GiB before
+    it (a crash, or memory that is not the guest's). On a GPU ``FAR`` more values come first, zeros
+    where such a room number lands (a wrong answer, never a fault that spoils the device)."""
+    q, k, v, table, nc = make_chunk_case(**{**FAR_CASE, **case})
+    m, size, heads, dim = k.shape
+    room = size * heads * dim
+    first = -(-FAR // room)
+    num_blocks = first + m
+    before = 0 if device == "cpu" else FAR
+    total = before + (num_blocks + m) * room
+    if device == "cpu":
+        import mmap
+
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0)
+        buffer = mmap.mmap(-1, total * k.element_size(), flags=flags)
+        storage = torch.frombuffer(buffer, dtype=k.dtype)
+    else:
+        storage = torch.zeros(total, dtype=k.dtype, device=device)
+    shape = (num_blocks, size, heads, dim)
+    k_cache = storage[before : before + num_blocks * room].view(shape)
+    v_cache = storage[before + m * room : before + (num_blocks + m) * room].view(shape)
+    k_cache[first:] = k.to(device)
+    v_cache[first:] = v.to(device)
+    far = (table.long() + first).to(torch.int32).to(device)
+    return q.to(device), k_cache, v_cache, far, nc
+
+
+def _launch_far(fn, args):
+    """The kernel's output on the far case, or what went wrong in words (run in a child process
+    of its own on the CPU, where a room number wrapped in 32 bits can crash it)."""
+    from kvlab.grading.limits import CheckTimeout, ChildCrashed, can_fork, in_child_process
+
+    def launch():
+        try:
+            return _call_kernel(fn, args).cpu()
+        except NotImplementedError:
+            raise
+        except Exception as error:
+            return f"it raised {type(error).__name__}: {str(error)[:200]}"
+
+    if kernel_mode() != "interpreter" or not can_fork():
+        return launch()
+    try:
+        return in_child_process(launch, 60.0)
+    except ChildCrashed as crash:
+        return f"it crashed its process ({crash.how})"
+    except CheckTimeout:
+        return "it did not finish within 60 s"
+
+
+@kernel_ex.check("rooms numbered past 2**31 values into the cache: room * stride_kb in 64 bits")
+def _far_rooms(fn):
+    """In Triton's interpreter, or on a GPU with 12 GiB free; left out elsewhere, and under the
+    judge, whose learner's process gets a tensor as its storage's bytes (4 GiB here, past what
+    one message may carry): the lab's own check cell runs it."""
+    from kvlab.grading.remote import is_remote
+
+    if is_remote(fn):
+        return
+    device = "cpu"
+    if kernel_mode() != "interpreter":
+        device = "cuda"
+        if torch.cuda.mem_get_info()[0] < 12 * 2**30:
+            return
+    args = far_rooms_case(device)
+    want = chunk_attention_reference(*args).cpu()
+    got = _launch_far(fn, args)
+    if isinstance(got, torch.Tensor) and _close(got, want):
+        return
+    near = make_chunk_case(**FAR_CASE)
+    on_device = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in near)
+    try:
+        right_near = _close(_call_kernel(fn, on_device).cpu(), chunk_attention_reference(*near))
+    except NotImplementedError:
+        raise
+    except Exception:
+        right_near = False
+    raise CheckFailed(
+        "the answer differs when the rooms are numbered far into the cache",
+        input=f"{describe(**FAR_CASE)}; rooms numbered from {int(args[3].min()):,} on "
+        f"(stride_kb {args[1].stride(0)}: room * stride_kb past 2**31)",
+        expected=preview(want[0, 0].float()),
+        got=preview(got[0, 0].float()) if isinstance(got, torch.Tensor) else got,
+        hint=hints.ROOM_INT64 if right_near else None,
+    )
 
 
 def launch_isolated(fn, *case, timeout: float = 60.0):

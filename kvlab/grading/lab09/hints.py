@@ -50,6 +50,11 @@ ONE_PAST = (
     "one token too many: that chunk already makes the step compute-bound; return the largest "
     "chunk whose compute time is still at most its memory time"
 )
+DECODE_OWN_TOKEN = (
+    "a decode's own new token was left out: a guest holding context tokens attends to context + 1 "
+    "positions and the step reads K and V of context + 1 tokens for it (its new token's too), so "
+    "the decodes count batch × (context + 1) in both the attention FLOPs and the bytes moved"
+)
 
 # --- 09.choose_chunk -------------------------------------------------------------------------
 
@@ -64,6 +69,14 @@ PERCENT_AS_FRACTION = (
 SMALLEST = (
     "that is the smallest budget under the target: the largest one is the answer (bigger chunks "
     "give lower TTFT and fewer steps, so take the biggest that still keeps p99 under the target)"
+)
+AT_TARGET = (
+    "a p99 exactly at the target meets it: keep the budgets with r.itl(99) <= target, not < target"
+)
+FIRST_OVER = (
+    "the budgets were walked in order and the walk stopped at the first one over the target: the "
+    "p99 need not grow with the budget (on a day of chats alone a budget can be over the target "
+    "and a larger one under it); keep every budget under the target and take the largest"
 )
 TTFT = (
     "that compares the time to first token: the target is on the gap between two tokens, "
@@ -80,6 +93,11 @@ CAUSAL_EXCLUDES_SELF = (
 CAUSAL_ONE_AHEAD = (
     "causal mask off by one: query i (position num_computed + i) sees key positions "
     "j <= num_computed + i, not one position further ahead"
+)
+KEYS_ONE_SHORT = (
+    "each tile read one key too few: end, one past the last position the tile's last row sees, "
+    "is min(num_computed + (tile + 1) * BLOCK_Q, num_computed + num_tokens), not one less; the "
+    "last row of every tile lost its own key (the causal mask itself was right)"
 )
 NO_CAUSAL = (
     "the chunk's queries saw the tokens after them: within the chunk attention is causal, "
@@ -109,6 +127,17 @@ READ_PAST = (
     "positions below num_computed + n hold K and V (the rest of the last room, and the rooms "
     "past the key card's used entries, are unread memory): mask the key loads with position < "
     "num_computed + n as well as the causal mask, and give masked scores -inf"
+)
+SOFTMAX_LOW = (
+    "the softmax ran in q's dtype: scores in the tens rounded to bfloat16 (8 bits of mantissa) "
+    "move by a tenth or more, and the weights by as much; compute the scores, the softmax and "
+    "the weighted sum in fp32 (.float()), and only the output in q's dtype"
+)
+ROOM_INT64 = (
+    "right with the same rooms numbered low, wrong numbered past 2**31 / stride_kb: the room "
+    "number was multiplied by a stride in 32 bits and wrapped around. Load it as "
+    "tl.load(bt_ptr + b * stride_btb).to(tl.int64) before room * stride_kb (and stride_vb), "
+    "as Lab 05 does"
 )
 NO_RESCALE = (
     "the online softmax was not rescaled: when a room raises the running max from m to m_new, "

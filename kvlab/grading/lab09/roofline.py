@@ -21,18 +21,22 @@ almost_free_ex = exercise("09.almost_free", "the prefill tokens a decode step ca
 choose_ex = exercise("09.choose_chunk", "the largest chunk that keeps p99 under a target")
 
 
-def _times(spec, gpu: GPU, batch: int, context: int, k: int, kv=True, attention=True, decodes=True):
+def _times(
+    spec, gpu: GPU, batch: int, context: int, k: int, kv=True, attention=True, decodes=True, own=1
+):
     """(compute seconds, memory seconds) of a step decoding ``batch`` guests that hold
     ``context`` tokens each, carrying the first ``k`` tokens of a new prompt (StepTime's sums;
-    ``decodes=False``: the decodes' own 2 × params FLOPs left out, a slip)."""
+    ``decodes=False``: the decodes' own 2 × params FLOPs left out, ``own=0``: a decode's own new
+    token left out of what it attends to and reads, both slips)."""
     new = batch + k if decodes else k
-    attended = batch * (context + 1) + k * (k + 1) / 2
+    decoded = batch * (context + own)
+    attended = decoded + k * (k + 1) / 2
     flops = 2 * spec.num_params * new
     if attention:
         flops += 4 * spec.num_layers * spec.num_q_heads * spec.head_dim * attended
     moved = spec.num_params * spec.dtype_bytes
     if kv:
-        moved += (batch * (context + 1) + k) * spec.kv_bytes_per_token
+        moved += (decoded + k) * spec.kv_bytes_per_token
     return flops / gpu.peak_flops, moved / gpu.hbm_bytes_per_s
 
 
@@ -62,6 +66,7 @@ ALMOST_FREE_SLIPS = (
     # answers as the one above on every input (batch more): the same hint names both ways
     Slip(hints.TOTAL_TOKENS, functools.partial(almost_free_tokens, decodes=False)),
     Slip(hints.ONE_PAST, lambda spec, gpu, b, c: almost_free_tokens(spec, gpu, b, c) + 1),
+    Slip(hints.DECODE_OWN_TOKEN, functools.partial(almost_free_tokens, own=0)),
 )
 
 # every input the checks ask about: a slip found on one is confirmed on all of them (a slip that
@@ -71,6 +76,10 @@ FREE_INPUTS = (
     (LLAMA_3_8B, A100_80GB, 32, 1000),
     (LLAMA_3_8B, H200, 8, 4000),
     (preset("Llama-3-70B"), H100_SXM, 64, 8000),
+    # batch × context instead of batch × (context + 1) answers one token fewer on these two (and
+    # as the right rule on the four above)
+    (LLAMA_3_8B, H100_SXM, 64, 1000),
+    (preset("Llama-3-70B"), H100_SXM, 32, 1000),
 )
 
 
@@ -125,22 +134,42 @@ def _long_context(fn):
     _expect_free(fn, *FREE_INPUTS[3])
 
 
+@almost_free_ex.check("64 guests of 1,000 tokens, and Llama-3-70B: each decode reads its own token")
+def _own_token(fn):
+    _expect_free(fn, *FREE_INPUTS[4])
+    _expect_free(fn, *FREE_INPUTS[5])
+
+
 # --- 09.choose_chunk --------------------------------------------------------------------------
 
 # a small day of chats with documents (in steps of the roofline: Llama-3-8B on an H100)
 CHOOSE_DAY = documents_among_chats(60, seed=2, rate=40.0, document_share=0.1)
+# a day of chats alone: no long prompt to chunk, so the p99 does not grow with the budget (512's
+# is over 1,024's, 2,048's and 4,096's)
+FLAT_DAY = documents_among_chats(60, seed=3, rate=40.0, document_share=0.0)
 CHOOSE_BUDGETS = (256, 512, 1024, 2048, 4096)
+SWEEPS = {
+    "documents": (
+        CHOOSE_DAY,
+        "60 chats with documents (kvlab.grading.lab09.roofline.choose_sweep())",
+    ),
+    "chats": (
+        FLAT_DAY,
+        "60 chats and no documents, where the p99 does not grow with the budget "
+        "(kvlab.grading.lab09.roofline.choose_sweep('chats'))",
+    ),
+}
 
 
 @functools.cache
-def choose_sweep() -> dict:
+def choose_sweep(day: str = "documents") -> dict:
     """budget -> the day's SimResult with chunked prefill under that budget."""
     from kvlab.perf.roofline import StepTime
 
     step_time = StepTime(LLAMA_3_8B, H100_SXM)
     return {
         b: simulate(
-            CHOOSE_DAY,
+            SWEEPS[day][0],
             cache="paged",
             kv_capacity_tokens=200_000,
             max_seq_len=8192,
@@ -152,9 +181,28 @@ def choose_sweep() -> dict:
     }
 
 
-def largest_chunk(results: dict, target: float, measure=lambda r: r.itl(99), largest=True):
-    """The largest (or, slipped, smallest) budget whose measure is under the target, or None."""
-    under = [b for b, r in results.items() if measure(r) <= target]
+def largest_chunk(
+    results: dict,
+    target: float,
+    measure=lambda r: r.itl(99),
+    largest=True,
+    strict=False,
+    walk=False,
+):
+    """The largest (or, slipped, smallest) budget whose measure is under the target, or None;
+    slipped too: ``strict`` (a measure at the target does not meet it), ``walk`` (the budgets in
+    order, stopping at the first over the target)."""
+
+    def meets(r):
+        return measure(r) < target if strict else measure(r) <= target
+
+    under = [b for b, r in results.items() if meets(r)]
+    if walk:
+        under = []
+        for b in sorted(results):
+            if measure(results[b]) > target:
+                break
+            under.append(b)
     if not under:
         return None
     return max(under) if largest else min(under)
@@ -173,31 +221,35 @@ CHOOSE_SLIPS = (
     ),
     Slip(hints.SMALLEST, functools.partial(largest_chunk, largest=False)),
     Slip(hints.TTFT, functools.partial(largest_chunk, measure=MEASURES[hints.TTFT])),
+    Slip(hints.AT_TARGET, functools.partial(largest_chunk, strict=True)),
+    Slip(hints.FIRST_OVER, functools.partial(largest_chunk, walk=True)),
 )
 
 
 @functools.cache
-def probe_targets() -> tuple[float, ...]:
+def probe_targets(day: str = "documents") -> tuple[float, ...]:
     """Targets between every two values that the right rule and the slips compare (on the
-    check's sweep): a slip found at one target is confirmed at all of them (many wrong measures
-    pick the largest budget at a loose target, as the median does)."""
-    results = choose_sweep()
+    day's sweep), and each of those values itself (where at the target and under it part): a
+    slip found at one target is confirmed at all of them (many wrong measures pick the largest
+    budget at a loose target, as the median does)."""
+    results = choose_sweep(day)
     measures = (lambda r: r.itl(99), *MEASURES.values())
     values = sorted({m(r) for m in measures for r in results.values()})
-    return tuple((a + b) / 2 for a, b in zip(values, values[1:], strict=False))
+    between = tuple((a + b) / 2 for a, b in zip(values, values[1:], strict=False))
+    return between + tuple(values)
 
 
-def _expect_choice(fn, target: float) -> None:
-    results = choose_sweep()
+def _expect_choice(fn, target: float, day: str = "documents") -> None:
+    results = choose_sweep(day)
     what = (
-        f"a sweep of budgets {', '.join(map(str, CHOOSE_BUDGETS))} over 60 chats with documents "
-        f"(kvlab.grading.lab09.roofline.choose_sweep()), target {target * 1e3:g} ms"
+        f"a sweep of budgets {', '.join(map(str, CHOOSE_BUDGETS))} over {SWEEPS[day][1]}, "
+        f"target {target * 1e3:g} ms"
     )
     want = largest_chunk(results, target)
     got = fn(dict(results), target)
     if got != want:
         found = slips.matching(CHOOSE_SLIPS, got, (results, target), want)
-        probes = [(dict(results), t) for t in probe_targets()]
+        probes = [(dict(choose_sweep(d)), t) for d in SWEEPS for t in probe_targets(d)]
         found = slips.told_apart(found, fn, probes, largest_chunk, always=True)
         raise CheckFailed(
             "a different budget",
@@ -208,9 +260,9 @@ def _expect_choice(fn, target: float) -> None:
         )
 
 
-def _target_between(a: int, b: int) -> float:
-    """A target between the p99 gaps of budgets a < b (a under it, b over it)."""
-    results = choose_sweep()
+def _target_between(a: int, b: int, day: str = "documents") -> float:
+    """A target between the p99 gaps of budgets a and b."""
+    results = choose_sweep(day)
     return (results[a].itl(99) + results[b].itl(99)) / 2
 
 
@@ -222,6 +274,16 @@ def _thirty(fn):
 @choose_ex.check("a target between two budgets' p99 gaps")
 def _between(fn):
     _expect_choice(fn, _target_between(512, 1024))
+
+
+@choose_ex.check("a target exactly at 1,024's p99: a p99 at the target meets it")
+def _at_target(fn):
+    _expect_choice(fn, choose_sweep()[1024].itl(99))
+
+
+@choose_ex.check("a sweep whose p99 does not grow with the budget: 512's over, 4,096's under")
+def _flat(fn):
+    _expect_choice(fn, _target_between(512, 1024, "chats"), "chats")
 
 
 @choose_ex.check("a target that no budget meets: None")

@@ -67,7 +67,10 @@ def reference_router(request, views, now, load_penalty=PENALTY, *, slip=None):
 
     if slip == "argmin":
         return min(views, key=lambda v: (score(v), v.index)).index
-    return max(views, key=lambda v: (score(v), -v.load, -v.index)).index
+    best = max(views, key=lambda v: (score(v), -v.load, -v.index))
+    if slip == "position":
+        return next(i for i, v in enumerate(views) if v is best)
+    return best.index
 
 
 SLIPS = (
@@ -75,6 +78,7 @@ SLIPS = (
     (hints.RUNNING_ONLY, "running"),
     (hints.ARGMIN, "argmin"),
     (hints.IN_BLOCKS, "blocks"),
+    (hints.POSITION, "position"),
 )
 
 # (story, views as (cached, running, waiting)); no two replicas tie on the right score
@@ -98,16 +102,21 @@ CASES = {
 }
 
 
-ROTATIONS = (1, 2)  # each case is also given with its replicas listed from these places
+# each case is also given with its rows moved round by these places (new indices): a router that
+# always names one index cannot pass by where the answer happens to sit
+ROTATIONS = (1, 2)
 
 
-def _views(rows):
-    return [StubView(i, *row) for i, row in enumerate(rows)]
+def _views(rows, rotated: bool = False):
+    """The replicas, listed in index order or (``rotated``) from replica 1 on, replica 0 last:
+    a replica's place in the list is then never its index."""
+    views = [StubView(i, *row) for i, row in enumerate(rows)]
+    return views[1:] + views[:1] if rotated else views
 
 
-def _pick(fn, rows):
+def _pick(fn, rows, rotated: bool = False):
     try:
-        got = fn(None, _views(rows), 0.0)
+        got = fn(None, _views(rows, rotated), 0.0)
     except NotImplementedError:
         raise
     except Exception:
@@ -115,15 +124,16 @@ def _pick(fn, rows):
     return got
 
 
-def _slip(fn, rows, got):
-    right = reference_router(None, _views(rows), 0.0)
+def _slip(fn, rows, got, rotated: bool = False):
+    right = reference_router(None, _views(rows, rotated), 0.0)
     found = [
         (h, s)
         for h, s in SLIPS
-        if reference_router(None, _views(rows), 0.0, slip=s) == got != right
+        if reference_router(None, _views(rows, rotated), 0.0, slip=s) == got != right
     ]
-    # confirmed (and told apart) on the other fleets: a slip is named only when it picks as the
-    # learner's router does on all of them (a score of another shape can match one on one fleet)
+    # confirmed (and told apart) on the other fleets, in index order: a slip is named only when
+    # it picks as the learner's router does on all of them (a score of another shape can match
+    # one on one fleet; a place in views is the index there, so that slip stays in)
     others = [rows for _, rows in CASES.values()] + [random_rows(seed) for seed in range(40)]
     if found:
         for other in others:
@@ -138,10 +148,10 @@ def _slip(fn, rows, got):
     return found[0][0] if len(found) == 1 else None
 
 
-def expect_pick(fn, story: str, rows) -> None:
-    views = _views(rows)
+def expect_pick(fn, story: str, rows, rotated: bool = False) -> None:
+    views = _views(rows, rotated)
     where = f"{story}; load_penalty {PENALTY:g}: " + "; ".join(map(repr, views))
-    want = reference_router(None, _views(rows), 0.0)
+    want = reference_router(None, _views(rows, rotated), 0.0)
     got = fn(None, views, 0.0)
     if isinstance(got, float) and got.is_integer():
         got = int(got)
@@ -153,7 +163,7 @@ def expect_pick(fn, story: str, rows) -> None:
             got=short(got, typed=True),
         )
     if got != want:
-        hint = _slip(fn, rows, got)
+        hint = _slip(fn, rows, got, rotated)
         raise CheckFailed(
             "a different replica",
             input=where,
@@ -195,6 +205,20 @@ def _random(fn):
             fn,
             f"random fleet {seed} (kvlab.grading.lab10.fleet.random_rows({seed}))",
             random_rows(seed),
+        )
+
+
+@score_ex.check("the views listed from replica 1 on: the answer is view.index, not a place")
+def _rotated(fn):
+    for name in ("nearly", "queue"):
+        story, rows = CASES[name]
+        expect_pick(fn, story + ", listed from replica 1 on (replica 0 last)", rows, rotated=True)
+    for seed in range(10):
+        expect_pick(
+            fn,
+            f"random fleet {seed} listed from replica 1 on (replica 0 last)",
+            random_rows(seed),
+            rotated=True,
         )
 
 

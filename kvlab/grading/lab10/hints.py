@@ -44,6 +44,11 @@ IN_BLOCKS = (
     "(tokens) with load_penalty * view.load"
 )
 
+POSITION = (
+    "the router returned the replica's place in views, not its number: return view.index (views "
+    "need not come in index order; here replica 0 is listed last)"
+)
+
 # --- 10.fetch_or_recompute -------------------------------------------------------------------
 
 NO_ATTENTION = (
@@ -71,6 +76,10 @@ HBM_NOT_PCIE = (
     "at a link scaled up (pcie_bytes_per_s is already in bytes per second: 25e9 is 25 GB/s, "
     "multiply it by nothing), or as if it never compared at all; the blocks come up from CPU "
     "memory over PCIe, at pcie_bytes_per_s as given, a hundred times slower than HBM"
+)
+TIE_FETCHES = (
+    "a tie went to fetching: where the copy and the recompute take exactly the same time, "
+    "recompute (it needs no copy, no CPU memory, no link): return fetch < recompute, not <="
 )
 ATTN_SQUARE = (
     "attention was counted n x n times: the i-th token of the prefix attends to i positions "

@@ -17,7 +17,7 @@ from kvlab.grading.lab10 import hints
 from kvlab.grading.registry import exercise, own_answers
 from kvlab.models import ModelSpec
 from kvlab.models.specs import LLAMA_3_8B, OPT_13B
-from kvlab.perf.roofline import A100_80GB, H100_SXM
+from kvlab.perf.roofline import A100_80GB, GPU, H100_SXM
 from kvlab.perf.tiers import PCIE_GEN4_X16, PCIE_GEN5_X16, break_even_tokens
 
 fetch_ex = exercise("10.fetch_or_recompute", "fetch or recompute: the rule")
@@ -36,6 +36,12 @@ SLOW_LINK = 5e9  # a narrow or shared link
 CRAWL_LINK = 0.5e9  # a busy network hop
 # a small GQA model (Llama-3.2-1B's shape): little compute per token, yet K/V to move
 SMALL = ModelSpec("small-1B", 16, 32, 8, 64, num_params=1.24e9)
+# a tie, exact in floating point whatever the order of the sums: the small model's shape with
+# 2**30 - 2**15 x 1025 parameters on a GPU of 2**50 FLOP/s over a link of 2**34 B/s; 1,024 tokens
+# take 2**-9 s both ways (2**41 FLOPs, 2**25 bytes: every term a power of two or exact)
+TIE = ModelSpec("tie-1B", 16, 32, 8, 64, num_params=2**30 - 2**15 * 1025)
+TIE_GPU = GPU("H100 at 2**50 FLOP/s", H100_SXM.hbm_bytes_per_s, 2.0**50, H100_SXM.memory_bytes)
+TIE_LINK = 2.0**34
 
 
 def reference_rule(spec, gpu, num_tokens, pcie_bytes_per_s, *, slip=None) -> bool:
@@ -57,7 +63,8 @@ def reference_rule(spec, gpu, num_tokens, pcie_bytes_per_s, *, slip=None) -> boo
         per = 4 * spec.num_layers * spec.num_q_heads * spec.head_dim
         pairs = num_tokens**2 if slip == "attn_square" else num_tokens * (num_tokens + 1) / 2
         flops += per * pairs
-    return fetch < flops / gpu.peak_flops
+    recompute = flops / gpu.peak_flops
+    return fetch <= recompute if slip == "tie" else fetch < recompute
 
 
 SLIPS = (
@@ -68,6 +75,7 @@ SLIPS = (
     (hints.PER_LAYER, "per_layer"),
     (hints.HBM_NOT_PCIE, "hbm"),
     (hints.ATTN_SQUARE, "attn_square"),
+    (hints.TIE_FETCHES, "tie"),
 )
 
 
@@ -112,6 +120,13 @@ CARDS = (
         CRAWL_LINK,
         (16, 4_096, 32_768),
         around=False,
+    ),
+    _card(
+        "a tie: 1,024 tokens of a 1.04B model take 2**-9 s to fetch (2**34 B/s) and to recompute "
+        "(2**50 FLOP/s)",
+        TIE,
+        TIE_GPU,
+        TIE_LINK,
     ),
 )
 

@@ -111,7 +111,14 @@ def _bounded(name: str, value, most: float, what: str, *, integer: bool = False)
     return value
 
 
-STYLE = {"description_width": "110px"}
+# a label gets 7 px a character, the longest ("max at once (0: vLLM's)") whole: at 110 px two were
+# cut ("max at once (…", "min tokens/s e…")
+LABEL_PX = 170
+STYLE = {"description_width": f"{LABEL_PX}px"}
+
+
+def _field() -> widgets.Layout:
+    return widgets.Layout(width=f"{LABEL_PX + 220}px")
 
 
 def _choice(description: str, options, value) -> widgets.Dropdown:
@@ -120,7 +127,7 @@ def _choice(description: str, options, value) -> widgets.Dropdown:
         value=value,
         description=description,
         style=STYLE,
-        layout=widgets.Layout(width="330px"),
+        layout=_field(),
     )
 
 
@@ -133,7 +140,7 @@ def _number(kind, description: str, value, most, step):
         step=step,
         description=description,
         style=STYLE,
-        layout=widgets.Layout(width="330px"),
+        layout=_field(),
     )
 
 
