@@ -6,6 +6,8 @@ One function, :func:`grid_shapes`, gives every row's shape and the bytes it move
 grid on a GPU and for the tiny one the CPU dry run (``--tiny``, Triton's interpreter) goes
 through: the same code path, on shapes the interpreter finishes in seconds. On the CPU the
 times are wall clock of one interpreted call and mean nothing; the report says so.
+``python -m kvlab.perf.attention_grid [attention.json]`` prints the grid's Markdown table (Lab 05,
+the README), or that it is not yet measured.
 """
 
 from __future__ import annotations
@@ -349,3 +351,19 @@ def _cell(row: dict | None) -> str:
         return "failed"
     sdpa = row.get("speed_vs_sdpa_contiguous")
     return f"{row['fraction_of_copy']:.2f} / " + ("-" if sdpa is None else f"{sdpa:.2f}x")
+
+
+def render(path) -> str:
+    """The grid's table from an attention.json (its ``grid``), for Lab 05 and the README."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    report = json.loads(path.read_text()).get("grid") if path.exists() else None
+    return grid_table(report)
+
+
+if __name__ == "__main__":  # python -m kvlab.perf.attention_grid [benchmarks/attention.json]
+    import sys
+
+    print(render(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/attention.json"))
