@@ -237,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
             "fleet",
             "attention",
             "attention-sweep",
+            "attention-grid",
             "grade",
         ],
         help="what to measure",
@@ -245,6 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--budget", type=float, help="attention-sweep: seconds before it stops")
     bench.add_argument(
         "--requests", type=int, help="serve: requests in the timed run (default 100,000)"
+    )
+    bench.add_argument(
+        "--tiny", action="store_true", help="attention-grid: tiny shapes (the CPU dry run)"
     )
 
     from kvlab.models import PRESETS
@@ -387,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         from kvlab.perf.bench import main as bench
 
-        return bench(args.name, args.out, args.budget, args.requests)
+        return bench(args.name, args.out, args.budget, args.requests, args.tiny)
     if args.command == "plan":
         return _plan(args)
     return _labs(args)

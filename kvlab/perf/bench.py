@@ -2,7 +2,8 @@
 
 ``kvlab bench allocator``, ``kvlab bench serve [--requests N]``, ``kvlab bench chunked-prefill``,
 ``kvlab bench fleet`` (16 replicas x 100,000 requests behind each router),
-``kvlab bench attention`` and
+``kvlab bench attention``, ``kvlab bench attention-grid [--tiny]`` (the decode kernel over
+batch x context x GQA, :mod:`kvlab.perf.attention_grid`, merged into attention.json as ``grid``) and
 ``kvlab bench grade`` (a synthetic class through the judge, :mod:`kvlab.grading.bench_grade`);
 the launch-option sweep of the attention kernel (GPU only, a few minutes) runs as
 ``python -m kvlab.perf.bench attention-sweep [--out PATH] [--budget SECONDS]``.
@@ -418,7 +419,11 @@ def print_fleet(report: dict) -> None:
 
 
 def main(
-    name: str, out: str | None, budget_s: float | None = None, requests: int | None = None
+    name: str,
+    out: str | None,
+    budget_s: float | None = None,
+    requests: int | None = None,
+    tiny: bool = False,
 ) -> int:
     from kvlab.grading.bench_grade import grade
 
@@ -427,6 +432,7 @@ def main(
         "serve": serve,
         "attention": attention,
         "attention-sweep": attention_sweep,
+        "attention-grid": attention_grid,
         "grade": grade,
         "chunked-prefill": chunked_prefill,
         "fleet": fleet,
@@ -437,11 +443,15 @@ def main(
     if requests is not None and (name != "serve" or requests < 1):
         print(f"kvlab bench {name}: --requests takes a count >= 1, for serve only")
         return 2
+    if tiny and name != "attention-grid":
+        print(f"kvlab bench {name}: --tiny is for attention-grid only")
+        return 2
+    stem = "attention" if name == "attention-grid" else name  # the grid joins attention.json
     try:
         path = (
             Path(out)
             if out
-            else files.checkout_path("benchmarks", f"{name}.json", purpose=f"kvlab bench {name}")
+            else files.checkout_path("benchmarks", f"{stem}.json", purpose=f"kvlab bench {name}")
         )
     except FileNotFoundError as e:
         print(f"kvlab bench {name}: {e}, or pass --out PATH")
@@ -450,6 +460,8 @@ def main(
         if name == "attention-sweep":
             options = {} if budget_s is None else {"budget_s": budget_s}
             report = attention_sweep(checkpoint=lambda r: _write_json(path, r), **options)
+        elif name == "attention-grid":
+            return _attention_grid(path, tiny)
         elif name == "serve" and requests is not None:
             report = serve(n=requests, day=min(requests, 1_000), repeats=1)
         else:
@@ -476,6 +488,41 @@ def main(
         print(f"target {label}: {value} ({'met' if met else 'NOT met'})")
     _write_json(path, report)
     print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def attention_grid(tiny: bool = False) -> dict:
+    """The decode kernel over the grid of :mod:`kvlab.perf.attention_grid` (tiny: the CPU dry run)."""
+    from kvlab.perf import attention_grid as grid
+
+    return grid.attention_grid(grid.TINY if tiny else grid.FULL)
+
+
+def _attention_grid(path: Path, tiny: bool) -> int:
+    """Run the grid and put it in the JSON at ``path`` as ``grid``, keeping what else is there
+    (``kvlab bench attention``'s rows), so one attention.json holds a GPU run's figures."""
+    from kvlab.perf.attention_grid import grid_table, target_line
+
+    report = attention_grid(tiny)
+    try:
+        whole = json.loads(path.read_text()) if path.exists() else {}
+    except json.JSONDecodeError:
+        whole = {}
+    if not isinstance(whole, dict):
+        whole = {}
+    whole.setdefault("benchmark", "attention")
+    whole["grid"] = report
+    print(f"{report['device']} | copy {report['copy_GB_per_s']:,} GB/s | {report['timing']}")
+    for target in report["targets"]:
+        print("target " + target_line(target))
+    if report["timing"].startswith("triton"):
+        print(grid_table(report))
+    _write_json(path, whole)
+    print(f"wrote the grid into {path}", file=sys.stderr)
+    failed = [r for r in report["rows"] if "error" in r]
+    if failed:
+        print(f"kvlab bench attention-grid: {len(failed)} of {len(report['rows'])} rows failed")
+        return 1
     return 0
 
 
@@ -1020,10 +1067,14 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
-        "name", help="allocator, serve, chunked-prefill, attention, attention-sweep or grade"
+        "name",
+        help="allocator, serve, chunked-prefill, attention, attention-sweep, attention-grid or grade",
     )
     parser.add_argument("--out", help="JSON path (default: benchmarks/NAME.json)")
     parser.add_argument("--budget", type=float, help="attention-sweep: seconds before it stops")
     parser.add_argument("--requests", type=int, help="serve: requests in the timed run (100,000)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="attention-grid: the CPU dry run's shapes"
+    )
     cli = parser.parse_args()
-    sys.exit(main(cli.name, cli.out, cli.budget, cli.requests))
+    sys.exit(main(cli.name, cli.out, cli.budget, cli.requests, cli.tiny))

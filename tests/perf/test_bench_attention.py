@@ -3,6 +3,7 @@ here only the arithmetic, the SDPA comparison and the report's shape are checked
 reached only through kvlab, which must choose the interpreter before Triton is imported."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -178,3 +179,66 @@ def test_prefill_targets():
         "prefill chunk 512 ctx 8192: >= 0.7x SDPA speed",
     ]
     assert [met for _, met in targets.values()] == [True, False]
+
+
+# --- the decode grid (kvlab.perf.attention_grid) -----------------------------------------------
+
+
+def test_grid_shapes_and_bytes():
+    from kvlab.perf.attention_grid import FULL, ROW_FIELDS, grid_shapes
+
+    shapes = grid_shapes()
+    assert len(shapes) == 4 * 4 * 2 and {s["gqa"] for s in shapes} == {"8:1", "1:1"}
+    one = next(s for s in shapes if (s["gqa"], s["batch"], s["context"]) == ("8:1", 32, 8192))
+    assert one["kv_bytes"] == 2 * 32 * 8192 * 8 * 128 * 2  # K and V, bf16
+    assert one["bytes_moved"] == one["kv_bytes"] + 2 * 32 * 64 * 128 * 2  # + queries and output
+    assert set(one) <= set(ROW_FIELDS) and one["tokens"] == 32 * 8192
+    with pytest.raises(ValueError, match="kv_heads"):
+        grid_shapes(replace(FULL, heads=((6, 4),)))
+
+
+def _grid_rows(copy_share, sdpa_speed=1.1):
+    from kvlab.perf.attention_grid import grid_shapes
+
+    return [
+        {**s, "fraction_of_copy": copy_share(s), "speed_vs_sdpa_contiguous": sdpa_speed}
+        for s in grid_shapes()
+    ]
+
+
+def test_grid_targets_pass_miss_and_by_how_much():
+    from kvlab.perf.attention_grid import grid_targets
+
+    rows = _grid_rows(lambda s: 0.9 if s["tokens"] >= 65_536 else 0.55, sdpa_speed=0.95)
+    rows[-1]["fraction_of_copy"] = 0.8  # 1:1, B=128 x 32k: the worst big row
+    targets = {(t["gqa"], t["target"].split()[1]): t for t in grid_targets(rows)}
+    big = targets[("1:1", "0.85")]
+    assert big["status"] == "miss" and big["by"] == -0.05 and big["rows"] == 9
+    assert big["at"] == {"batch": 128, "context": 32768}
+    assert targets[("8:1", "0.85")]["status"] == "pass" and targets[("8:1", "0.85")]["by"] == 0.05
+    split = targets[("8:1", "0.6")]
+    assert split["status"] == "miss" and split["by"] == -0.05 and split["at"]["batch"] == 1
+    assert targets[("8:1", "1.0x")]["status"] == "miss" and targets[("8:1", "1.0x")]["by"] == -0.05
+    rows = [r for r in rows if (r["batch"], r["context"]) != (32, 8192)]
+    assert {t["status"] for t in grid_targets(rows) if "SDPA" in t["target"]} == {"not measured"}
+
+
+def test_grid_table_says_plainly_when_not_measured(tmp_path):
+    from kvlab.perf.attention_grid import grid_table, grid_targets, render
+
+    assert grid_table(None).startswith("Not yet measured: no GPU has been lent")
+    cpu = {"timing": "one interpreted call's wall clock: not a measurement", "rows": [{}]}
+    assert grid_table(cpu).startswith("Not yet measured")  # a dry run's times are not figures
+    assert render(tmp_path / "absent.json").startswith("Not yet measured")
+    rows = _grid_rows(lambda s: 0.9)
+    report = {"device": "GPU", "timing": "triton.testing.do_bench, median", "copy_GB_per_s": 1.0,
+              "rows": rows, "targets": grid_targets(rows)}  # fmt: skip
+    (tmp_path / "attention.json").write_text(json.dumps({"grid": report}))
+    table = render(tmp_path / "attention.json")
+    assert table.count("\n| 8:1 |") == 4 and "| 1:1 | 128 | 0.90 / 1.10x |" in table
+    assert "pass at 0.9" in table
+
+
+def test_tiny_is_for_the_grid_only(capsys):
+    assert bench.main("allocator", None, tiny=True) == 2
+    assert "--tiny is for attention-grid only" in capsys.readouterr().out
