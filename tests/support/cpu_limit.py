@@ -161,10 +161,38 @@ def call(args, *, cpu: float, **kwargs) -> int:
     return run(args, cpu=cpu, **kwargs).returncode
 
 
+def until(proc: subprocess.Popen, ready, what: str, cpu: float, poll: float = 0.3) -> None:
+    """Wait until ``ready()`` is true for a server ``proc`` (from :func:`popen`) that keeps
+    running: fails if it ends first, once its tree has used ``cpu`` CPU-seconds, or after the
+    wall backstop (``BACKSTOP * cpu``), saying which."""
+    started = time.monotonic()
+    while not ready():
+        if proc.poll() is not None:
+            raise AssertionError(f"{what}: it ended (status {proc.returncode}) before it was ready")
+        proc.cpu_used = max(proc.cpu_used, tree_cpu(proc.pid))
+        waited = time.monotonic() - started
+        if proc.cpu_used >= cpu or waited >= BACKSTOP * cpu:
+            raise CPULimitExceeded(
+                f"{what}: not ready after {proc.cpu_used:.1f} CPU-seconds (its limit {cpu:g})"
+                f" and {waited:.0f} s of wall time (backstop {BACKSTOP * cpu:g} s)"
+            )
+        time.sleep(poll)
+
+
 def backstop(seconds: float) -> float:
     """A wall-clock wait for what a child does (a server coming up) that takes ``seconds`` on
     an idle machine, stretched to the backstop: such a wait ends on the event, not the clock."""
     return BACKSTOP * seconds
 
 
-__all__ = ["BACKSTOP", "CPULimitExceeded", "backstop", "call", "communicate", "popen", "run", "wait"]
+__all__ = [
+    "BACKSTOP",
+    "CPULimitExceeded",
+    "backstop",
+    "call",
+    "until",
+    "communicate",
+    "popen",
+    "run",
+    "wait",
+]
