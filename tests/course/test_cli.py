@@ -1,19 +1,19 @@
 import json
-import subprocess
 import sys
 
+import cpu_limit
 import pytest
 from conftest import LEARNER_ENV, ROOT, kvlab_cli
 
 
 def run(*args, env=None):
-    return subprocess.run(
+    return cpu_limit.run(
         [*kvlab_cli(), *args],
+        cpu=300,
         capture_output=True,
         text=True,
         cwd=ROOT,
         env={**LEARNER_ENV, **(env or {})},
-        timeout=300,
     )
 
 
@@ -73,8 +73,8 @@ def test_doctor_flags_a_plain_kernelspec(tmp_path):
 
 
 def test_python_dash_m_works_too():
-    out = subprocess.run(
-        [sys.executable, "-m", "kvlab", "--help"], capture_output=True, text=True, cwd=ROOT
+    out = cpu_limit.run(
+        [sys.executable, "-m", "kvlab", "--help"], cpu=120, capture_output=True, text=True, cwd=ROOT
     )
     assert out.returncode == 0 and "doctor" in out.stdout and "grade" in out.stdout
 

@@ -13,11 +13,11 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import urllib.parse
 from pathlib import Path
 
+import cpu_limit
 import pytest
 from conftest import LEARNER_ENV, ROOT, kvlab_cli
 
@@ -99,10 +99,11 @@ def binder_build(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("binder")
     repo = copy_for_postbuild(tmp / "repo")
     venv = tmp / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    cpu_limit.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cpu=120, check=True)
     python = venv / "bin" / "python"
-    purelib = subprocess.run(
+    purelib = cpu_limit.run(
         [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        cpu=60,
         capture_output=True,
         text=True,
         check=True,
@@ -122,8 +123,8 @@ def binder_build(tmp_path_factory):
         KVLAB_PIP_INSTALL="python -m pip install --no-index --no-deps --no-build-isolation "
         "--ignore-installed --disable-pip-version-check --no-cache-dir",
     )
-    run = subprocess.run(
-        ["./binder/postBuild"], cwd=repo, env=env, capture_output=True, text=True, timeout=300
+    run = cpu_limit.run(
+        ["./binder/postBuild"], cpu=300, cwd=repo, env=env, capture_output=True, text=True
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return {"repo": repo, "venv": venv, "python": python, "env": env, "log": run.stdout}
@@ -131,13 +132,13 @@ def binder_build(tmp_path_factory):
 
 def in_venv(build, *argv: str) -> str:
     """Run the venv's Python as the image's notebook server would, in the copied checkout."""
-    run = subprocess.run(
+    run = cpu_limit.run(
         [build["python"], *argv],
+        cpu=180,
         env=build["env"],
         cwd=build["repo"],
         capture_output=True,
         text=True,
-        timeout=180,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     return run.stdout
@@ -276,7 +277,7 @@ def test_hub_image_copies_real_files_and_runs_real_commands():
     commands = set(re.findall(r"(?:^|&&|;)\s*kvlab (\w+)", runs))
     assert commands == {"kernel"}, commands
     for command in commands:
-        run = subprocess.run(
-            [*kvlab_cli(), command, "--help"], capture_output=True, text=True, timeout=120
+        run = cpu_limit.run(
+            [*kvlab_cli(), command, "--help"], cpu=120, capture_output=True, text=True
         )
         assert run.returncode == 0, run.stderr

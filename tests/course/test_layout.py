@@ -5,11 +5,11 @@ from __future__ import annotations
 import ast
 import importlib
 import pkgutil
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
+import cpu_limit
 import pytest
 
 import kvlab
@@ -69,7 +69,9 @@ def test_the_core_runs_without_torch():
         "import sys, kvlab.core.block_manager, kvlab.core.contiguous, kvlab.serving.simulate, "
         "kvlab.serving.replay, kvlab.serving.sharing; print('torch' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = cpu_limit.run(
+        [sys.executable, "-c", code], cpu=120, capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "False"
 
 
@@ -122,7 +124,9 @@ def test_old_submodule_paths_leave_a_package_s_functions_alone():
         "module = importlib.import_module('kvlab.serve.simulate')\n"
         "print(callable(simulate), callable(generate), module is sys.modules['kvlab.serving.simulate'])"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = cpu_limit.run(
+        [sys.executable, "-c", code], cpu=120, capture_output=True, text=True, check=True
+    )
     assert out.stdout.split() == ["True", "True", "True"]
     from kvlab.serving import simulate
 
@@ -143,8 +147,11 @@ def test_a_kernelspec_registered_before_the_move_still_starts_the_kernel():
     assert launches_kvlab(["python", "-m", "kvlab.jupyter_kernel", "-f", "{connection_file}"])
     assert launches_kvlab(["python", "-m", "kvlab.course.jupyter_kernel", "-f", "x"])
     assert not launches_kvlab(["python", "-m", "ipykernel_launcher", "-f", "x"])
-    out = subprocess.run(
-        [sys.executable, "-m", "kvlab.jupyter_kernel", "--help"], capture_output=True, text=True
+    out = cpu_limit.run(
+        [sys.executable, "-m", "kvlab.jupyter_kernel", "--help"],
+        cpu=120,
+        capture_output=True,
+        text=True,
     )
     assert out.returncode == 0, out.stderr
     assert "IPython" in out.stdout

@@ -8,8 +8,8 @@ nbval executes the solution notebooks through the `kvlab` kernel (see `make test
 """
 
 import json
-import subprocess
 
+import cpu_limit
 import nbformat
 import pytest
 from conftest import LEARNER_ENV, ROOT, kvlab_cli
@@ -19,15 +19,17 @@ pytestmark = pytest.mark.slow
 ARTIFACTS = ROOT / "tests" / "artifacts"
 
 
-def grade(*paths, env=None, kernel=None, jobs=1, timeout=900):
+def grade(*paths, env=None, kernel=None, jobs=1, cpu=900, cell_timeout=None):
+    """``kvlab grade --json``, its whole process tree held to ``cpu`` CPU-seconds per job."""
     options = (["--kernel", kernel] if kernel else []) + ["--jobs", str(jobs)]
-    out = subprocess.run(
+    options += ["--cell-timeout", str(cell_timeout)] if cell_timeout else []
+    out = cpu_limit.run(
         [*kvlab_cli(), "grade", "--json", *options, *map(str, paths)],
+        cpu=cpu * jobs,
         capture_output=True,
         text=True,
         cwd=ROOT,
         env={**LEARNER_ENV, **(env or {})},
-        timeout=timeout,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     return {g["path"]: g for g in json.loads(out.stdout)["notebooks"]}
@@ -51,7 +53,10 @@ JUDGED_LAB = "labs/01_contiguous_cache.ipynb"
 def course():
     """Every solution and the unsolved Lab 01, graded by the judge (the default), two at a
     time: each notebook once, for every test here that reads a course notebook's grade."""
-    return grade(JUDGED_LAB, "solutions", jobs=2)
+    # The judge's checks count CPU time (and are tried twice); a cell's own limit
+    # (--cell-timeout, 300 s by default) is still wall time: given its 10 x backstop here, so a
+    # busy machine cannot cost a solution's cell (a cell that never ends still fails)
+    return grade(JUDGED_LAB, "solutions", jobs=2, cell_timeout=3000)
 
 
 def test_the_self_reported_way_still_runs_a_lab_in_the_kvlab_kernel(tmp_path):
@@ -186,12 +191,12 @@ def test_grading_runs_in_the_learners_kernel_not_in_its_own_environment(tmp_path
     (ours,) = grade(path, env={**learner, **env}).values()
     assert ours["error"] is None and ours["error_cells"] == [], ours
     # a plain Python kernel gets the user's environment too, not kvlab's setting: Triton first breaks
-    out = subprocess.run(
+    out = cpu_limit.run(
         [*kvlab_cli(), "grade", "--json", "--kernel", "python3", str(path)],
+        cpu=300,
         capture_output=True,
         text=True,
         env={**learner, **env},
-        timeout=300,
     )
     (plain,) = json.loads(out.stdout)["notebooks"]
     assert plain["error_cells"] == [2], plain
@@ -209,17 +214,17 @@ def test_grading_survives_a_looping_cell_a_dead_kernel_and_a_missing_kernel(tmp_
         ["import os, signal", "os.kill(os.getpid(), signal.SIGSEGV)", "x = 1"],
         name="crash.ipynb",
     )
-    out = subprocess.run(
+    out = cpu_limit.run(
         [*kvlab_cli(), "grade", "--json", "--cell-timeout", "3", str(loop), str(crash)],
+        cpu=120,
         capture_output=True,
         text=True,
         env=LEARNER_ENV,
-        timeout=120,
     )
     grades = {g["path"]: g for g in json.loads(out.stdout)["notebooks"]}
     for path in (loop, crash):
         assert grades[str(path)]["error"] is None and grades[str(path)]["error_cells"] == [1]
-    kernel = subprocess.run(
+    kernel = cpu_limit.run(
         [
             *kvlab_cli(),
             "grade",
@@ -234,32 +239,35 @@ def test_grading_survives_a_looping_cell_a_dead_kernel_and_a_missing_kernel(tmp_
         capture_output=True,
         text=True,
         env=LEARNER_ENV,
-        timeout=120,
+        cpu=120,
     )
     grades = {g["path"]: g for g in json.loads(kernel.stdout)["notebooks"]}
     assert grades[str(loop)]["error"].startswith("CellTimeoutError"), grades
     assert grades[str(crash)]["error"].startswith("DeadKernelError"), grades
-    missing = subprocess.run(
+    missing = cpu_limit.run(
         [*kvlab_cli(), "grade", "--kernel", "no-such-kernel", str(loop)],
+        cpu=60,
         capture_output=True,
         text=True,
         env=LEARNER_ENV,
-        timeout=60,
     )
     assert missing.returncode == 0 and "NoSuchKernel" in missing.stdout
 
 
 def test_grade_text_report_and_bad_paths(tmp_path):
     path = _notebook(tmp_path, ["x = 1"], name="notes.ipynb")
-    out = subprocess.run(
-        [*kvlab_cli(), "grade", str(path)], capture_output=True, text=True, env=LEARNER_ENV
+    out = cpu_limit.run(
+        [*kvlab_cli(), "grade", str(path)], cpu=300, capture_output=True, text=True, env=LEARNER_ENV
     )
     assert out.returncode == 0 and "no exercises to grade; ran in" in out.stdout
-    missing = subprocess.run(
-        [*kvlab_cli(), "grade", str(tmp_path / "nope.ipynb")], capture_output=True, text=True
+    missing = cpu_limit.run(
+        [*kvlab_cli(), "grade", str(tmp_path / "nope.ipynb")],
+        cpu=120,
+        capture_output=True,
+        text=True,
     )
     assert missing.returncode == 2 and "no such notebook" in missing.stdout
-    no_jobs = subprocess.run(
-        [*kvlab_cli(), "grade", "--jobs", "0", str(path)], capture_output=True, text=True
+    no_jobs = cpu_limit.run(
+        [*kvlab_cli(), "grade", "--jobs", "0", str(path)], cpu=120, capture_output=True, text=True
     )
     assert no_jobs.returncode == 2 and "--jobs must be at least 1" in no_jobs.stdout

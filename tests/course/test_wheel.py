@@ -13,13 +13,13 @@ import json
 import os
 import shutil
 import site
-import subprocess
 import sys
 import time
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
+import cpu_limit
 import nbformat
 import pytest
 from conftest import LEARNER_ENV, ROOT
@@ -40,9 +40,10 @@ NOT_EXPORTED = {
 }
 
 
-def run(argv, *, cwd, env=None, timeout=300, check=True):
-    out = subprocess.run(
-        [str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+def run(argv, *, cwd, env=None, cpu=300, check=True):
+    # cpu: CPU-seconds of the whole tree; a wall-clock backstop of 10 x (cpu_limit)
+    out = cpu_limit.run(
+        [str(a) for a in argv], cpu=cpu, cwd=cwd, env=env, capture_output=True, text=True
     )
     if check:
         assert out.returncode == 0, f"{argv}: {out.stdout}\n{out.stderr}"
@@ -249,7 +250,7 @@ def test_every_lab_runs_in_a_plain_python3_kernel(started, venv):
     _, course = started
     started_at = time.monotonic()
     argv = [venv.kvlab, "grade", "--json", "--kernel", "python3", "--jobs", "2", "."]
-    out = run(argv, cwd=course, env=venv.env, timeout=900)
+    out = run(argv, cwd=course, env=venv.env, cpu=900)
     grades = {Path(g["path"]).name: g for g in json.loads(out.stdout)["notebooks"]}
     seconds = ", ".join(f"{name[:2]} {g['seconds']:.0f} s" for name, g in grades.items())
     print(f"\nwheel: labs in a python3 kernel in {time.monotonic() - started_at:.0f} s ({seconds})")

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import cpu_limit
 import nbformat
 import psutil
 import pytest
@@ -486,13 +487,14 @@ def tiny_class(sub):
     (sub / "carol" / "notes.txt").write_text("not graded")
 
 
-def kvlab(*args, timeout=600, wrapper=()):
-    out = subprocess.run(
+def kvlab(*args, cpu=1200, wrapper=()):
+    """``kvlab grade ARGS``, its process tree held to ``cpu`` CPU-seconds (its jobs together)."""
+    out = cpu_limit.run(
         [*wrapper, *kvlab_cli(), "grade", *map(str, args)],
+        cpu=cpu,
         capture_output=True,
         text=True,
         env=LEARNER_ENV,
-        timeout=timeout,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     return out
@@ -516,7 +518,7 @@ def test_three_shards_in_three_processes_merge_into_the_gradebook_of_one_run(tmp
 
     started = time.monotonic()
     shards = [
-        subprocess.Popen(
+        cpu_limit.popen(
             [
                 *kvlab_cli(),
                 "grade",
@@ -526,6 +528,7 @@ def test_three_shards_in_three_processes_merge_into_the_gradebook_of_one_run(tmp
                 "--out",
                 str(tmp_path / f"s{k}"),
             ],
+            cpu=600,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -534,7 +537,7 @@ def test_three_shards_in_three_processes_merge_into_the_gradebook_of_one_run(tmp
         for k in (1, 2, 3)
     ]
     for k, shard in enumerate(shards, 1):
-        output, _ = shard.communicate(timeout=600)
+        output, _ = cpu_limit.communicate(shard)
         assert shard.returncode == 0, output
         assert f"shard {k}/3: graded" in output and "kvlab grade --merge" in output
         assert sorted(p.name for p in (tmp_path / f"s{k}").iterdir()) == ["grades.json"]
@@ -667,7 +670,7 @@ def test_a_class_of_the_real_lab_00_learner_and_solution(tmp_path):
     (sub / "learner").mkdir(parents=True)
     shutil.copy(ROOT / "labs" / "00_why_kv_cache.ipynb", sub / "learner")
     shutil.copy(ROOT / "solutions" / "00_why_kv_cache.ipynb", sub / "teacher_00.ipynb")
-    kvlab(sub, "--out", tmp_path / "out", "--jobs", "2", timeout=900)
+    kvlab(sub, "--out", tmp_path / "out", "--jobs", "2", cpu=1800)
     doc = json.loads((tmp_path / "out" / "grades.json").read_text())
     learner, teacher = doc["notebooks"]
     assert learner["student"] == "learner" and learner["passed"] == 0 < learner["total"]

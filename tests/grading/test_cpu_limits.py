@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 
+import cpu_limit as child_limit
 import pytest
 
 from kvlab.grading import Status, run_checks
@@ -84,7 +85,7 @@ def test_counting_sets_the_clock_the_limit_reads():
 def test_the_learner_clock_counts_the_learners_process_tree_and_no_restart(tmp_path):
     """The learner's process (and what it starts) counts; a new process's start does not."""
     burn = "import subprocess, sys, time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\nsys.stdin.read()"
-    first = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE)
+    first = child_limit.popen([sys.executable, "-c", burn], cpu=60, stdin=subprocess.PIPE)
     clock = LearnerClock()
     clock.follow(first.pid)  # what it used before this (its start) is not counted
     before = clock()
@@ -93,14 +94,14 @@ def test_the_learner_clock_counts_the_learners_process_tree_and_no_restart(tmp_p
     used = clock() - before
     assert used > 0.1
     clock.ended()
-    first.communicate(b"")
-    second = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE)
+    child_limit.communicate(first, b"")
+    second = child_limit.popen([sys.executable, "-c", burn], cpu=60, stdin=subprocess.PIPE)
     time.sleep(0.5)  # its start and its burn happen before it is followed
     clock.follow(second.pid)
     after_restart = clock()
     assert after_restart >= before + used  # never decreasing, the ended process kept
     assert after_restart - (before + used) < 0.25  # the new process's start is not counted
-    second.communicate(b"")
+    child_limit.communicate(second, b"")
 
 
 def kv_bytes(spec):

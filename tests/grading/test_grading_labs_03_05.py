@@ -9,10 +9,10 @@ import json
 import os
 import pathlib
 import re
-import subprocess
 import sys
 import tempfile
 
+import cpu_limit
 import pytest
 import torch
 
@@ -539,8 +539,13 @@ def test_triton_imported_before_kvlab_is_named_in_every_check_not_blamed_on_the_
     from kvlab.ops.runtime import TRITON_TOO_EARLY_DETAILS
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run(
-        [sys.executable, "-c", TRITON_FIRST], env=env, cwd=ROOT, capture_output=True, text=True
+    run = cpu_limit.run(
+        [sys.executable, "-c", TRITON_FIRST],
+        cpu=300,
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert run.returncode == 0, run.stderr
     first, *rest = json.loads(run.stdout.splitlines()[-1])

@@ -334,8 +334,10 @@ def test_host_tmp_and_its_unix_sockets_are_hidden(tmp_path):
 def test_cpu_time_limit_is_hit_and_explained(tmp_path, mode):
     limits = Limits(cpu_seconds=1, wall_seconds=30)
     outcome, _, _, run = run_python("while True: pass", tmp_path / "w", limits, mode)
+    # SIGXCPU and the CPU limit named, not the 30 s wall limit: stopped by its CPU time (wall
+    # time, which a busy machine stretches, is not asserted)
     assert outcome.returncode == -signal.SIGXCPU
-    assert 0.9 <= outcome.cpu_seconds < 3 and outcome.elapsed < 10
+    assert 0.9 <= outcome.cpu_seconds < 3
     assert outcome.limits_hit == ("cpu_seconds",)
     assert "CPU time limit hit" in line_with(outcome.lines, "CPU time")
     assert "CPU time" in sb.explain_exit(outcome.returncode, limits, outcome.elapsed)
@@ -386,10 +388,9 @@ def test_wall_time_kills_the_child_and_a_grandchild_it_forked(tmp_path, mode):
         time.sleep(60)
     """
     limits = Limits(wall_seconds=1.0)
-    began = time.monotonic()
     outcome, _, _, _ = run_python(code, work, limits, mode)
+    # killed (the child's own end, after its 60 s sleep, is exit status 0) by the wall limit
     assert outcome.returncode == -signal.SIGKILL
-    assert time.monotonic() - began < 5
     assert outcome.limits_hit == ("wall_seconds",)
     assert "wall time limit hit" in outcome.lines[1]
     assert "wall time" in sb.explain_exit(outcome.returncode, limits, outcome.elapsed)
@@ -559,11 +560,11 @@ def test_a_missing_command_raises_like_popen(tmp_path, mode):
 
 def test_kill_stops_the_tree(tmp_path):
     run = sb.start([sys.executable, "-I", "-c", "import time; time.sleep(60)"], tmp_path, QUICK)
-    began = time.monotonic()
     run.kill()
     outcome = run.finish()
+    # a signal, not the sleep's own end (exit status 0): kill() stopped it
     assert outcome.returncode in (-signal.SIGTERM, -signal.SIGKILL)
-    assert time.monotonic() - began < 3
+    assert outcome.limits_hit == ()
 
 
 def test_bad_arguments_are_refused(tmp_path):

@@ -16,6 +16,7 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
+import cpu_limit
 import pytest
 
 SCRIPT = Path(__file__).parents[1] / "support" / "gpu_compile.py"
@@ -26,6 +27,10 @@ TRITON_GPU_DIR = os.environ.get("KVLAB_TRITON_GPU_DIR", ".venv/triton-3.6.0")
 # unchanged kernel is read back as it was compiled, a changed one compiles. Unset, every run
 # compiles from scratch.
 COMPILE_CACHE = os.environ.get("KVLAB_TRITON_COMPILE_CACHE")
+# CPU-seconds a compiling process (with its ptxas runs) may use: CPU time, not wall time, so a
+# busy machine (where it waits for a core) cannot fail it; the wall-clock limit is only the
+# backstop of cpu_limit (10 x). From scratch it uses about {measured} on an idle machine.
+COMPILE_CPU_SECONDS = 1200
 # shared memory one program may use (the opt-in maximum per block)
 MAX_SHARED = {90: 232_448, 80: 166_912, 75: 65_536}
 # compiled with the GPU machine's Triton too (every arch is compiled with ours)
@@ -46,8 +51,9 @@ def _start(tmp_path, archs, pythonpath=None, defaults_only=False):
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     options = ["--defaults-only"] if defaults_only else []
-    return subprocess.Popen(
+    return cpu_limit.popen(
         [sys.executable, str(SCRIPT), *options, *map(str, archs)],
+        cpu=COMPILE_CPU_SECONDS,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -56,13 +62,10 @@ def _start(tmp_path, archs, pythonpath=None, defaults_only=False):
 
 
 def _rows(proc):
-    try:
-        out, err = proc.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
+    out, err = cpu_limit.communicate(proc)
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert proc.returncode == 0, [r for r in rows if "error" in r] or err[-3000:]
+    print(f"\n{' '.join(proc.args[2:])}: about {proc.cpu_used:.0f} CPU-s")
     return rows
 
 

@@ -1,6 +1,7 @@
 import subprocess
 import sys
 
+import cpu_limit
 import nbformat
 import pytest
 from conftest import LEARNER_ENV, ROOT
@@ -31,14 +32,18 @@ def test_import_kvlab_sets_the_variable_before_any_kernel_exists():
     env = {k: v for k, v in LEARNER_ENV.items() if k != "TRITON_INTERPRET"}
     env["CUDA_VISIBLE_DEVICES"] = ""  # no GPU visible, even on a GPU machine
     code = "import os, kvlab; print(os.environ.get('TRITON_INTERPRET'), kvlab.KERNEL_MODE)"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    out = cpu_limit.run(
+        [sys.executable, "-c", code], cpu=120, env=env, capture_output=True, text=True
+    )
     assert out.stdout.split() == ["1", "interpreter"], out.stderr
 
 
 def _python(code: str, **extra) -> subprocess.CompletedProcess:
     env = {k: v for k, v in LEARNER_ENV.items() if k != "TRITON_INTERPRET"}
     env.update(CUDA_VISIBLE_DEVICES="", **extra)
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    return cpu_limit.run(
+        [sys.executable, "-c", code], cpu=120, env=env, capture_output=True, text=True
+    )
 
 
 def test_triton_imported_before_kvlab_warns_with_the_fix():

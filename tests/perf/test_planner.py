@@ -3,8 +3,8 @@
 import dataclasses
 import json
 import math
-import subprocess
 
+import cpu_limit
 import pytest
 from conftest import LEARNER_ENV, ROOT, kvlab_cli
 
@@ -444,23 +444,23 @@ def test_cli_errors_exit_2_with_the_message(capsys):
 
 
 def test_cli_entry_point():
-    out = subprocess.run(
+    out = cpu_limit.run(
         [*kvlab_cli(), "plan", "--model", "Llama-3-70B", "--gpu", "H200-141GB", "--gpus", "8"],
         capture_output=True,
         text=True,
         cwd=ROOT,
         env=LEARNER_ENV,
-        timeout=120,
+        cpu=120,
     )
     assert out.returncode == 0, out.stderr
     assert "Llama-3-70B on 8 x H200-141GB" in out.stdout and "Orca (Max)" in out.stdout
-    bad = subprocess.run(
+    bad = cpu_limit.run(
         [*kvlab_cli(), "plan", "--model", "Llama-3-70B", "--gpu", "H100-80GB"],
         capture_output=True,
         text=True,
         cwd=ROOT,
         env=LEARNER_ENV,
-        timeout=120,
+        cpu=120,
     )
     assert (
         bad.returncode == 2
@@ -477,13 +477,13 @@ def test_cli_output_piped_into_head_ends_quietly():
     command = " ".join(
         map(shlex.quote, [*kvlab_cli(), "plan", "--model", "OPT-13B", "--gpu", "A100-40GB"])
     )
-    out = subprocess.run(
+    out = cpu_limit.run(
         ["bash", "-o", "pipefail", "-c", f"{command} | true"],
         capture_output=True,
         text=True,
         cwd=ROOT,
         env=LEARNER_ENV,
-        timeout=120,
+        cpu=120,
     )
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
 
