@@ -46,7 +46,8 @@ CHECK_CELL = re.compile(
 LAB_NAME = re.compile(r"^(\d\d)_")
 MAX_RESTARTS = 12  # a submission that needs more has stopped being graded fairly anyway
 REPLAY_BUDGET = 120.0  # seconds for replaying cells after restarts, all of them together
-ASK_TIMEOUT = 5.0  # seconds for the judge's own requests (find an object, forget handles)
+ASK_TIMEOUT = 60.0  # wall seconds for the judge's own requests (find an object, forget handles):
+# trivial work for an honest process, so only a far backstop that a busy machine never reaches
 
 
 @dataclass

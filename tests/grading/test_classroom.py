@@ -435,7 +435,7 @@ def test_a_grader_that_raises_dies_or_hangs_costs_one_row(tmp_path):
         [write_notebook(tmp_path / f"{who}_00.ipynb", [cmd]) for who, cmd in commands.items()]
     ).submissions
     records = grade_submissions(
-        subs, jobs=3, notebook_timeout=6, grader=classroom_fakes_grader(), progress=False
+        subs, jobs=3, notebook_timeout=30, grader=classroom_fakes_grader(), progress=False
     )
     got = {r["student"]: (r["passed"], r["total"], r["error"]) for r in records}
     assert got == {
@@ -443,8 +443,8 @@ def test_a_grader_that_raises_dies_or_hangs_costs_one_row(tmp_path):
         "bob": (0, 11, "the grader raised RuntimeError: a bug in the grader"),
         "carol": (0, 11, "the grading process ended without a result (killed by SIGKILL)"),
         "dave": (0, 11, "the grading process ended without a result (exit status 3)"),
-        "erin": (0, 11, "grading stopped after 6 s (--notebook-timeout)"),
-        "frank": (0, 11, "grading stopped after 6 s (--notebook-timeout)"),
+        "erin": (0, 11, "grading stopped after 30 s (--notebook-timeout)"),
+        "frank": (0, 11, "grading stopped after 30 s (--notebook-timeout)"),
         "gina": (2, 5, None),
         "hana": (0, 0, "cannot read hana_00.ipynb"),  # not the private copy's temporary path
     }
