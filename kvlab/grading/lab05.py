@@ -38,7 +38,7 @@ from kvlab.grading.lab04 import (
     read_far_padding,
     rebuild,
 )
-from kvlab.grading.limits import CheckTimeout, ChildCrashed, can_fork, in_child_process
+from kvlab.grading.launchers import launch_decode_isolated
 from kvlab.grading.registry import exercise
 from kvlab.grading.slips import Slip
 from kvlab.ops.attention import decode_attention, gather_kv, paged_decode_attention_ref
@@ -485,26 +485,7 @@ def _kernel_slips(args, got=None, case=None, answer_on=None):
 # --- launching the learner's kernel outside the checks --------------------------------------------
 
 
-def launch_isolated(fn, *args, timeout: float = 60.0):
-    """``launch_paged_decode(fn, *args)`` for a notebook cell, isolated as the checks are: in
-    Triton's interpreter it runs in a forked child, so a load or store that corrupts memory ends
-    the child, not the notebook's kernel. Returns ``(output, None)``, or ``(None, what went
-    wrong)`` when it raised, crashed or ran past ``timeout`` seconds."""
-
-    def launch():
-        try:
-            return launch_paged_decode(fn, *args), None
-        except Exception as error:
-            return None, f"it raised {explain_exception(error)[0]}"
-
-    if kernel_mode() != "interpreter" or not can_fork():
-        return launch()  # compiled: a bad address is an error, not a dead process
-    try:
-        return in_child_process(launch, timeout)
-    except CheckTimeout:
-        return None, f"it did not finish within {timeout:g} s"
-    except ChildCrashed as crash:
-        return None, f"it crashed its process ({crash.how})"
+launch_isolated = launch_decode_isolated  # the name Lab 05's cells import
 
 
 # --- launching on guarded tensors ----------------------------------------------------------------
