@@ -609,6 +609,7 @@ SYSTEM_DIRS = frozenset(
 # What the learner's process keeps of kvlab.grading: the judge's channel and its helpers
 CHILD_RUNTIME = ("judge_child.py", "remote.py", "wire.py", "limits.py", "blame.py", "expect.py")
 CHILD_RUNTIME += ("launchers.py",)  # the given cells' kernel launches, shared with the checks
+CHILD_RUNTIME += ("given.py",)  # the classes of the checks' inputs
 CHILD_RUNTIME += ("own_code.py",)  # the in-process guard: a first line, never the only one
 # the graders' names a lab's given cells import, in the learner's process (student_view/)
 STUDENT_VIEW = {

@@ -805,7 +805,11 @@ def rebuild_error(info, remote: bool = True) -> BaseException:
     cls = cls or Exception
     error = cls.__new__(cls)
     args = info.get("args") if isinstance(info.get("args"), list) else []
-    args = [_short(a) for a in args[:ERROR_ITEMS] if type(a) in (bool, int, float, str)]
+    args = [
+        _short(a) if type(a) is str else a
+        for a in args[:ERROR_ITEMS]
+        if type(a) in (bool, int, float, str)
+    ]
     BaseException.__init__(error, *args)
     attrs = info.get("attrs") if isinstance(info.get("attrs"), dict) else {}
     for key, value in list(attrs.items())[:ERROR_ITEMS]:

@@ -224,6 +224,7 @@ def test_results_are_logged_for_kvlab_grade(tmp_path, monkeypatch, capsys):
         "total": 5,
         "timed_out": 0,  # checks stopped at their limit: the gradebook's timeout flag
         "handover": False,  # a check refused a hand-over to kvlab's own: its hand-over flag
+        "handed_over": None,  # what of kvlab's the judge refused to the learner's code
     }
 
 

@@ -5,10 +5,10 @@ learner's must not hand the work to."""
 from __future__ import annotations
 
 import inspect
-from typing import NamedTuple
 
 from kvlab.core.block_manager import BlockManager
 from kvlab.core.block_pool import ROOT_HASH, BlockPool, hash_block_tokens
+from kvlab.grading.given import CachedBlock
 from kvlab.grading.lab07 import hints
 from kvlab.grading.slips import Slip
 
@@ -25,14 +25,6 @@ def functions(*classes) -> tuple:
 
 
 KVLAB_CODE = functions(BlockManager, BlockPool)
-
-
-class CachedBlock(NamedTuple):
-    """A cached room, as the lab's cell defines it: what the checks put in ``cached``."""
-
-    block_id: int
-    parent_hash: int
-    token_ids: tuple
 
 
 def cached_prefix(
