@@ -50,6 +50,8 @@ MOVED = {
     "kvlab.doctor": "kvlab.course.doctor",
     "kvlab.labgen": "kvlab.course.labgen",
     "kvlab.lab_settings": "kvlab.course.lab_settings",
+    # a module that shared its name with the function its package exports (issue 37)
+    "kvlab.serving.simulate": "kvlab.serving.simulation",
 }
 
 
@@ -102,6 +104,17 @@ class MovedFinder(importlib.abc.MetaPathFinder):
             return None
         # the new home's file, so that `python -m <old path>` gives its program a real argv[0]
         return importlib.machinery.ModuleSpec(fullname, _Alias(new), origin=found.origin)
+
+
+def keep_old_path(old: str, module) -> None:
+    """Make the old path ``old`` of a module its package has already loaded the same module, before
+    anyone imports it. A package whose attribute of that name is a function (``kvlab.serving``
+    binds ``simulate``) calls this: were ``import kvlab.serving.simulate`` to load the module, the
+    import system would then set the package's attribute to the module; found in ``sys.modules``,
+    it is handed back and the attribute stays the function."""
+    if MOVED.get(old) != module.__name__:
+        raise ValueError(f"{old!r} is not an old path of {module.__name__!r} in MOVED")
+    sys.modules.setdefault(old, module)
 
 
 def install() -> None:
