@@ -8,12 +8,11 @@ every old path does (:mod:`kvlab._moved`), while the package's attribute stays t
 """
 
 from kvlab import _moved
-
 from kvlab.core.cache_kinds import CACHES, PAPER_NAMES
+from kvlab.serving import simulation
 from kvlab.serving.config import EngineConfig
 from kvlab.serving.engine import Engine, new_positions
 from kvlab.serving.fleet import FleetResult, ReplicaView, simulate_fleet
-from kvlab.serving import simulation
 from kvlab.serving.simulation import SimResult, make_cache, percentile, simulate
 
 _moved.keep_old_path("kvlab.serving.simulate", simulation)
