@@ -8,10 +8,10 @@ engine, simulator), ``kv`` (K/V tensors), ``ops`` (attention references and Trit
 """
 
 from kvlab import _moved
+from kvlab._version import __version__
 from kvlab.ops.runtime import configure_triton
 
 _moved.install()
 KERNEL_MODE = configure_triton()
 
-__version__ = "0.1.0"
 __all__ = ["KERNEL_MODE", "__version__"]

@@ -9,7 +9,7 @@ import sys
 
 def _labs(args) -> int:
     from kvlab.core import files
-    from kvlab.course import labgen
+    from kvlab.grading import labgen
 
     needs = [args.solutions] if args.nbgrader else [args.solutions, args.out]
     if files.checkout_root() is None and None in needs:
@@ -389,9 +389,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"registered the kvlab kernel in {install(user=args.user, prefix=args.prefix)}")
         return 0
     if args.command == "bench":
+        from kvlab.grading.bench_grade import grade
         from kvlab.perf.bench import main as bench
 
-        return bench(args.name, args.out, args.budget, args.requests, args.tiny)
+        more = {"grade": grade}
+        return bench(args.name, args.out, args.budget, args.requests, args.tiny, more=more)
     if args.command == "plan":
         return _plan(args)
     return _labs(args)

@@ -16,6 +16,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
+from kvlab import _moved
 from kvlab.core.accounting import CacheState, Usage, usage
 from kvlab.core.block_pool import Block, BlockPool, hash_block_tokens
 from kvlab.core.errors import OutOfMemory
@@ -770,27 +771,12 @@ class PagedCache:
     def state(self) -> CacheState:
         return self.manager.state()
 
-    def kv_tensors(self, spec, dtype=None, device="cpu"):
-        """K and V tensors for this cache's blocks (a :class:`kvlab.kv.tensors.PagedKVCache`
-        addressed through its block tables, whose accounts this cache keeps): what a model's
-        executor writes and reads."""
-        from kvlab.kv.tensors import PagedKVCache
 
-        return PagedKVCache.over(self.manager, spec, dtype, device)
-
-
-# The K/V tensors live in kvlab.kv.tensors; these names stay importable from here (Labs 03-04
-# use them). Looked up on first use: kv_tensors imports torch and this module's BlockManager.
-_TENSOR_NAMES = ("PagedKVCache", "block_tables_tensor", "flashinfer_page_table")
-
-
+# The K/V tensors live in kvlab.kv.tensors, a layer above; their old names here (Labs 03-04 import
+# them from this module) are looked up by kvlab._moved on first use, never imported from here.
 def __getattr__(name: str):
-    if name in _TENSOR_NAMES:
-        from kvlab.kv import tensors as kv_tensors
-
-        return getattr(kv_tensors, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _moved.moved_attribute(__name__, name)
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_TENSOR_NAMES])
+    return sorted([*globals(), *_moved.MOVED_NAMES[__name__]])

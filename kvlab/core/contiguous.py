@@ -14,6 +14,7 @@ from kvlab.core.accounting import CacheState, Usage, usage
 from kvlab.core.cache_kinds import POLICIES, booking_policy
 from kvlab.core.cache_kinds import POLICY_PAPER_NAMES as PAPER_NAMES  # by booking policy
 from kvlab.core.errors import OutOfMemory, OutOfSpace, ReservationFull
+from kvlab.core.kv_memory import kv_layers
 from kvlab.core.validate import positive_int
 
 PLACEMENTS = ("first_fit", "best_fit")
@@ -191,7 +192,8 @@ class ContiguousKVCache:
     only) sizes the memory in beds instead, for comparisons on equal memory that is not a whole
     number of slots. With a ``spec``, real K and V tensors
     ``[num_slots, max_seq_len, kv_heads, head_dim]`` per layer back the beds; without one the
-    cache only keeps the accounts (the tensors themselves are built by :mod:`kvlab.kv.tensors`).
+    cache only keeps the accounts (the tensors come from :mod:`kvlab.core.kv_memory`;
+    :class:`kvlab.kv.tensors.ContiguousStore` writes and reads them).
     """
 
     prefix_caching = False  # kvlab.serving.interfaces.KVCache: never shares a prompt's K/V
@@ -223,8 +225,6 @@ class ContiguousKVCache:
         self._final: dict[Hashable, int | None] = {}
         self.k = self.v = None
         if spec is not None:
-            from kvlab.kv.tensors import kv_layers
-
             self.k, self.v = kv_layers(spec, (num_slots, max_seq_len))
 
     @property

@@ -317,10 +317,10 @@ def diagnose(start_kernel: bool = True) -> list[Finding]:
 def main(start_kernel: bool = True) -> int:
     """Print the findings; exit status 1 when any is a problem. Also callable in a notebook
     (``kvlab.course.doctor.main()``), where it checks that notebook's own Python too."""
-    import kvlab  # chooses the kernel mode before the test kernel is defined
+    from kvlab._version import __version__
 
     findings = diagnose(start_kernel)
-    print(f"kvlab doctor (kvlab {kvlab.__version__})")
+    print(f"kvlab doctor (kvlab {__version__})")
     for f in findings:
         print(f"  {'✔' if f.ok else '✘'} {f.what}")
         if f.fix:

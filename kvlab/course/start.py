@@ -182,7 +182,7 @@ def lab_command(
 def main(folder: str | Path = DEFAULT_DIR, lab: bool = True, port: int | None = None) -> int:
     """Copy the labs, register the kernel, open JupyterLab (unless ``lab=False``). Returns the
     exit status: 2 for a folder it cannot use, 1 when the course or JupyterLab is missing."""
-    import kvlab
+    from kvlab._version import __version__
     from kvlab.ops.runtime import child_environ
 
     target = Path(folder).expanduser().absolute()
@@ -192,11 +192,11 @@ def main(folder: str | Path = DEFAULT_DIR, lab: bool = True, port: int | None = 
         print(f"kvlab start: {e}", file=sys.stderr)
         return 1
     try:
-        placed = place_labs(target, labs, kvlab.__version__)
+        placed = place_labs(target, labs, __version__)
     except StartError as e:
         print(f"kvlab start: error: {e}", file=sys.stderr)
         return 2
-    print(f"kvlab {kvlab.__version__}: the course's {len(labs)} labs in {target}")
+    print(f"kvlab {__version__}: the course's {len(labs)} labs in {target}")
     for p in placed:
         print(p.line())
     print(ensure_kernel())

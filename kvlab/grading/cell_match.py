@@ -28,7 +28,7 @@ import difflib
 import re
 from dataclasses import dataclass, field
 
-from kvlab.course.labgen import RAISES_TAG
+from kvlab.grading.labgen import RAISES_TAG
 
 CHECK_CALL = re.compile(r"""^\s*check\(\s*["']\d\d\.[\w.]+["']\s*,\s*[A-Za-z_]\w*\s*\)\s*;?\s*$""")
 LAB_CELL_ID = re.compile(r"^lab\d\d-")  # the ids kvlab's labs give their cells (lab03-07)

@@ -574,7 +574,7 @@ def class_document(
 ) -> dict:
     """grades.json: the class it was sliced from, how it was graded, what was skipped, and one
     record per notebook of this shard in (student, lab) order."""
-    from kvlab import __version__
+    from kvlab._version import __version__
 
     return {
         "format": FORMAT,
@@ -1044,7 +1044,7 @@ def _class_to_update(out: Path, settings: dict) -> dict | None:
             f"{out} holds shard {doc.get('shard')}: --student merges into a whole class "
             "(merge the shards first)"
         )
-    from kvlab import __version__
+    from kvlab._version import __version__
 
     if doc.get("kvlab") != __version__ or doc.get("settings") != settings:
         raise ClassroomError(

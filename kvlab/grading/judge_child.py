@@ -211,6 +211,7 @@ def main(argv: list[str]) -> int:
     os.set_inheritable(write_fd, False)
     global CONNECTION
     conn = CONNECTION = Connection(read_fd, write_fd, LEARNER)
+    conn.call_learner = learner_call
     if __name__ == "__main__":  # run with -m: what the lab imports is another copy of this module
         importlib.import_module("kvlab.grading.judge_child").CONNECTION = conn
     Learner(conn)

@@ -57,6 +57,9 @@ class Connection:
         self.storages: list[dict] = []  # per request being served: its rebuilt storages
         self.pending_back = None  # what a call that raised left of its arguments
         self.serve_guard = None  # the judge: () -> a guard around each request it serves, or None
+        # the learner's side: (conn, target, args, kwargs) -> a "call" request's reply, given by
+        # kvlab.grading.judge_child (which imports this module, so it is never imported here)
+        self.call_learner = None
 
     # --- handles ---------------------------------------------------------------------------
     def export(self, obj) -> int:
@@ -354,10 +357,8 @@ def _call(conn, handle, args, kwargs):
     target = conn.exported(handle)
     if not isinstance(args, tuple) or not isinstance(kwargs, dict):
         raise ProtocolError("a malformed call")
-    if conn.side == LEARNER:
-        from kvlab.grading.judge_child import learner_call
-
-        return learner_call(conn, target, args, kwargs)
+    if conn.side == LEARNER and conn.call_learner is not None:
+        return conn.call_learner(conn, target, args, kwargs)
     return target(*args, **kwargs), True, None, None
 
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvlab.core import files
-from kvlab.course.labgen import RAISES_TAG
 from kvlab.course.nbformat_quick import nbformat
 from kvlab.grading.judge import CHECK_CELL
+from kvlab.grading.labgen import RAISES_TAG
 from kvlab.grading.registry import get_exercise
 
 LABS = ("00", "01", "02", "03", "04", "05", "06", "07")

@@ -24,29 +24,10 @@ from typing import Protocol
 
 import torch
 
-from kvlab.core.block_manager import BlockManager
+from kvlab.core.block_manager import BlockManager, PagedCache
+from kvlab.core.kv_memory import kv_layers, torch_dtype  # noqa: F401  (importable from here)
 from kvlab.core.validate import positive_int
 from kvlab.ops.attention import chunk_attention_reference, decode_attention, write_kv_reference
-
-
-def torch_dtype(spec):
-    """The tensor dtype for a spec's element size (1, 2 or 4 bytes)."""
-    dtypes = {1: torch.uint8, 2: torch.float16, 4: torch.float32}
-    if spec.dtype_bytes not in dtypes:
-        raise ValueError(
-            f"spec.dtype_bytes must be 1, 2 or 4 for real tensors, got {spec.dtype_bytes}"
-        )
-    return dtypes[spec.dtype_bytes]
-
-
-def kv_layers(spec, leading: tuple[int, ...], dtype=None, device="cpu"):
-    """Zeroed K and V, one ``[*leading, kv_heads, head_dim]`` tensor per layer of ``spec`` (the
-    only place the course allocates K/V memory). ``dtype`` defaults to :func:`torch_dtype`."""
-    dtype = torch_dtype(spec) if dtype is None else dtype
-    shape = (*leading, spec.num_kv_heads, spec.head_dim)
-    k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(spec.num_layers)]
-    v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(spec.num_layers)]
-    return k, v
 
 
 class KVStore(Protocol):
@@ -123,9 +104,14 @@ class PagedKVCache:
         self.k, self.v = kv_layers(spec, (num_blocks, block_size), dtype, device)
 
     @classmethod
-    def over(cls, manager: BlockManager, spec, dtype=None, device="cpu") -> PagedKVCache:
-        """Tensors for the blocks of an existing block manager (whose accounts someone else
-        keeps, as a :class:`~kvlab.core.block_manager.PagedCache` does for the scheduler)."""
+    def over(
+        cls, manager: BlockManager | PagedCache, spec, dtype=None, device="cpu"
+    ) -> PagedKVCache:
+        """Tensors for the blocks of an existing block manager, or of the one inside a
+        :class:`~kvlab.core.block_manager.PagedCache` (whose accounts the cache keeps for the
+        scheduler): what a model's executor writes and reads."""
+        if isinstance(manager, PagedCache):
+            manager = manager.manager
         return cls(spec, manager.num_blocks, manager.block_size, dtype, device, manager=manager)
 
     # --- addressing ------------------------------------------------------------------------

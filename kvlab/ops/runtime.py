@@ -136,9 +136,9 @@ def where_kernels_run(
 
 def describe() -> str:
     """One line: kvlab's and torch's versions, and where kernels run (the labs' first cells)."""
-    import kvlab
+    from kvlab._version import __version__
 
-    line = f"kvlab {kvlab.__version__}"
+    line = f"kvlab {__version__}"
     try:
         import torch
 

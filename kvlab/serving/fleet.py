@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from kvlab.serving.config import EngineConfig, resolve
 from kvlab.serving.engine import Engine
 from kvlab.serving.scheduler import Sequence
-from kvlab.serving.simulate import (
+from kvlab.serving.simulation import (
     Replica,
     SimResult,
     _Measure,
@@ -228,7 +228,7 @@ def _penalty(load_penalty) -> float:
 @dataclass
 class FleetResult:
     """What a fleet's day measured: the whole fleet, and ``per_replica`` (one
-    :class:`~kvlab.serving.simulate.SimResult` each, over the requests routed to it). Times are in
+    :class:`~kvlab.serving.simulation.SimResult` each, over the requests routed to it). Times are in
     steps, or seconds with a step-time model; per-request lists are in request order."""
 
     router: str

@@ -49,4 +49,4 @@ def test_the_simulator_names_the_same_kinds():
 
     assert serve.PAPER_NAMES is PAPER_NAMES
     assert serve.CACHES is CACHES
-    assert importlib.import_module("kvlab.serving.simulate").CACHES is CACHES
+    assert importlib.import_module("kvlab.serving.simulation").CACHES is CACHES

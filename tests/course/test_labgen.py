@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvlab.course.labgen import (
+from kvlab.grading.labgen import (
     BEGIN,
     END,
     LABS_DIR,

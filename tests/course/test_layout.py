@@ -13,60 +13,183 @@ import cpu_limit
 import pytest
 
 import kvlab
-from kvlab._moved import MOVED, new_name
+from kvlab._moved import MOVED, MOVED_NAMES, new_name
 
 PACKAGE = Path(kvlab.__file__).parent
-LAYERS = ("core", "ops", "kv", "serving", "models", "perf", "ui", "grading", "course")
-# what each layer's modules may import at module level (a lower layer never imports a higher one)
-MAY_IMPORT = {
-    "core": set(),
-    "ops": {"core"},
-    "kv": {"core", "ops"},
-    "serving": {"core"},
-    "models": {"core", "ops", "kv", "serving"},
-    "perf": {"core", "ops", "kv", "serving", "models"},
-    "ui": {"core", "ops", "kv", "serving", "models", "perf"},
-    "grading": {"core", "ops", "kv", "serving", "models", "perf", "ui", "course"},
-    "course": {"core", "ops", "kv", "serving", "models", "perf", "ui", "grading"},
-}
+# bottom layer first; a layer imports only layers listed before it (the README's "For developers")
+LAYERS = ("core", "ops", "kv", "serving", "models", "perf", "ui", "course", "grading")
+MAY_IMPORT = {layer: set(LAYERS[:i]) for i, layer in enumerate(LAYERS)}
+MAY_IMPORT["serving"] = {"core"}  # the simulator runs without torch: no ops, no kv
+# modules outside the layers: the base (any layer may import them; they import no kvlab module
+# by name: _moved finds old paths' new homes by string) and the top (no layer imports them: the
+# package root imports kvlab.ops.runtime, the command imports everything)
+BASE = {"kvlab._moved", "kvlab._version"}
+TOP = {"kvlab", "kvlab.cli", "kvlab.__main__"}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _resolve(name: str) -> str:
+    """The module an import of ``name`` runs: ``name`` itself, else its nearest package."""
+    while name not in MODULES and "." in name:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def kvlab_imports(source: str, modules=MODULES):
+    """(line, imported name, module it runs) of every import of kvlab in ``source``, wherever it
+    is: at module level, inside functions and classes, and under ``if TYPE_CHECKING:``, which
+    counts like any other. A type-only import still says this module's meaning depends on that
+    one (its annotations name the other's types; a reader and a type checker follow it), so a
+    cycle or an upward climb through annotations is one all the same; kvlab has two such blocks,
+    both importing downward. A constant ``importlib.import_module("kvlab....")`` counts too."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            raise AssertionError(f"line {node.lineno}: kvlab imports absolutely")
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "kvlab":
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                yield node.lineno, full, full if full in modules else _resolve(node.module)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "kvlab":
+                    yield node.lineno, alias.name, _resolve(alias.name)
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and str(node.args[0].value).split(".")[0] == "kvlab"
+        ):
+            yield node.lineno, node.args[0].value, _resolve(node.args[0].value)
+
+
+IMPORTS = {module: list(kvlab_imports(path.read_text())) for module, path in MODULES.items()}
+GRAPH = {m: {target for _, _, target in found if target != m} for m, found in IMPORTS.items()}
+
+
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def _cycles(graph) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
 
 
 def test_the_top_level_shows_the_layers():
     top = {
         p.name for p in PACKAGE.iterdir() if p.name != "__pycache__" and not p.name.startswith(".")
     }
-    modules = {"__init__.py", "__main__.py", "_moved.py", "cli.py", "py.typed"}
+    modules = {"__init__.py", "__main__.py", "_moved.py", "_version.py", "cli.py", "py.typed"}
     bundled = {"_bundled"}  # course files copied in when a wheel is built
     assert top - bundled == modules | set(LAYERS)
+    assert {m for m in MODULES if _layer(m) is None} == BASE | TOP
 
 
-def _module_level_kvlab_imports(path: Path):
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kvlab"):
-            if node.module == "kvlab":
-                yield from (f"kvlab.{a.name}" for a in node.names)
-            else:
-                yield node.module
-        elif isinstance(node, ast.Import):
-            yield from (a.name for a in node.names if a.name.startswith("kvlab"))
+def test_every_import_is_read_inside_functions_and_type_checking_blocks_too():
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "import kvlab.core.errors\n"
+        "if TYPE_CHECKING:\n"
+        "    from kvlab.serving.scheduler import Sequence\n"
+        "def later():\n"
+        "    from kvlab.core import block_manager, validate\n"
+        "    from kvlab.serving import simulate\n"
+        "    return importlib.import_module('kvlab.kv.tensors')\n"
+    )
+    assert sorted(target for _, _, target in kvlab_imports(source)) == [
+        "kvlab.core.block_manager",
+        "kvlab.core.errors",
+        "kvlab.core.validate",
+        "kvlab.kv.tensors",
+        "kvlab.serving",  # simulate is the package's function, not a module
+        "kvlab.serving.scheduler",
+    ]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_module_imports_itself_back():
+    """No cycle of imports between kvlab's modules, within a layer or across, a package and its
+    own modules included: each module can be read (and imported) after those it names."""
+    assert _cycles(GRAPH) == []
 
 
 @pytest.mark.parametrize("layer", LAYERS)
 def test_no_layer_imports_one_above_it(layer):
     wrong = []
-    for path in sorted((PACKAGE / layer).rglob("*.py")):
-        for module in _module_level_kvlab_imports(path):
-            parts = module.split(".")
-            if len(parts) > 1 and parts[1] in LAYERS and parts[1] != layer:
-                if parts[1] not in MAY_IMPORT[layer]:
-                    wrong.append(f"{path.relative_to(PACKAGE)} imports {module}")
-            assert new_name(module) is None, f"{path} still imports the old path {module}"
+    for module, found in IMPORTS.items():
+        if _layer(module) != layer:
+            continue
+        for line, name, target in found:
+            where = f"{MODULES[module].relative_to(PACKAGE)}:{line} imports {name}"
+            if target in TOP:
+                wrong.append(f"{where} (above every layer)")
+            elif _layer(target) not in (None, layer) and _layer(target) not in MAY_IMPORT[layer]:
+                wrong.append(where)
     assert not wrong
+
+
+def test_the_modules_outside_the_layers_stay_outside():
+    for module in BASE:
+        assert GRAPH[module] == set(), f"{module} imports {GRAPH[module]}"
+    for module in TOP - {"kvlab.cli", "kvlab.__main__"}:  # the root: old paths, runtime, version
+        assert GRAPH[module] <= {"kvlab._moved", "kvlab._version", "kvlab.ops.runtime"}
+
+
+def test_kvlab_itself_uses_no_old_path_or_old_name():
+    for module, found in IMPORTS.items():
+        for line, name, _ in found:
+            home, _, leaf = name.rpartition(".")
+            if new_name(name) is not None and new_name(home) is None:
+                # `from kvlab.serving import simulate`: the package's function, not the old module
+                named = getattr(importlib.import_module(home), leaf, None)
+                assert named is not None and not isinstance(named, ModuleType), (
+                    f"{module}:{line} still imports the old path {name}"
+                )
+            else:
+                assert new_name(name) is None, f"{module}:{line} imports the old path {name}"
+            assert leaf not in MOVED_NAMES.get(home, {}), (
+                f"{module}:{line} imports {leaf} from {home}, which it left"
+            )
 
 
 def test_the_core_runs_without_torch():
     code = (
-        "import sys, kvlab.core.block_manager, kvlab.core.contiguous, kvlab.serving.simulate, "
+        "import sys, kvlab.core.block_manager, kvlab.core.contiguous, kvlab.serving.simulation, "
         "kvlab.serving.replay, kvlab.serving.sharing; print('torch' in sys.modules)"
     )
     out = cpu_limit.run(

@@ -15,9 +15,9 @@ from grading_notebook import cell_sources, edited, failures, folded, hints, neut
 
 from kvlab.core.block_manager import BlockManager
 from kvlab.core.block_pool import BlockPool
-from kvlab.course.labgen import RAISES_TAG, make_lab
 from kvlab.grading import Status, key_cards, lab03, run_checks
 from kvlab.grading import lab07 as checks
+from kvlab.grading.labgen import RAISES_TAG, make_lab
 
 ROOT = pathlib.Path(__file__).parents[2]
 NOTEBOOK = ROOT / "solutions" / "07_sharing.ipynb"

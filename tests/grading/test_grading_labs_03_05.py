@@ -16,8 +16,8 @@ import cpu_limit
 import pytest
 import torch
 
-from kvlab.course.labgen import strip_solution
 from kvlab.grading import Status, run_checks
+from kvlab.grading.labgen import strip_solution
 from kvlab.grading.report import NO_DIAGNOSIS, SAME_PROBLEM
 
 ROOT = pathlib.Path(__file__).parents[2]

@@ -18,7 +18,7 @@ import nbformat
 import pytest
 
 from kvlab.course.jupyter_kernel import write_kernelspec
-from kvlab.course.labgen import (
+from kvlab.grading.labgen import (
     BEGIN,
     END,
     LABS_DIR,

@@ -14,7 +14,7 @@ from kvlab.perf.gpus import lookup
 from kvlab.perf.roofline import StepTime
 from kvlab.serving import Engine, simulate
 from kvlab.serving.scheduler import Scheduler, Sequence, SequenceStatus
-from kvlab.serving.simulate import weighted_percentile
+from kvlab.serving.simulation import weighted_percentile
 from kvlab.serving.workload import Request, sharegpt_like
 
 

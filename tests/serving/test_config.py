@@ -219,7 +219,7 @@ def test_run_until_stops_before_the_first_step_at_or_after_the_time(timed):
     day = sharegpt_like(30, seed=1, max_total=64)
     whole = simulate(day, **DAY, step_time=step_time)
     config = EngineConfig(**DAY, step_time=step_time)
-    from kvlab.serving.simulate import Replica
+    from kvlab.serving.simulation import Replica
 
     seqs = [Sequence(f"r{i}", r.prompt_len, r.output_len, r.arrival) for i, r in enumerate(day)]
     replica = Replica(config, seqs)

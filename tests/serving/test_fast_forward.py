@@ -23,10 +23,10 @@ from kvlab.perf.roofline import StepTime
 from kvlab.serving import CACHES, Engine, simulate
 from kvlab.serving.interfaces import DecodeRunExecutor, DecodeRunObserver
 from kvlab.serving.scheduler import Sequence, SequenceStatus
-from kvlab.serving.simulate import CostedSteps
+from kvlab.serving.simulation import CostedSteps
 from kvlab.serving.workload import Request, sharegpt_like
 
-simulate_module = importlib.import_module("kvlab.serving.simulate")
+simulate_module = importlib.import_module("kvlab.serving.simulation")
 STEP_TIME = StepTime(preset("Llama-3-8B"), lookup("H100-80GB"))
 STEP_S = STEP_TIME.seconds(1, 16.0, 16)  # about one small decode step, to space arrivals
 

@@ -23,13 +23,13 @@ from kvlab.models import OPT_13B, ModelSpec
 from kvlab.perf.roofline import A100_40GB, GPU, StepTime
 from kvlab.serving import CACHES, Engine, SimResult, make_cache, new_positions, percentile, simulate
 from kvlab.serving.scheduler import ScheduledStep, Scheduler, Sequence, SequenceStatus
-from kvlab.serving.simulate import CostedSteps
+from kvlab.serving.simulation import CostedSteps
 from kvlab.serving.workload import Request, sharegpt_like
 
 WAITING, RUNNING, PREEMPTED, SWAPPED, FINISHED = SequenceStatus
 CACHE_NAMES = tuple(CACHES)
-# the module (kvlab.serving.simulate is also the name of the function)
-simulate_module = importlib.import_module("kvlab.serving.simulate")
+# the module (kvlab.serving.simulate, its old path, is the function)
+simulate_module = importlib.import_module("kvlab.serving.simulation")
 STEP_TIME = StepTime(OPT_13B, A100_40GB)
 # OPT-13B with 12 GB of KV on an A100-40GB: the PagedAttention paper's 15.7K token slots
 PAPER_SLOTS, PAPER_MAX_LEN = 15728, 2048

@@ -7,7 +7,7 @@ from kvlab.models.specs import LLAMA_3_8B
 from kvlab.perf.roofline import H100_SXM, StepTime
 from kvlab.serving import simulate
 from kvlab.serving.scheduler import ScheduledStep, Sequence
-from kvlab.serving.simulate import CostedSteps
+from kvlab.serving.simulation import CostedSteps
 from kvlab.serving.workload import Request, conversation_tokens, multi_round_qa
 
 STEP = StepTime(LLAMA_3_8B, H100_SXM)

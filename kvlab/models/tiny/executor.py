@@ -32,7 +32,7 @@ import torch
 
 from kvlab.core.block_manager import PagedCache
 from kvlab.core.contiguous import ContiguousKVCache
-from kvlab.kv.tensors import ContiguousStore, KVStore
+from kvlab.kv.tensors import ContiguousStore, KVStore, PagedKVCache
 from kvlab.models.tiny.model import TinyLlama
 
 
@@ -41,7 +41,7 @@ def make_store(model: TinyLlama, cache) -> KVStore:
     read K/V in the queries' dtype)."""
     weight = model.embed.weight
     if isinstance(cache, PagedCache):
-        return cache.kv_tensors(model.spec, weight.dtype, weight.device)
+        return PagedKVCache.over(cache, model.spec, weight.dtype, weight.device)
     if isinstance(cache, ContiguousKVCache):
         spec, c = cache.spec, model.config
         if spec is None:
