@@ -54,6 +54,7 @@ MOVED = {
     "kvlab.course.labgen": "kvlab.grading.labgen",
     # a module that shared its name with the function its package exports (issue 37)
     "kvlab.serving.simulate": "kvlab.serving.simulation",
+    "kvlab.models.tiny.generate": "kvlab.models.tiny.generation",
 }
 
 

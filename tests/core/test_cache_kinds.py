@@ -37,11 +37,11 @@ def test_exact_is_an_alias_of_oracle():
 
 def test_modules_read_the_one_table():
     contiguous = importlib.import_module("kvlab.core.contiguous")
-    generate = importlib.import_module("kvlab.models.tiny.generate")
+    generation = importlib.import_module("kvlab.models.tiny.generation")
 
     assert contiguous.POLICIES is cache_kinds.POLICIES
     assert contiguous.PAPER_NAMES is cache_kinds.POLICY_PAPER_NAMES
-    assert generate.TINY_CACHES is cache_kinds.TINY_CACHES
+    assert generation.TINY_CACHES is cache_kinds.TINY_CACHES
 
 
 def test_the_simulator_names_the_same_kinds():

@@ -245,12 +245,14 @@ def test_old_submodule_paths_leave_a_package_s_functions_alone():
         "from kvlab.models.tiny import generate\n"
         "import importlib, sys\n"
         "module = importlib.import_module('kvlab.serve.simulate')\n"
-        "print(callable(simulate), callable(generate), module is sys.modules['kvlab.serving.simulate'])"
+        "tiny = importlib.import_module('kvlab.models.tiny.generate')\n"
+        "print(callable(simulate), callable(generate), module is sys.modules['kvlab.serving.simulate'],"
+        " tiny is sys.modules['kvlab.models.tiny.generation'])"
     )
     out = cpu_limit.run(
         [sys.executable, "-c", code], cpu=120, capture_output=True, text=True, check=True
     )
-    assert out.stdout.split() == ["True", "True", "True"]
+    assert out.stdout.split() == ["True", "True", "True", "True"]
     from kvlab.serving import simulate
 
     assert callable(simulate)  # after this session's imports of every old path
