@@ -18,7 +18,6 @@ import math
 import torch
 
 from kvlab.grading.expect import CheckFailed, max_error, preview
-from kvlab.grading.lab05 import _unwrap_unimplemented, explain_triton_error
 from kvlab.grading.lab09 import hints
 from kvlab.grading.launchers import (
     BLOCK_Q,
@@ -28,6 +27,7 @@ from kvlab.grading.launchers import (
 )
 from kvlab.grading.registry import exercise
 from kvlab.grading.slips import Slip, only
+from kvlab.grading.triton_errors import explain_triton_error, unwrap_unimplemented
 from kvlab.ops.attention import chunk_attention_reference
 from kvlab.ops.runtime import kernel_mode
 
@@ -296,7 +296,7 @@ def _call_kernel(fn, args):
     except NotImplementedError:
         raise
     except Exception as error:
-        _unwrap_unimplemented(error)
+        unwrap_unimplemented(error)
         explain_triton_error(error, "launching your kernel")
         raise
 
@@ -404,4 +404,4 @@ def _far_rooms(fn):
 def launch_isolated(fn, *case, timeout: float = 60.0):
     """``launch_chunk_kernel(fn, *case)`` for a notebook cell, isolated as the checks are (in
     Triton's interpreter, in a forked child): ``(output, None)`` or ``(None, what went wrong)``."""
-    return launch_chunk_isolated(fn, *case, timeout=timeout, unimplemented=_unwrap_unimplemented)
+    return launch_chunk_isolated(fn, *case, timeout=timeout, unimplemented=unwrap_unimplemented)
