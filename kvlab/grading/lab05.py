@@ -3,17 +3,12 @@
 
 Wrong answers are diagnosed as in Lab 04 (the same slips, hints in kernel terms), plus what a
 kernel can get wrong on its own: the online softmax's rescaling, the query rows a program serves,
-a loop that runs for a stride instead of the guest's rooms, a table read as if its entries were
-always adjacent, rows never stored, and Triton's own error messages. Slips that give the same
-answer on a check's case (KV head 0 and KV head kvh // GROUP with 2 KV heads; one bed too many and
-the whole last room in a room of 4 holding 3) are named only once the kernel matches one of them
-on a variant of the case where they differ.
-
-The kernel runs on guarded copies of its tensors (:mod:`kvlab.grading.guarded`), so a load
-outside an input, a store outside the output and a row never stored show every time. The garbage
-check puts NaN in what no guest holds: the beds past each guest's end, and the room a padding
-entry names for lengths that fill whole rooms (where one room too many reaches it). A load of them
-without the token mask spoils the answer even where its scores are -inf (0 × NaN).
+a key card walked by its strides wrongly, rows never stored, and Triton's own error messages.
+Slips that answer alike on a check's case are named only once the kernel matches one of them on
+a variant where they differ. The kernel runs on guarded copies of its tensors
+(:mod:`kvlab.grading.guarded`); the garbage check puts NaN in what no guest holds (the beds past
+each guest's end, the room a padding entry names), which a load without the token mask spreads
+even where its scores are -inf (0 × NaN).
 """
 
 from __future__ import annotations
@@ -50,7 +45,7 @@ from kvlab.ops.attention import paged_decode_attention_ref
 from kvlab.ops.kernels import launch_paged_decode
 from kvlab.ops.kernels.sizes import pow2
 from kvlab.ops.runtime import kernel_mode
-from kvlab.ops.testing import FAR, NAN_ROOM, SPARE_ROOM, TOLERANCE, make_case
+from kvlab.ops.testing import FAR, NAN_ROOM, SPARE_ROOM, make_case, tolerance
 
 # In the interpreter an unmasked load or store can corrupt the process: each check runs in a child.
 kernel = exercise(
@@ -131,16 +126,6 @@ LOAD_MASKS["v_cache"] = LOAD_MASKS["k_cache"]
 LOAD_OUTSIDE_HINT = "a tl.load read memory outside {name}: mask it with {masks}"
 
 
-def _walk_slips(args):
-    """The slips of a kernel that walks the key card wrongly."""
-    tables = args[3]
-    row_step, entry_step = tables.stride()
-    rooms_read = lambda n, size: min(n, row_step * size)  # noqa: E731
-    yield Slip(None, lambda: attend_beds(args, rooms_read), "row stride loop")
-    if entry_step != 1:
-        yield Slip(None, lambda: attend_with_unit_step(args), "unit entry step")
-
-
 def _lookalike_slips(args):
     """The slips that can look alike on a case (named only where told apart, see
     ``_lookalikes``), each answering on any case; the causes None are rivals that lab04 names."""
@@ -161,18 +146,15 @@ def _lookalike_slips(args):
     yield Slip(None, lambda a: attend_read(a, exp2=True), "exp2 without log2(e)")
     yield Slip(None, lambda a: attend_beds(a, whole))  # lab04's "whole last room"
     if kv_heads not in (1, q_heads):
-        yield Slip(None, lambda a: attend_beds(a, kv_of_head=_kv_head_modulo(a)))
+        yield Slip(
+            None, lambda a: attend_beds(a, kv_of_head=[h % kv_heads for h in range(q_heads)])
+        )
 
 
 def _kv_head_divided(args) -> list[int]:
     """The KV head each query head reads when program kvh loads KV head kvh // GROUP."""
     group = args[0].shape[1] // args[1].shape[2]
     return [(h // group) // group for h in range(args[0].shape[1])]
-
-
-def _kv_head_modulo(args) -> list[int]:
-    """The KV head each query head reads with lab04's slip h % kv_heads."""
-    return [h % args[1].shape[2] for h in range(args[0].shape[1])]
 
 
 # Cases on which slips that look alike elsewhere differ: tried in turn to tell them apart.
@@ -182,18 +164,11 @@ LOOKALIKE_VARIANTS = (
 )
 
 
-def _same(a, b, dtype) -> bool:
-    if a is None or b is None:
-        return False
-    atol, rtol = TOLERANCE[dtype]
-    return torch.allclose(a, b, atol=atol, rtol=rtol, equal_nan=True)
-
-
 def _lookalikes(got, case: dict, variants: Variants):
     """The look-alike slips, each offered only when it is the one mistake left of those whose
     answer on this case is the learner's ``got``, once narrowed on the variants of the case where
-    they differ (:data:`LOOKALIKE_VARIANTS`, the learner's answers there from ``variants``). Each slip's answer is a function of the changes made to the case."""
-    dtype = case.get("dtype", torch.float32)
+    they differ (:data:`LOOKALIKE_VARIANTS`; the learner's answers there from ``variants``)."""
+    tol = tolerance(case.get("dtype", torch.float32))
 
     def on(changes):
         return make_case(**{**case, **changes})
@@ -212,7 +187,9 @@ def _lookalikes(got, case: dict, variants: Variants):
 
     @functools.cache
     def left():
-        same = functools.partial(_same, dtype=dtype)
+        def same(a, b) -> bool:
+            return a is not None and b is not None and torch.allclose(a, b, **tol, equal_nan=True)
+
         found = slips.matching(table, got.float().cpu(), ({},), right({}), same)
         probes = [(changes,) for changes in LOOKALIKE_VARIANTS]
         found = slips.told_apart(
@@ -242,11 +219,14 @@ def _kernel_slips(args, got=None, case=None, variants=None):
     yield online("acc not rescaled", rescale_acc=False)
     yield online("l not rescaled", rescale_l=False)
     yield online("max not kept", keep_max=False)
+    row_step, entry_step = args[3].stride()  # a key card walked wrongly
+    yield Slip(
+        None, lambda: attend_beds(args, lambda n, size: min(n, row_step * size)), "row stride loop"
+    )
+    if entry_step != 1:
+        yield Slip(None, lambda: attend_with_unit_step(args), "unit entry step")
     if variants is not None:
         yield from _lookalikes(got, case, variants)
-
-
-# --- launching the learner's kernel outside the checks --------------------------------------------
 
 
 launch_isolated = launch_decode_isolated  # the name Lab 05's cells import
@@ -306,8 +286,7 @@ def _expect_kernel(fn, what: str, unread=None, **case):
     def rerun_fp32():
         if args[0].dtype == torch.float32:
             return None
-        q, k_cache, v_cache, tables, lens = args
-        return guarded_launch(fn, [q.float(), k_cache.float(), v_cache.float(), tables, lens]).got
+        return guarded_launch(fn, [*(t.float() for t in args[:3]), *args[3:]]).got
 
     variants = Variants(case, _on_device, lambda variant: guarded_launch(fn, variant).got)
 
@@ -334,7 +313,7 @@ def _expect_kernel(fn, what: str, unread=None, **case):
         hints=KERNEL_HINTS,
         rerun_fp32=rerun_fp32,
         unread=unread,
-        extra_slips=[*_kernel_slips(args, got, case, variants), *_walk_slips(args)],
+        extra_slips=list(_kernel_slips(args, got, case, variants)),
         replay=rebuild(case),
         variants=variants,
         fallbacks=(rows_not_stored, stored_outside, loaded_outside),
