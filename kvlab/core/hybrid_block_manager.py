@@ -32,7 +32,7 @@ from kvlab.core.block_pool import Block, BlockPool
 from kvlab.core.kv_spec import KVCacheSpec, LayerGroup
 from kvlab.core.prefix_cache import PrefixCacheStats, check_prefix_cache
 from kvlab.core.single_type_manager import PAGED_KINDS, SingleTypeManager, manager_for
-from kvlab.core.validate import positive_int
+from kvlab.core.validate import num_computed_of, positive_int
 
 
 def group_specs(groups) -> tuple[KVCacheSpec, ...]:
@@ -314,13 +314,7 @@ class HybridBlockManager:
             return (self.dense.allocate(seq_id, prompt, num_computed=num_computed),)
         self._new(seq_id)
         plan = self.plan_allocation(prompt)
-        if num_computed is not None:
-            positive_int("num_computed", num_computed, minimum=0)
-            if num_computed > plan.num_tokens:
-                raise ValueError(
-                    f"num_computed must be in 0..{plan.num_tokens} (the prompt's tokens), "
-                    f"got {num_computed}"
-                )
+        num_computed_of(num_computed, plan.num_tokens)
         if plan.blocks_needed > plan.available:
             raise self._out_of_blocks(seq_id, plan.blocks_needed, plan.available)
         # every group's hit blocks are held before any group takes new ones: a new block taken
