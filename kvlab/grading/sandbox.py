@@ -37,6 +37,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvlab.grading.process_tree import kill_tree
+
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 SHIM = Path(__file__).with_name("sandbox_shim.py")
@@ -511,17 +513,10 @@ class SandboxRun:
         return self.process.wait(timeout)
 
     def kill(self):
-        """Stop the run and everything it started (the shim kills the tree, then itself)."""
-        if self.process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(2)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        """Stop the run and everything it started: SIGTERM first, so that the shim kills the
+        tree and reports how the run ended, then SIGKILL for whatever is left 2 s later."""
+        if self.process.poll() is None:
+            kill_tree(self.process, grace=2)
 
     def finish(self, stderr_text: str = "", timeout: float | None = None) -> Outcome:
         """Wait for the end (killing the run after ``timeout``), check the protected paths and
