@@ -120,6 +120,10 @@ class KeyCardJudge(ClassDriver):
         super().__init__(cls, num_blocks, block_size, reference=reference, echo=echo)
         self.check()
 
+    def refused_unknown(self, method: str) -> None:
+        """``method`` for a guest who never checked in: KeyError, nothing changed."""
+        self.refused(KeyError, method, "nobody", **UNKNOWN_ID)
+
     # --- what the learner's manager holds ----------------------------------------------------
     def tables(self) -> dict:
         return {s: list(self.obj.block_table(s)) for s in self.reference.seq_ids}
@@ -274,6 +278,17 @@ class KeyCardJudge(ClassDriver):
         self.check("allocate", before, rooms_for(n, self.block_size))
         self.unaliased("allocate", seq, table)
         return table
+
+
+def play(judge, *steps) -> None:
+    """Make ``steps`` on ``judge`` in order: a check written as data. Each step is
+    "method arg ..." (digits read as ints) or, where an argument has spaces or is no string, a
+    tuple ``(method, *args)``, its last item a dict of keywords if it has any."""
+    for step in steps:
+        method, *args = step.split() if isinstance(step, str) else step
+        kwargs = args.pop() if args and isinstance(args[-1], dict) else {}
+        args = [int(a) if isinstance(a, str) and a.isdigit() else a for a in args]
+        getattr(judge, method)(*args, **kwargs)
 
 
 def two_guests_grow(judge_type, cls) -> None:

@@ -21,10 +21,10 @@ from collections import Counter
 from kvlab.grading.expect import plural, short
 from kvlab.grading.key_cards import (
     MANAGER,
-    UNKNOWN_ID,
     KeyCardJudge,
     card_text,
     evening,
+    play,
     room_number,
     two_guests_grow,
 )
@@ -399,69 +399,50 @@ def _alone(cls):
     two_guests_grow(_Judge, cls)  # Lab 03's scenario, now with reference counts
 
 
-@cow.check(
+# the checks as data: the name the learner reads -> the rooms (of 4 beds), then the calls
+SCENES = {
     "after a fork two guests share every room; the first to write into the shared last room "
-    "moves to a copy and gets (old room, new room)"
-)
-def _fork(cls):
-    judge = _Judge(cls, 16, 4)
-    judge.allocate("prompt", 6)
-    judge.fork("prompt", "sample")
-    judge.append("sample")  # moves to a copy of the half-full room
-    judge.append("prompt")  # now alone in the old room: in place
-    for _ in range(3):
-        judge.append("sample")
-        judge.append("prompt")
-
-
-@cow.check(
+    "moves to a copy and gets (old room, new room)": (
+        16,
+        "allocate prompt 6",
+        "fork prompt sample",
+        "append sample",  # moves to a copy of the half-full room
+        "append prompt",  # now alone in the old room: in place
+        *["append sample", "append prompt"] * 3,
+    ),
     "a full shared room is not copied: the next token goes to a new room and the full room "
-    "stays shared"
-)
-def _full_shared(cls):
-    judge = _Judge(cls, 16, 4)
-    judge.allocate("prompt", 8)
-    judge.fork("prompt", "sample")
-    judge.append("sample")
-    judge.append("prompt")
-    judge.append("sample")
-    judge.free("sample")
-    judge.free("prompt")
-
-
-@cow.check(
+    "stays shared": (
+        16,
+        *("allocate prompt 8", "fork prompt sample", "append sample", "append prompt"),
+        *("append sample", "free sample", "free prompt"),
+    ),
     "three samples of one prompt: each writer drops one reference, and every room comes back "
-    "when all three check out"
-)
-def _three(cls):
-    judge = _Judge(cls, 16, 4)
-    judge.allocate("prompt", 5)
-    judge.fork("prompt", "s1")
-    judge.fork("prompt", "s2")
-    judge.append("s1")  # the shared room goes from 3 key cards to 2
-    judge.append("s2")  # … and to 1
-    judge.append("prompt")  # alone now: in place
-    judge.fork("s1", "s1b")  # a beam of a beam
-    judge.append("s1b")
-    for seq in ("s1", "s2", "prompt", "s1b"):
-        judge.free(seq)
-
-
-@cow.check(
+    "when all three check out": (
+        16,
+        *("allocate prompt 5", "fork prompt s1", "fork prompt s2"),
+        "append s1",  # the shared room goes from 3 key cards to 2
+        "append s2",  # … and to 1
+        "append prompt",  # alone now: in place
+        "fork s1 s1b",  # a beam of a beam
+        "append s1b",
+        *("free s1", "free s2", "free prompt", "free s1b"),
+    ),
     "append_slot refuses without changing anything when it needs a room and none is free (a "
-    "full last room, a shared last room), and for an unknown id"
-)
-def _refused(cls):
-    judge = _Judge(cls, 3, 4)
-    judge.allocate("a", 4)  # one full room
-    judge.allocate("b", 6)  # two rooms, the last with empty beds: the hotel is full
-    judge.fork("b", "c")
-    judge.refused_append("a", "the last room of 'a' is full and no room is free")
-    judge.refused_append("c", "the last room of 'c' is shared and no room is free for the copy")
-    judge.refused(KeyError, "append_slot", "nobody", **UNKNOWN_ID)
-    judge.free("a")
-    judge.append("c")  # the copy gets the room 'a' gave back
-    judge.append("b")  # alone again in the old room: in place, with no room free
+    "full last room, a shared last room), and for an unknown id": (
+        3,
+        "allocate a 4",  # one full room
+        "allocate b 6",  # two rooms, the last with empty beds: the hotel is full
+        "fork b c",
+        ("refused_append", "a", "the last room of 'a' is full and no room is free"),
+        ("refused_append", "c", "the last room of 'c' is shared and no room is free for the copy"),
+        ("refused_unknown", "append_slot"),
+        "free a",
+        "append c",  # the copy gets the room 'a' gave back
+        "append b",  # alone again in the old room: in place, with no room free
+    ),
+}
+for _name, (_rooms, *_steps) in SCENES.items():
+    cow.check(_name)(lambda cls, rooms=_rooms, steps=_steps: play(_Judge(cls, rooms, 4), *steps))
 
 
 EVENING_SEED, EVENING_STEPS = 7, 300
