@@ -336,3 +336,20 @@ def evening(judge_type, cls, call, *, run: str, steps: int, seed: int, echo: boo
             raise
         print_failure(failure)
     return judge
+
+
+def evening_of(judge_type, call, *, run: str, steps: int, seed: int, what: str):
+    """The lab's random evening as the function ``run`` names, ``(cls, steps=, seed=, echo=True)``
+    (see :func:`evening`): ``what`` says what its steps are drawn from."""
+
+    def run_evening(cls, steps: int = steps, seed: int = seed, echo: bool = True):
+        return evening(judge_type, cls, call, run=run, steps=steps, seed=seed, echo=echo)
+
+    run_evening.__name__ = run_evening.__qualname__ = run.rsplit(".", 1)[1]
+    run_evening.__doc__ = (
+        f"The check's random evening on ``cls``: 24 rooms of 3 beds, {what} drawn from "
+        "``random.Random(seed)``. With ``echo`` it prints every call and, if the manager breaks an "
+        "invariant, the check's report: run it in a cell to see how a failure came about. Returns "
+        "the judge (its ``obj`` is the manager), or None when ``cls`` cannot be built."
+    )
+    return run_evening

@@ -23,7 +23,7 @@ from kvlab.grading.key_cards import (
     MANAGER,
     KeyCardJudge,
     card_text,
-    evening,
+    evening_of,
     play,
     room_number,
     two_guests_grow,
@@ -469,20 +469,14 @@ def _evening_call(judge, rng, step: int) -> None:
         judge.free(rng.choice(seqs))
 
 
-def beam_evening(cls, steps: int = EVENING_STEPS, seed: int = EVENING_SEED, echo: bool = True):
-    """The check's random evening on ``cls``: 24 rooms of 3 beds, check-ins, forks, tokens
-    (refused when no room is free) and check-outs drawn from ``random.Random(seed)``. With
-    ``echo`` it prints every call and, if the manager breaks an invariant, the check's report.
-    Returns the judge (its ``obj`` is the manager), or None when ``cls`` cannot be built."""
-    return evening(
-        _Judge,
-        cls,
-        _evening_call,
-        run="kvlab.grading.lab07.beam_evening",
-        steps=steps,
-        seed=seed,
-        echo=echo,
-    )
+beam_evening = evening_of(
+    _Judge,
+    _evening_call,
+    run="kvlab.grading.lab07.beam_evening",
+    steps=EVENING_STEPS,
+    seed=EVENING_SEED,
+    what="check-ins, forks, tokens (refused when no room is free) and check-outs",
+)
 
 
 @cow.check("beam search at random: 300 check-ins, forks, tokens and check-outs")
