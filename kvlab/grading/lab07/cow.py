@@ -39,13 +39,16 @@ cow = exercise("07.copy_on_write", "append_slot with shared rooms (copy-on-write
 COW_TASK = "sharing and copying the rooms"
 
 NEW, COPY, IN_PLACE, OTHER = "new", "copy", "in place", "other"
-# what append_slot should do to the key card, and what the learner's call did
+# what append_slot should do to the key card (said, then as expected), and what the call did
 WANT = {
-    NEW: "the token goes to a new room added to the key card (no copy)",
-    COPY: "a new room replaces it on this key card (a copy)",
-    IN_PLACE: "the token goes into its empty bed (the key card stays as it is)",
+    NEW: ("the token goes to a new room added to the key card (no copy)", "a new room added"),
+    COPY: ("a new room replaces it on this key card (a copy)", "the last room replaced"),
+    IN_PLACE: (
+        "the token goes into its empty bed (the key card stays as it is)",
+        "the same key card",
+    ),
 }
-EXPECTED = {NEW: "a new room added", COPY: "the last room replaced", IN_PLACE: "the same key card"}
+PAIR = "(src, dst): the shared room, the new room"
 DID = {
     NEW: "a new room was added",
     COPY: "the last room was replaced",
@@ -311,8 +314,8 @@ class _Judge(KeyCardJudge):
             who = "held by this guest alone" if holders == 1 else f"on {holders} key cards"
             self.fail(
                 f"{seq!r} holds {plural(tokens, 'token')}; its last room is {room} and {who}, "
-                f"so {WANT[want]}",
-                expected=EXPECTED[want],
+                f"so {WANT[want][0]}",
+                expected=WANT[want][1],
                 got=f"{DID[did]}: {card_text(before)} → {card_text(after)}",
                 hint=self._action_slip(want, did, holders),
             )
@@ -337,41 +340,27 @@ class _Judge(KeyCardJudge):
         return self.rooms_slip() or ACTION_SLIPS.get((want, did))
 
     def _returned(self, moved, want: str, before: list, after: list, holders: int) -> None:
-        if want != COPY:
-            if moved is not None:
-                hint = hints.RETURN_NONE
-                if want == NEW and _pair(moved) is not None:  # a pair for a full room
-                    alone = holders == 1 or _pairs_full_alone(self.cls)
-                    hint = hints.FULL_PAIR if alone else hints.FULL_SHARED
-                self.fail(
-                    "nothing was copied: append_slot returns None",
-                    expected="None",
-                    got=short(moved),
-                    hint=hint,
-                )
-            return
-        src, dst = before[-1], after[-1]
+        """What append_slot returns: ``(src, dst)``, a tuple, after a move to a copy, else None."""
         pair = _pair(moved)
-        if pair == (src, dst):
-            if not isinstance(moved, tuple):
-                self.fail(
-                    "after a move to a copy append_slot returns the tuple (src, dst)",
-                    expected=f"({src}, {dst})",
-                    got=short(moved),
-                    hint=hints.RETURN_TUPLE,
-                )
+        if want != COPY and moved is not None:
+            hint = hints.RETURN_NONE
+            if want == NEW and pair is not None:  # a pair for a full room
+                alone = holders == 1 or _pairs_full_alone(self.cls)
+                hint = hints.FULL_PAIR if alone else hints.FULL_SHARED
+            self.fail(
+                "nothing was copied: append_slot returns None",
+                hint,
+                expected="None",
+                got=short(moved),
+            )
+        src, dst = (before[-1], after[-1]) if want == COPY else (None, None)
+        if want != COPY or (pair == (src, dst) and isinstance(moved, tuple)):
             return
-        hint = None
-        if moved is None:
-            hint = hints.RETURN_PAIR
-        elif pair == (dst, src):
-            hint = hints.SWAPPED
-        self.fail(
-            "after a move to a copy append_slot returns (src, dst): the shared room, the new room",
-            expected=f"({src}, {dst})",
-            got=short(moved),
-            hint=hint,
-        )
+        what = "the tuple (src, dst)" if pair == (src, dst) else PAIR
+        hint = {(src, dst): hints.RETURN_TUPLE, (dst, src): hints.SWAPPED}.get(pair)
+        hint = hints.RETURN_PAIR if moved is None else hint
+        message = f"after a move to a copy append_slot returns {what}"
+        self.fail(message, hint, expected=f"({src}, {dst})", got=short(moved))
 
     def refused_append(self, seq, why: str) -> None:
         """append_slot must raise OutOfBlocks (a MemoryError) and change nothing."""
