@@ -137,12 +137,25 @@ def _attention_token_bytes(groups: Sequence[LayerGroup]) -> int:
 
 
 def kv_cache_layout(
-    layer_groups: Sequence[LayerGroup], *, block_size: int = 16, tensor_parallel: int = 1
+    layer_groups: Sequence[LayerGroup],
+    *,
+    block_size: int = 16,
+    tensor_parallel: int = 1,
+    group_size_ratio: float = GROUP_SIZE_RATIO,
+    block_alignment: int | None = None,
 ) -> KVCacheLayout:
     """The groups, page and pool block vLLM v1 builds for ``layer_groups`` (a model's
     :attr:`~kvlab.models.ModelSpec.layer_groups`) on one of ``tensor_parallel`` GPUs, with the
-    user's ``block_size`` (grown where a state needs it, as vLLM does)."""
+    user's ``block_size`` (grown where a state needs it, as vLLM does). ``group_size_ratio``
+    and ``block_alignment`` (tokens a grown block is a multiple of; None: the kernels' 16, 64
+    with MLA) are vLLM's; other values show what changing that one rule does (Lab 11)."""
     block_size = positive_int("block_size", block_size)
+    if isinstance(group_size_ratio, bool) or not isinstance(group_size_ratio, (int, float)):
+        raise TypeError(f"group_size_ratio must be a number, got {group_size_ratio!r}")
+    if not group_size_ratio >= 1:
+        raise ValueError(f"group_size_ratio must be >= 1, got {group_size_ratio!r}")
+    if block_alignment is not None:
+        block_alignment = positive_int("block_alignment", block_alignment)
     if not layer_groups:
         raise ValueError("layer_groups must hold at least one LayerGroup")
     specs: dict[KVCacheSpec, int] = {}
@@ -171,7 +184,7 @@ def kv_cache_layout(
     states = [spec for spec in specs if isinstance(spec, StateSpec)]
     if states:
         token = _attention_token_bytes([LayerGroup(s, 1) for s in specs])
-        align = (
+        align = block_alignment or (
             MLA_KERNEL_BLOCK_ALIGNMENT
             if any(isinstance(s, MLASpec) for s in specs)
             else KERNEL_BLOCK_ALIGNMENT
@@ -197,7 +210,7 @@ def kv_cache_layout(
             blocks[spec] *= page // p
     counts = list(specs.values())
     group_size = min(counts)
-    if max(counts) < min(counts) * GROUP_SIZE_RATIO:
+    if max(counts) < min(counts) * group_size_ratio:
         group_size = max(counts)
     groups = []
     padding = 0
