@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import numbers
-from pathlib import Path
 
 from kvlab.core.kv_spec import (
     FullAttentionSpec,
@@ -28,7 +27,7 @@ from kvlab.grading.lab11 import hints
 from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise, own_answers
 from kvlab.grading.slips import Slip
-from kvlab.models.hf_config import spec_from_hf_config
+from kvlab.models.hf_config import vendored_spec
 from kvlab.perf import kv_groups
 from kvlab.perf.kv_groups import KVCacheLayout, KVGroup, kv_cache_layout
 
@@ -58,12 +57,9 @@ WORDS = {
     "bytes_reserved": "bytes one request reserves at full length",
 }
 
-CONFIGS = Path(kv_groups.__file__).resolve().parents[1] / "models" / "hf_configs"
-
-
 @functools.cache
 def model_groups(name: str) -> tuple[LayerGroup, ...]:
-    return spec_from_hf_config(CONFIGS / f"{name}.json").layer_groups
+    return vendored_spec(name).layer_groups
 
 
 # --- kvlab's answer and its slips --------------------------------------------------------------
