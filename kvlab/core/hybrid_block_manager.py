@@ -35,6 +35,7 @@ from kvlab.core.prefix_cache import PrefixCacheStats, check_prefix_cache
 from kvlab.core.single_type_manager import (
     PAGED_KINDS,
     SingleTypeManager,
+    SlidingWindowManager,
     WindowStep,
     manager_for,
 )
@@ -119,6 +120,8 @@ class HybridBlockManager:
     # a dense model is a BlockManager (False: the groups' own managers, for the tests that
     # check one against the other)
     delegate_dense: ClassVar[bool] = True
+    # the manager of a window group (a subclass changes one of its decisions: Lab 11's slips)
+    window_manager: ClassVar[type[SlidingWindowManager]] = SlidingWindowManager
 
     def __init__(
         self,
@@ -157,7 +160,13 @@ class HybridBlockManager:
         self.pool.free_queue.remove(self.null_block)
         self.managers: tuple[SingleTypeManager, ...] = tuple(
             manager_for(
-                spec, i, self.pool, self.block_size, self.null_block, window_step=window_step
+                spec,
+                i,
+                self.pool,
+                self.block_size,
+                self.null_block,
+                window_step=window_step,
+                window_manager=self.window_manager,
             )
             for i, spec in enumerate(self.specs)
         )

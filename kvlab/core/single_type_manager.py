@@ -18,7 +18,7 @@ nothing; a group never raises for want of blocks.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Protocol
 
 from kvlab.core.block_pool import Block, BlockPool
@@ -272,25 +272,27 @@ class SlidingWindowManager(FullAttentionManager):
 
 
 class WindowStep(Protocol):
-    """A window group's hand-back step written elsewhere (Lab 11's exercise): hand back to
-    ``pool`` the blocks of ``block_table`` wholly before the window of the token after
-    ``num_computed`` computed ones, ``null_block`` standing in their places."""
+    """A window group's hand-back step written elsewhere (Lab 11's exercise), on the key card as
+    room numbers: hand back, with ``free(rooms)``, the rooms of ``block_table`` wholly before the
+    window of the token after ``num_computed`` computed ones, and write ``null_block`` (the null
+    room's number) in their places, in place."""
 
     def __call__(
         self,
-        block_table: list[Block],
+        block_table: list[int],
         num_computed: int,
         *,
         window: int,
         block_size: int,
-        pool: BlockPool,
-        null_block: Block,
+        free: Callable[[list[int]], None],
+        null_block: int,
     ) -> None: ...
 
 
 class SteppedWindowManager(SlidingWindowManager):
     """A sliding window whose hand-back is ``step`` (a :class:`WindowStep`), kvlab's own
-    counting of the blocks it frees kept (the coordinator asks it before any change)."""
+    counting of the blocks it frees kept (the coordinator asks it before any change). The step
+    sees room numbers, so it runs as well where the key card travels by value (the judge)."""
 
     def __init__(self, spec: SlidingWindowSpec, *args, step: WindowStep):
         super().__init__(spec, *args)
@@ -298,15 +300,32 @@ class SteppedWindowManager(SlidingWindowManager):
             raise TypeError(f"window_step must be callable, got {step!r}")
         self.step = step
 
+    def _block(self, room) -> Block:
+        if isinstance(room, bool) or not isinstance(room, int):
+            raise TypeError(f"a key card holds room numbers (ints), got {room!r}")
+        if not 0 <= room < len(self.pool.blocks):
+            raise ValueError(
+                f"room {room} is not in the hotel (rooms 0..{len(self.pool.blocks) - 1})"
+            )
+        return self.pool.blocks[room]
+
+    def _free(self, rooms) -> None:
+        if isinstance(rooms, (int, str, bytes)) or not isinstance(rooms, Iterable):
+            raise TypeError(f"free takes a list of room numbers, got {rooms!r}")
+        self.pool.free_blocks([self._block(room) for room in rooms])
+
     def remove_skipped_blocks(self, seq_id, num_computed: int) -> None:
+        table = self.tables[seq_id]
+        rooms = [block.block_id for block in table]
         self.step(
-            self.tables[seq_id],
+            rooms,
             num_computed,
             window=self.spec.window,
             block_size=self.block_size,
-            pool=self.pool,
-            null_block=self.null_block,
+            free=self._free,
+            null_block=self.null_block.block_id,
         )
+        table[:] = [self._block(room) for room in rooms]
 
 
 class StateManager:
@@ -374,15 +393,16 @@ def manager_for(
     null_block: Block,
     *,
     window_step: WindowStep | None = None,
+    window_manager: type[SlidingWindowManager] = SlidingWindowManager,
 ) -> SingleTypeManager:
     """The manager of a group of ``spec``'s kind (a window's hand-back ``window_step`` where
-    given, else kvlab's own)."""
+    given, else ``window_manager``'s own)."""
     if spec.kind == "sliding_window":
         if window_step is not None:
             return SteppedWindowManager(
                 spec, group_id, pool, block_size, null_block, step=window_step
             )
-        return SlidingWindowManager(spec, group_id, pool, block_size, null_block)
+        return window_manager(spec, group_id, pool, block_size, null_block)
     if spec.kind in PAGED_KINDS:
         return FullAttentionManager(spec, group_id, pool, block_size, null_block)
     if spec.kind == "state":

@@ -273,7 +273,7 @@ def test_the_reference_block_manager_is_no_base_class_in_the_learners_process(tm
 
 
 @needs_namespaces
-@pytest.mark.parametrize("number", ["03", "05", "06", "09", "10"])
+@pytest.mark.parametrize("number", ["03", "05", "06", "09", "10", "11"])
 def test_a_solved_notebook_scores_full_marks_through_the_judge(number):
     """The whole solved notebook, every given cell included (Lab 03's reference block manager
     and Lab 10's tiers are the judge's there): full marks, no cell raised, nothing flagged."""

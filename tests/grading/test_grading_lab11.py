@@ -12,12 +12,12 @@ from kvlab.grading import lab11 as checks
 from kvlab.grading.lab11 import window
 
 HAND_BACK = """
-def hand_back(block_table, num_computed, *, window, block_size, pool, null_block):
+def hand_back(block_table, num_computed, *, window, block_size, free, null_block):
     first = max(0, num_computed - window + 1)  # the first position the next token reads
     for i in range(first // block_size - 1, -1, -1):  # rooms wholly before it, last first
-        if block_table[i] is null_block:
+        if block_table[i] == null_block:
             break  # the rooms before this one went back at earlier steps
-        pool.free_blocks([block_table[i]])
+        free([block_table[i]])
         block_table[i] = null_block
 """
 
@@ -85,8 +85,8 @@ def test_the_solutions_pass_and_the_stubs_are_not_written_yet(exercise, make, na
 
 FIRST = "first // block_size - 1"
 EDGE = "num_computed - window + 1"
-FREE_AND_NULL = "pool.free_blocks([block_table[i]])\n        block_table[i] = null_block"
-BREAK = "        if block_table[i] is null_block:\n            break  # the rooms before this one went back at earlier steps\n"
+FREE_AND_NULL = "free([block_table[i]])\n        block_table[i] = null_block"
+BREAK = "        if block_table[i] == null_block:\n            break  # the rooms before this one went back at earlier steps\n"
 
 WINDOW_SLIPS = [
     (checks.TOO_MANY, [f"{FIRST} => first // block_size"]),
@@ -94,8 +94,8 @@ WINDOW_SLIPS = [
     (checks.TOO_FEW, [f"{FIRST} => first // block_size - 2"]),
     (checks.EDGE_LATE, [f"{EDGE} => num_computed - window"]),
     (checks.EDGE_EARLY, [f"{EDGE} => num_computed - window + 2"]),
-    (checks.DELETED, [f"{FREE_AND_NULL} => pool.free_blocks([block_table[i]])\n        del block_table[i]"]),
-    (checks.KEPT_ON_CARD, [f"{FREE_AND_NULL} => pool.free_blocks([block_table[i]])"]),
+    (checks.DELETED, [f"{FREE_AND_NULL} => free([block_table[i]])\n        del block_table[i]"]),
+    (checks.KEPT_ON_CARD, [f"{FREE_AND_NULL} => free([block_table[i]])"]),
     (checks.NOT_FREED, [f"{FREE_AND_NULL} => block_table[i] = null_block"]),
     (checks.NULL_AGAIN, [f"{BREAK} => "]),
 ]  # fmt: skip
@@ -117,10 +117,10 @@ def test_every_window_slip_is_in_the_table_and_told_apart_on_the_probes():
 def test_a_window_mistake_no_slip_explains_gets_no_hint():
     # frees the newest room too when the window is past a room: a mistake of no table row
     odd = hand_back(
-        "        pool.free_blocks([block_table[i]])\n        block_table[i] = null_block\n => "
-        "        pool.free_blocks([block_table[i]])\n        block_table[i] = null_block\n"
-        "        if num_computed % 7 == 3 and block_table[-1] is not null_block:\n"
-        "            pool.free_blocks([block_table[-1]])\n            block_table[-1] = null_block\n"
+        "        free([block_table[i]])\n        block_table[i] = null_block\n => "
+        "        free([block_table[i]])\n        block_table[i] = null_block\n"
+        "        if num_computed % 7 == 3 and block_table[-1] != null_block:\n"
+        "            free([block_table[-1]])\n            block_table[-1] = null_block\n"
     )
     result = run_checks("11.window", odd)
     assert result.status is Status.FAILED and hints_of(result) == [], result.report()
@@ -138,25 +138,34 @@ def test_a_failure_on_a_random_day_names_its_replay():
 
 
 def test_kvlab_own_step_behind_a_wrapper_is_refused():
+    from kvlab.core.block_pool import BlockPool
     from kvlab.core.kv_spec import SlidingWindowSpec
     from kvlab.core.single_type_manager import SlidingWindowManager
 
-    def wrapped(block_table, num_computed, *, window, block_size, pool, null_block):
+    def wrapped(block_table, num_computed, *, window, block_size, free, null_block):
+        pool = BlockPool(null_block + 1)  # a copy of the card on rooms of kvlab's, stepped by kvlab
+        copy = [pool.blocks[room] for room in block_table]
+        for block in copy:
+            block.ref_count = block.block_id != null_block
         m = SlidingWindowManager(
-            SlidingWindowSpec(1, 1, window=window), 0, pool, block_size, null_block
+            SlidingWindowSpec(1, 1, window=window), 0, pool, block_size, pool.blocks[null_block]
         )
-        m.tables["me"] = block_table
+        m.tables["me"] = copy
         m.remove_skipped_blocks("me", num_computed)
+        for i, block in enumerate(copy):
+            if block.block_id != block_table[i]:
+                free([block_table[i]])
+                block_table[i] = null_block
 
     result = run_checks("11.window", wrapped)
     assert result.passed == 0 and "hands the work to kvlab" in result.report(), result.report()
 
-    def first_needed(block_table, num_computed, *, window, block_size, pool, null_block):
+    def first_needed(block_table, num_computed, *, window, block_size, free, null_block):
         end = SlidingWindowSpec(1, 1, window=window).first_needed(num_computed) // block_size
         for i in range(end - 1, -1, -1):
-            if block_table[i] is null_block:
+            if block_table[i] == null_block:
                 break
-            pool.free_blocks([block_table[i]])
+            free([block_table[i]])
             block_table[i] = null_block
 
     assert run_checks("11.window", first_needed).passed == 0

@@ -37,7 +37,7 @@ KEPT_ON_CARD = (
 )
 NOT_FREED = (
     "the rooms left the key card but never went back to the pool: hand them back with "
-    "pool.free_blocks([...]) as you put null_block in their places, or the hotel loses them"
+    "free([...]) as you put null_block in their places, or the hotel loses them"
 )
 NULL_AGAIN = (
     "the null room was handed back: the places before the window that went back at earlier "

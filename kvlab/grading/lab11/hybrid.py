@@ -57,6 +57,7 @@ WORDS = {
     "bytes_reserved": "bytes one request reserves at full length",
 }
 
+
 @functools.cache
 def model_groups(name: str) -> tuple[LayerGroup, ...]:
     return vendored_spec(name).layer_groups

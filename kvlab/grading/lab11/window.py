@@ -1,6 +1,7 @@
-"""11.window: ``hand_back(block_table, num_computed, *, window, block_size, pool, null_block)``,
-the step that hands back to the pool the rooms of a sliding-window key card that no later token
-reads, the null room standing in their places (vLLM's ``remove_skipped_blocks``).
+"""11.window: ``hand_back(block_table, num_computed, *, window, block_size, free, null_block)``,
+the step that hands back (``free(rooms)``) the rooms of a sliding-window key card, as room
+numbers, that no later token reads, the null room's number standing in their places (vLLM's
+``remove_skipped_blocks``).
 
 The checks plug the learner's step into kvlab's
 :class:`~kvlab.core.hybrid_block_manager.HybridBlockManager` (``window_step=``) and play days
@@ -8,7 +9,7 @@ of guests checking in, growing a token at a time and checking out. After every e
 of every room (which place of which card it sits in, null or not, held or free) is compared
 with the same day played by kvlab's own step, and the hotel's books are checked. A wrong day is
 named when one usual slip (:data:`SLIPS`: kvlab's own manager with one hook changed) plays it
-exactly as the learner's step did, and the probe days too.
+exactly as the learner's step did, and the probe days too (:func:`slipped_hotel`).
 """
 
 from __future__ import annotations
@@ -46,18 +47,6 @@ TASK = "handing back the rooms the window has left"
 
 
 # --- kvlab's step and its slips: the window manager with one hook changed ---------------------
-
-
-def manager_step(manager_class: type[SlidingWindowManager]):
-    """A window step that is ``manager_class``'s own ``remove_skipped_blocks`` on the table."""
-
-    def step(block_table, num_computed, *, window, block_size, pool, null_block):
-        spec = SlidingWindowSpec(1, 1, window=window)
-        manager = manager_class(spec, 0, pool, block_size, null_block)
-        manager.tables["guest"] = block_table
-        manager.remove_skipped_blocks("guest", num_computed)
-
-    return step
 
 
 class _TooMany(SlidingWindowManager):
@@ -105,7 +94,6 @@ class _NullAgain(SlidingWindowManager):
         return False
 
 
-REFERENCE_STEP = manager_step(SlidingWindowManager)
 SLIPPED = (
     (hints.TOO_MANY, _TooMany),
     (hints.ROUNDED_UP, _RoundedUp),
@@ -285,10 +273,11 @@ def _moments(d: Day):
             yield i, (kind, guest, n), 0
 
 
-def play(d: Day, step, on_moment=None) -> list[Snapshot]:
-    """The day with ``step`` as every window group's hand-back (None: kvlab's own manager);
-    ``on_moment(i, hotel, snap)`` after each moment may stop the day by raising."""
-    hotel = HybridBlockManager(d.num_blocks, d.block_size, d.specs, window_step=step)
+def play(d: Day, step, on_moment=None, hotel_class=HybridBlockManager) -> list[Snapshot]:
+    """The day with ``step`` as every window group's hand-back (None: ``hotel_class``'s own
+    window manager); ``on_moment(i, hotel, snap, error)`` after each moment may stop the day by
+    raising."""
+    hotel = hotel_class(d.num_blocks, d.block_size, d.specs, window_step=step)
     snaps = []
     for i, event, _ in _moments(d):
         try:
@@ -316,9 +305,19 @@ def reference_day(d: Day) -> tuple[Snapshot, ...]:
     return tuple(play(d, None))
 
 
+def slipped_hotel(manager_class: type[SlidingWindowManager]) -> type[HybridBlockManager]:
+    """kvlab's hotel whose window groups are ``manager_class`` (one of its decisions changed)."""
+    return type(
+        f"Hotel{manager_class.__name__}", (HybridBlockManager,), {"window_manager": manager_class}
+    )
+
+
+SLIPPED_HOTELS = tuple(slipped_hotel(cls) for _, cls in SLIPPED)
+
+
 @functools.lru_cache(maxsize=4096)
 def slip_day(d: Day, index: int) -> tuple[Snapshot, ...]:
-    return tuple(play(d, manager_step(SLIPPED[index][1])))
+    return tuple(play(d, None, hotel_class=SLIPPED_HOTELS[index]))
 
 
 def _slip_answer(index: int):
