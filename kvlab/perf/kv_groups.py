@@ -234,3 +234,39 @@ def describe_group(spec: KVCacheSpec) -> str:
     if isinstance(spec, StateSpec):
         return f"{spec.layer_type} state of {spec.state_bytes:,} bytes"
     return spec.kind
+
+
+def windows_kept_whole(layer_groups: Sequence[LayerGroup]) -> tuple[LayerGroup, ...]:
+    """The same layers with every sliding window kept whole, as full attention of its shape:
+    what vLLM serves with ``--disable-hybrid-kv-cache-manager`` (one key card for all layers)."""
+    kept = []
+    for group in layer_groups:
+        if not isinstance(group, LayerGroup):
+            raise TypeError(f"layer_groups must hold LayerGroups, got {group!r}")
+        spec = group.spec
+        if isinstance(spec, SlidingWindowSpec):
+            spec = FullAttentionSpec(
+                spec.num_kv_heads, spec.head_dim, spec.kv_format, spec.head_dim_v
+            )
+        kept.append(LayerGroup(spec, group.num_layers))
+    return tuple(kept)
+
+
+def exact_bytes(layer_groups: Sequence[LayerGroup], num_tokens: int) -> int:
+    """What a request of ``num_tokens`` holds layer by layer with no padding and no partly
+    filled block: full attention every token, a window its last ``window``, a state its state
+    (the bound a layer-aware allocator such as Jenga's approaches)."""
+    num_tokens = positive_int("num_tokens", num_tokens)
+    total = 0
+    for group in layer_groups:
+        if not isinstance(group, LayerGroup):
+            raise TypeError(f"layer_groups must hold LayerGroups, got {group!r}")
+        spec = group.spec
+        if isinstance(spec, StateSpec):
+            total += group.num_layers * spec.state_bytes
+        else:
+            tokens = (
+                min(num_tokens, spec.window) if isinstance(spec, SlidingWindowSpec) else num_tokens
+            )
+            total += group.num_layers * spec.token_bytes() * tokens
+    return total
