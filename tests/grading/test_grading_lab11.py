@@ -114,6 +114,17 @@ def test_every_window_slip_is_in_the_table_and_told_apart_on_the_probes():
     assert all(a != tuple(window.reference_day(d) for d in days) for a in answers)
 
 
+def test_a_new_key_card_returned_is_named():
+    new_card = learner(
+        HAND_BACK.replace("    first = max", "    block_table = list(block_table)\n    first = max")
+        + "    return block_table\n",
+        "hand_back",
+    )
+    result = run_checks("11.window", new_card)
+    assert_only_hint(result, checks.IN_PLACE)
+    assert "(after A's token 11)" in result.report(), result.report()  # its step, then
+
+
 def test_a_window_mistake_no_slip_explains_gets_no_hint():
     # frees the newest room too when the window is past a room: a mistake of no table row
     odd = hand_back(

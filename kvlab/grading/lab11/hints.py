@@ -45,6 +45,11 @@ NULL_AGAIN = (
     "at the first null_block going down, or skip it"
 )
 
+IN_PLACE = (
+    "the step built a new key card and returned it: the hotel keeps the card it gave you, so "
+    "change block_table in place (block_table[i] = null_block) and return nothing"
+)
+
 # --- 11.hybrid -------------------------------------------------------------------------------
 
 RATIO_MIN = (

@@ -127,7 +127,7 @@ class Day:
     def window(self) -> int:
         return next(s.window for s in self.specs if isinstance(s, SlidingWindowSpec))
 
-    def describe(self, upto: int | None = None) -> str:
+    def describe(self, upto: int | None = None, moment: str = "") -> str:
         kinds = " + ".join(
             f"a window of {s.window}" if isinstance(s, SlidingWindowSpec) else "full attention"
             for s in self.specs
@@ -139,6 +139,7 @@ class Day:
         text = ", ".join(shown)
         if len(text) > 150:
             text = "…" + text[-148:]
+        text += f" ({moment})" if moment else ""
         return f"{self.story} ({kinds}; {self.num_blocks} rooms of {self.block_size} beds): {text}"
 
 
@@ -349,7 +350,14 @@ def guarded(fn):
 
     def step(block_table, num_computed, **kw):
         with refuse_reference(*REFERENCES, learner=fn, task=TASK):
-            fn(block_table, num_computed, **kw)
+            got = fn(block_table, num_computed, **kw)
+        if isinstance(got, list) and got != block_table:
+            raise CheckFailed(
+                "hand_back returned a new key card and left block_table as it was",
+                expected=f"None, block_table changed in place (now {block_table})",
+                got=f"a new list {got}",
+                hint=hints.IN_PLACE,
+            )
 
     return step
 
@@ -401,7 +409,7 @@ def expect_day(fn, d: Day) -> None:
     def fail(i, message, hotel=None, card=None, **details):
         raise CheckFailed(
             message,
-            input=d.describe(i),
+            input=d.describe(i, now),
             hint=diagnose(fn, d),
             **where,
             **(details if card is None else _card_details(hotel, *card)),
@@ -411,10 +419,13 @@ def expect_day(fn, d: Day) -> None:
         table = hotel.managers[group].tables[seq]
         return {"expected": _want(want), "got": _show(table, hotel.null_block)}
 
-    k = 0
+    k, now = 0, ""
 
     def on_moment(i, hotel, snap, error):
-        nonlocal k
+        nonlocal k, now
+        kind, guest, _ = d.events[i]
+        if kind == "grow" and guest in hotel:
+            now = f"after {guest}'s token {hotel.num_tokens(guest)}"
         want = right[k] if k < len(right) else None
         k += 1
         if error is not None:
@@ -453,7 +464,12 @@ def expect_day(fn, d: Day) -> None:
         except AssertionError as broken:
             fail(i, "the hotel's books do not add up after your step", got=str(broken))
 
-    play(d, guarded(fn), on_moment)
+    try:
+        play(d, guarded(fn), on_moment)
+    except CheckFailed as failure:  # raised by the step itself
+        failure.input = failure.input or d.describe(None, now)
+        failure.replay = failure.replay or d.replay
+        raise
 
 
 @window_ex.check("a guest still inside its window hands back nothing")
