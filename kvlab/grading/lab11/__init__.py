@@ -1,0 +1,1 @@
+from kvlab.grading.lab11 import latent, quantize  # noqa: F401
