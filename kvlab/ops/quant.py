@@ -12,8 +12,9 @@ scale`` (the convention of vLLM's ``k_scale`` / ``v_scale``). Two formats:
 - ``"int8"``: ``torch.int8``, round to nearest (largest 127: each element within half a step,
   ``scale / 2``), for GPUs without fp8 (an A100, a T4).
 
-vLLM's default fp8 cache keeps one scale per layer for K and one for V (per tensor); its
-``*_per_token_head`` formats keep one per token and head, as here (``kvlab.core.kv_spec``). A
+vLLM's plain fp8 cache keeps one scale per layer for K and one for V (per tensor; 1.0 unless
+calibrated), or one per KV head when calibrated; the ``*_per_token_head`` formats keep one per
+token and head, as here (``kvlab.core.kv_spec``). A
 zero vector gets scale 1 (any positive scale stores zeros): no division by zero, no NaN. A given
 ``scale`` (a per-tensor one, say) saturates what lies beyond it at the format's largest value.
 """
