@@ -164,3 +164,24 @@ def test_bad_quantized_inputs_name_the_argument():
         paged_decode_attention_quantized(q, kq, vq, ks, vs.half(), tables, lens)
     with pytest.raises(TypeError, match="k_values"):
         paged_decode_attention_quantized(q, kq.float(), vq, ks, vs, tables, lens)
+
+
+# --- kvlab bench attention's quantised rows, with a stand-in timer (timings need a GPU) -----------
+
+
+def test_bench_quantized_row_and_target(monkeypatch):
+    from kvlab.ops.runtime import kernel_mode
+    from kvlab.perf import bench
+
+    if kernel_mode() != "interpreter":
+        pytest.skip("kernels on CPU tensors need Triton's interpreter")
+    times = iter([2.0, 1.0])  # the 16-bit kernel, then the quantised one
+    monkeypatch.setattr("triton.testing.do_bench", lambda fn, **o: (fn(), next(times))[1])
+    row = bench._quantized_row(2, 40, 4, 2, 32, 16, torch.bfloat16, "cpu", 1e12)
+    assert row["format"] == "fp8_e4m3" and row["speedup"] == 2.0
+    assert row["tokens_per_s_quantized"] == 2 * 40 / 1e-3
+    assert row["GB_per_s_quantized"] == round(2 * 80 * 2 * (32 + 4) / 1e-3 / 1e9, 1)
+    assert row["max_error_vs_16_bit"] < 0.1
+    target = bench.quantized_targets([{**row, "batch": 32, "context": 8192}])
+    assert list(target.values()) == [[2.0, True]]
+    assert bench.quantized_targets([row]) == {}
