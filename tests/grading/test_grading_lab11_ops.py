@@ -4,6 +4,7 @@ only that hint; a mistake no slip explains gets none; kvlab's own answer is refu
 
 import learner_code
 import pytest
+import torch
 from learner_code import assert_only_hint, hints_of
 
 import kvlab.grading.lab11.latent as latent
@@ -197,3 +198,19 @@ def test_kvlab_quantize_behind_a_wrapper_is_refused():
 
     result = run_checks("11.quantize", lambda x, f="fp8_e4m3", s=None: quant.quantize(x, f, s))
     assert result.passed == 0 and "hands the work to kvlab" in result.report()
+
+
+def test_the_graders_unslipped_answers_are_kvlabs():
+    """With no decision changed, what the slips are built from answers as kvlab does."""
+    from kvlab.ops import mla, quant
+
+    for args in latent.CASES.values():
+        case = tuple(t.float() for t in mla.make_mla_case(**args))
+        assert latent._close(latent.absorbed(*case), mla.mla_decode_absorbed(*case))
+    for cases in quantize.CHECKS.values():
+        for fmt, scale, args in cases:
+            x = quantize.make_vectors(**args)
+            mine, kvlab = quantize.slipped(x, fmt, scale), quant.quantize(x, fmt, scale)
+            assert quantize._same(mine, kvlab) and mine[0].view(-1).view(torch.uint8).equal(
+                kvlab[0].view(-1).view(torch.uint8)
+            )
