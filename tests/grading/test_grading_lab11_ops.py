@@ -93,6 +93,7 @@ LATENT_SLIPS = [
     ('"hr,hvr->hv" => "hr,hrv->hv"', latent.UV_TRANSPOSED),
     ("o_lat, w_uv.float() => o_lat, w_uk.float()", latent.UK_FOR_VALUES),
     ("scale, dim=-1) => scale, dim=0)", latent.SOFTMAX_OVER_HEADS),
+    (".to(q_nope.dtype) => ", latent.DTYPE),
     (
         'return torch.einsum("hr,hvr->hv", o_lat, w_uv.float()).to(q_nope.dtype) => '
         "return o_lat.to(q_nope.dtype)",
@@ -152,6 +153,12 @@ QUANTIZE_SLIPS = [
         quantize.WRONG_AXIS,
     ),
     ("x.float().abs().amax(dim=-1) => x.float().amax(dim=-1)", quantize.NO_ABS),
+    (
+        "x.float().abs().amax(dim=-1) => x.float().abs().amax(dim=-1, keepdim=True) && "
+        "scales[..., None] => scales && torch.full(x.shape[:-1], => torch.full((*x.shape[:-1], 1),",
+        quantize.KEEPDIM,
+    ),
+    ("x.float().abs().amax(dim=-1) => x.abs().amax(dim=-1)", quantize.SCALES_FP32),
     (
         "torch.where(amax > 0, amax / top, torch.ones_like(amax)) => "
         "torch.where(amax > 0, top / amax, torch.ones_like(amax)) && "

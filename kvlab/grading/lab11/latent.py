@@ -73,6 +73,7 @@ LATENT_OUT = (
     "the answer is the weighted latent, [heads, kv_lora_rank]: turn it into each head's value "
     "with W_UV, out[h] = W_UV[h] o_lat[h], [heads, v_dim]"
 )
+DTYPE = "compute in fp32, then return the output in q_nope's dtype: .to(q_nope.dtype)"
 LOW_PRECISION = (
     "right in float32, wrong in bfloat16: compute the scores, the softmax and the sums in "
     "float32 (.float() the inputs), then return the result in q_nope's dtype"
@@ -215,7 +216,7 @@ def expect_latent(fn, what: str, case_args: dict) -> None:
             input=what,
             expected=str(want.dtype),
             got=str(got.dtype),
-            hint="compute in fp32, then return the output in q_nope's dtype: .to(q_nope.dtype)",
+            hint=DTYPE,
         )
     if _close(got, want, want.dtype):
         return

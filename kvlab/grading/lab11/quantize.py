@@ -38,6 +38,10 @@ WRONG_AXIS = (
     "the largest magnitude was taken over the tokens: take it over each vector's elements, the "
     "last axis (head_dim), so that scales has shape x.shape[:-1] (tokens, kv_heads)"
 )
+KEEPDIM = (
+    "scales kept the reduced axis ([..., 1]): return one scale per vector, shape x.shape[:-1] "
+    "(amax(dim=-1) without keepdim), and broadcast it with scales[..., None] where you divide"
+)
 NO_ABS = (
     "the scale came from the largest element, not the largest magnitude: a vector's most "
     "negative element may be the biggest; use x.abs().amax(dim=-1)"
@@ -170,7 +174,7 @@ def _judge(x, fmt, scale, got):
             None,
         )
     if scales.shape != x.shape[:-1]:
-        hint = WRONG_AXIS if scales.shape == x.shape[1:] else None
+        hint = {x.shape[1:]: WRONG_AXIS, (*x.shape[:-1], 1): KEEPDIM}.get(scales.shape)
         return (
             "one scale per vector: scales has shape x.shape[:-1]",
             str(tuple(x.shape[:-1])),
