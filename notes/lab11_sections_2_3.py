@@ -224,9 +224,9 @@ check("11.quantize", quantize)
 #
 # The tiny model's own K and V (layer 0 of a 180-token text, 2 KV heads of 32 dims), put into rooms of 16 beds,
 # quantised with your `quantize` (kvlab's until yours is written), and attended by kvlab's quantised decode
-# kernel: the Lab 05 kernel reading half-size beds and their labels, dequantising in the kernel (a token's K
-# scale multiplies its score after the product, its V scale its softmax weight). On the CPU it runs in Triton's
-# interpreter.
+# kernel: Lab 05's fast kernel (tiles of rooms, tensor cores, split-K) reading half-size beds and their labels,
+# dequantising in the kernel (a token's K scale multiplies its score after the product, its V scale its softmax
+# weight). On the CPU it runs in Triton's interpreter.
 
 # %%
 # id: lab11-34
