@@ -150,3 +150,19 @@ def test_notebooks_open_with_the_kvlab_kernel():
         nb = nbformat.read(path, as_version=4)
         assert nb.metadata["kernelspec"]["name"] == "kvlab"
         nbformat.validate(nb)
+
+
+def test_every_exercise_has_one_check_cell_the_judge_recognises():
+    """The judge finds a check cell by its whole source (``check("NN.x", name)`` alone): a cell
+    that imports ``check`` first runs as a given cell, and its exercise is graded "not run"."""
+    from kvlab.grading.judge import CHECK_CELL
+    from kvlab.grading.registry import load_lab
+
+    for lab_path in sorted(LABS_DIR.glob("*.ipynb")):
+        lab = nbformat.read(lab_path, as_version=4)
+        code = [c.source for c in lab.cells if c.cell_type == "code"]
+        found = [m.group(1) for m in map(CHECK_CELL.match, code) if m]
+        calls = [s for s in code if s.lstrip().startswith("check(") or "\ncheck(" in s]
+        assert len(calls) == len(found), f"{lab_path.name}: a check cell holds more than the call"
+        expected = [ex.id for ex in load_lab(lab_path.name[:2])]
+        assert sorted(found) == sorted(expected), lab_path.name
