@@ -10,7 +10,7 @@ from kvlab.grading.lab06 import preempt, step
 from kvlab.grading.lab06.days import DAY, DAY_SETUP, DAY_TEXT, DAYS, Day
 from kvlab.grading.lab06.hints import *  # noqa: F403 (the hints, by name, for the tests)
 from kvlab.grading.lab06.preempt import judge_preempt, preempt_ex
-from kvlab.grading.lab06.references import STEP_SLIPS, VICTIM_SLIPS, slipped_step
+from kvlab.grading.lab06.references import STEP_SLIPS, VICTIM_SLIPS, slipped, slipped_step
 from kvlab.grading.lab06.step import show_day, step_ex
 
 # the checks' inner pieces, by the names the tests use
@@ -32,6 +32,7 @@ __all__ = [
     "judge_preempt",
     "preempt_ex",
     "show_day",
+    "slipped",
     "slipped_step",
     "step_ex",
 ]

@@ -17,7 +17,7 @@ small day with ``simulate(..., schedule=step)``, as the lab does, and compares i
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kvlab.core.block_manager import PagedCache
 from kvlab.grading import slips
@@ -25,7 +25,7 @@ from kvlab.grading.blame import explain_exception, raised
 from kvlab.grading.expect import CheckFailed, short
 from kvlab.grading.lab06 import hints
 from kvlab.grading.lab06.days import DAY, DAY_SETUP, DAY_TEXT, DAYS, Day, figures, same_figures
-from kvlab.grading.lab06.references import ANY_REFUSED, STEP_SLIPS
+from kvlab.grading.lab06.references import STEP_SLIPS
 from kvlab.grading.lab06.views import REPORT_KEYS, STEP, error_slip, show, state_text
 from kvlab.grading.own_code import call_own
 from kvlab.grading.registry import exercise
@@ -60,7 +60,6 @@ class Rules:
     slips: tuple
     days: dict
     direct: Callable | None = None
-    any_refused: frozenset = field(default_factory=frozenset)
     module: str = "kvlab.grading.lab06"
     name: str = "step"
 
@@ -251,7 +250,7 @@ def _agrees(
     """Whether ``slip`` does as the learner's step did: the same as kvlab's step in every earlier
     step of the day (``history``), then, in this one, the learner's error, or the learner's
     report and state where kvlab's differ. In this step the refusal reported with a guest is not
-    compared, nor, for the slips of ``ANY_REFUSED``, which guest is reported."""
+    compared, nor, for a slip whose answer says ``any_refused``, which guest is reported."""
     rules = LAB06 if rules is None else rules
     capture = Captured(slip.answer, [], rules=rules)
     engine, capture.guests = day.start(capture)
@@ -273,7 +272,7 @@ def _agrees(
         return capture.error is not None and (
             (type(capture.error), str(capture.error)) == (type(mine.error), str(mine.error))
         )
-    any_refused = bool(slip.answer.keywords.keys() & rules.any_refused)
+    any_refused = getattr(slip.answer, "any_refused", False)
     return (
         capture.error is None
         and capture.view is not None
@@ -390,7 +389,6 @@ LAB06 = Rules(
     table=STEP,
     slips=STEP_SLIPS,
     days=DAYS,
-    any_refused=frozenset(ANY_REFUSED),
 )
 
 
