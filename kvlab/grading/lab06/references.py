@@ -1,13 +1,14 @@
 """Lab 06's slipped references: kvlab's :class:`~kvlab.serving.scheduler.Scheduler` with one
 decision of a step changed (a subclass overriding one hook), and the tables of slips the checks
-try. A slip's answer is a step function ``(scheduler, now)`` (:func:`slipped`), as the learner's
+try. A slip's answer is a step function ``(scheduler, now)`` (:class:`kvlab.grading.lockstep.slipped`), as the learner's
 is, so it serves a day in the same engine."""
 
 from __future__ import annotations
 
 from kvlab.grading.lab06 import hints
+from kvlab.grading.lockstep import slipped
 from kvlab.grading.slips import Slip
-from kvlab.serving.scheduler import ScheduledStep, Scheduler, Sequence, SequenceStatus
+from kvlab.serving.scheduler import Scheduler, Sequence, SequenceStatus
 
 WAITING, RUNNING, PREEMPTED, SWAPPED, FINISHED = SequenceStatus
 
@@ -17,26 +18,6 @@ VICTIM_SLIPS = (
     Slip(hints.LAST_ARRIVED, lambda running: max(running, key=lambda q: q.arrival).seq_id),
     Slip(hints.MOST_ROOMS, lambda running: max(running, key=lambda q: q.num_tokens).seq_id),
 )
-
-
-class slipped:  # noqa: N801 (a function of the scheduler, named like one)
-    """``variant``'s step as a step function ``(scheduler, now)``: it runs on the scheduler's own
-    state (its queues, cache and counts: one ``__dict__``) with ``variant``'s decisions, so a day
-    served by it in an Engine is that variant's day. ``any_refused``: which refused guest the
-    step reports may be any of several (past a refused guest, at max_batch)."""
-
-    def __init__(self, variant: type[Scheduler], any_refused: bool = False):
-        if not (isinstance(variant, type) and issubclass(variant, Scheduler)):
-            raise TypeError(f"variant must be a subclass of Scheduler, got {variant!r}")
-        self.variant, self.any_refused = variant, any_refused
-
-    def __call__(self, scheduler: Scheduler, now: float) -> ScheduledStep:
-        view = self.variant.__new__(self.variant)
-        view.__dict__ = scheduler.__dict__  # the same state, the variant's decisions
-        return view.step(now)
-
-    def __repr__(self):
-        return f"slipped({self.variant.__name__})"
 
 
 # --- where retiring goes, and the order of a step ---------------------------------------------

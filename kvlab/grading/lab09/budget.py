@@ -1,9 +1,9 @@
 """09.budget_step: the learner's ``budget_step(scheduler, now)`` serves short scripted days under
 a token budget (``max_num_batched_tokens``, chunked prefill) in an Engine beside an engine running
 kvlab's own budgeted step, compared after every step on Lab 06's state-diff table plus the tokens
-each guest computes (:data:`TABLE`). The lockstep, the replay and the slip matching are 06.step's
-(:mod:`kvlab.grading.lab06.step`, run with :data:`RULES`); only the reference, the slips, the
-days and the table are this lab's.
+each guest computes (:data:`TABLE`). The lockstep, the replay and the slip matching are shared
+with 06.step (:mod:`kvlab.grading.lockstep`, run with :data:`RULES`); only the slips, the days and
+the table are this lab's.
 
 kvlab's step is vLLM v1's: retire, then the running guests in check-in order (a decode costs one
 token, a prompt still being read its next chunk, min(what is left of it, what is left of the
@@ -17,15 +17,17 @@ changed (a subclass overriding one hook), as Lab 06's are.
 from __future__ import annotations
 
 from kvlab.core.block_manager import PagedCache
+from kvlab.grading import lockstep as lockstep_
 from kvlab.grading.lab06 import hints as lab06_hints
-from kvlab.grading.lab06.days import FULL_HOTEL, Day, same_figures, simulated_day
-from kvlab.grading.lab06.days import figures as day_figures
-from kvlab.grading.lab06.references import AdmitFirst, AnyArrival, NoHold, PastRefused, slipped
-from kvlab.grading.lab06.step import Rules, _direct, _lockstep
-from kvlab.grading.lab06.step import show_day as _show_day
-from kvlab.grading.lab06.views import STEP, show
+from kvlab.grading.lab06.days import FULL_HOTEL
+from kvlab.grading.lab06.references import AdmitFirst, AnyArrival, NoHold, PastRefused
+from kvlab.grading.lab06.step import STEP_HINTS, STEP_REFERENCE, _direct
 from kvlab.grading.lab09 import hints
+from kvlab.grading.lockstep import Rules, slipped
 from kvlab.grading.registry import exercise
+from kvlab.grading.scheduler_days import Day, same_figures, simulated_day
+from kvlab.grading.scheduler_days import figures as day_figures
+from kvlab.grading.scheduler_views import STEP, show
 from kvlab.grading.slips import Slip
 from kvlab.grading.state_diff import Field, each
 from kvlab.serving import simulate
@@ -112,11 +114,9 @@ TABLE = (
     *STEP[6:],
 )
 
+# 06.step's, but for retire (given in the lab), and the steps of a budget
 GUARD = (
-    Scheduler.step,
-    Scheduler.schedule,
-    Scheduler._admit_arrived,
-    Scheduler._make_room,
+    *(f for f in STEP_REFERENCE if f is not Scheduler.retire),
     Scheduler._chunk,
     Scheduler._decode,
 )
@@ -216,6 +216,7 @@ RULES = Rules(
     table=TABLE,
     slips=SLIPS,
     days=DAYS,
+    hints=STEP_HINTS,
     direct=direct,
     module="kvlab.grading.lab09",
     name="budget_step",
@@ -224,11 +225,11 @@ RULES = Rules(
 
 def show_day(budget_step, day: str = "chunks", steps: int | None = None) -> None:
     """Print a day of the 09.budget_step checks step by step, kvlab's step beside yours."""
-    _show_day(budget_step, day, steps, rules=RULES)
+    lockstep_.show_day(budget_step, day, RULES, steps)
 
 
 def lockstep(fn, name: str) -> None:
-    _lockstep(fn, DAYS[name], rules=RULES)
+    lockstep_.lockstep(fn, DAYS[name], RULES)
 
 
 @budget_ex.check("a long prompt is read in chunks that fill what the budget leaves")
