@@ -142,6 +142,11 @@ class Scheduler:
     ``max_num_batched_tokens`` is the token budget of a step and ``chunked_prefill=True`` lets a
     prompt be read over several steps (the module's docstring says how). ``recorder`` (optional,
     owned by the driver) gets a frame after every event.
+
+    Each decision of a step is a method a subclass may override (:attr:`PHASES`, their order;
+    ``done``, ``serves``, ``budget_left``, ``budget_spent``, ``running_chunk``,
+    ``note_preempted``, ``admits``, ``arrived``, ``batch_full``, ``refusal``, ``stops_queue``,
+    ``start``): the graders' slips are kvlab's scheduler with one of them changed.
     """
 
     def __init__(
