@@ -26,7 +26,7 @@ from kvlab.core.prefix_cache import (
     check_prefix_cache,
     make_prefix_cache,
 )
-from kvlab.core.validate import positive_int
+from kvlab.core.validate import num_computed_of, positive_int
 
 
 class OutOfBlocks(OutOfMemory):
@@ -360,13 +360,7 @@ class BlockManager:
         findable now; :meth:`cache_computed` reports the rest. None: all of them are."""
         self._new(seq_id)
         plan = self.plan_allocation(prompt)
-        if num_computed is not None:
-            positive_int("num_computed", num_computed, minimum=0)
-            if num_computed > plan.num_tokens:
-                raise ValueError(
-                    f"num_computed must be in 0..{plan.num_tokens} (the prompt's tokens), "
-                    f"got {num_computed}"
-                )
+        num_computed_of(num_computed, plan.num_tokens)
         needed, cached = plan.blocks_needed(self.block_size), plan.cached
         if needed > plan.available:
             raise self._out_of_blocks(seq_id, needed, plan.available)

@@ -19,6 +19,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from kvlab.core.accounting import CacheState
 from kvlab.core.block_hashes import chain_block_hashes
 from kvlab.core.block_manager import (
     BlockManager,
@@ -31,8 +32,14 @@ from kvlab.core.block_manager import (
 from kvlab.core.block_pool import Block, BlockPool
 from kvlab.core.kv_spec import KVCacheSpec, LayerGroup
 from kvlab.core.prefix_cache import PrefixCacheStats, check_prefix_cache
-from kvlab.core.single_type_manager import PAGED_KINDS, SingleTypeManager, manager_for
-from kvlab.core.validate import positive_int
+from kvlab.core.single_type_manager import (
+    PAGED_KINDS,
+    SingleTypeManager,
+    SlidingWindowManager,
+    WindowStep,
+    manager_for,
+)
+from kvlab.core.validate import num_computed_of, positive_int
 
 
 def group_specs(groups) -> tuple[KVCacheSpec, ...]:
@@ -94,6 +101,9 @@ class HybridBlockManager:
     ``num_blocks`` (vLLM takes block 0 of its pool; kvlab adds it after the others so that the
     blocks a group hands out are numbered and ordered as a dense model's are).
 
+    ``window_step``: a window group's hand-back written elsewhere (a
+    :class:`~kvlab.core.single_type_manager.WindowStep`: Lab 11's exercise) in place of kvlab's.
+
     ``append_slot`` means every token so far is computed: a sliding-window group hands back
     the blocks before the window of the next token first (so those blocks can serve the
     append), then every group grows.
@@ -110,6 +120,8 @@ class HybridBlockManager:
     # a dense model is a BlockManager (False: the groups' own managers, for the tests that
     # check one against the other)
     delegate_dense: ClassVar[bool] = True
+    # the manager of a window group (a subclass changes one of its decisions: Lab 11's slips)
+    window_manager: ClassVar[type[SlidingWindowManager]] = SlidingWindowManager
 
     def __init__(
         self,
@@ -119,6 +131,7 @@ class HybridBlockManager:
         *,
         enable_prefix_caching: bool = False,
         prefix_cache: str = "hash",
+        window_step: WindowStep | None = None,
     ):
         self.num_blocks = positive_int("num_blocks", num_blocks)
         self.block_size = positive_int("block_size", block_size)
@@ -146,7 +159,15 @@ class HybridBlockManager:
         self.null_block = self.pool.blocks[self.num_blocks]
         self.pool.free_queue.remove(self.null_block)
         self.managers: tuple[SingleTypeManager, ...] = tuple(
-            manager_for(spec, i, self.pool, self.block_size, self.null_block)
+            manager_for(
+                spec,
+                i,
+                self.pool,
+                self.block_size,
+                self.null_block,
+                window_step=window_step,
+                window_manager=self.window_manager,
+            )
             for i, spec in enumerate(self.specs)
         )
         # full attention first: its hit bounds the others' (vLLM sorts its groups so)
@@ -233,6 +254,29 @@ class HybridBlockManager:
         pool = self.pool
         return PrefixCacheStats(self.queries, self.hits, pool.num_evictions, len(pool.cached))
 
+    def state(self) -> CacheState:
+        """What the floor plan and the recorder draw: per sequence, the rooms it holds in every
+        group, group by group in logical order (a window's handed-back places left out), the
+        beds its tokens fill in them (a state's room counts as full) and the beds booked."""
+        if self.dense is not None:
+            return self.dense.state()
+        size, null = self.block_size, self.null_block
+        tables, tokens, booked = {}, {}, {}
+        for seq_id, seq in self._seqs.items():
+            rooms, beds = [], 0
+            for m in self.managers:
+                held = [b.block_id for b in m.tables[seq_id] if b is not null]
+                rooms += held
+                if held:
+                    beds += (
+                        size
+                        if not m.spec.grows
+                        else seq.num_tokens - (len(m.tables[seq_id]) - len(held)) * size
+                    )
+            tables[seq_id], tokens[seq_id], booked[seq_id] = rooms, beds, len(rooms) * size
+        final = dict.fromkeys(tables)
+        return CacheState("paged", self.num_blocks, size, tables, tokens, booked, final)
+
     def _seq(self, seq_id) -> _Sequence:
         return _lookup(self._seqs, seq_id)
 
@@ -314,13 +358,7 @@ class HybridBlockManager:
             return (self.dense.allocate(seq_id, prompt, num_computed=num_computed),)
         self._new(seq_id)
         plan = self.plan_allocation(prompt)
-        if num_computed is not None:
-            positive_int("num_computed", num_computed, minimum=0)
-            if num_computed > plan.num_tokens:
-                raise ValueError(
-                    f"num_computed must be in 0..{plan.num_tokens} (the prompt's tokens), "
-                    f"got {num_computed}"
-                )
+        num_computed_of(num_computed, plan.num_tokens)
         if plan.blocks_needed > plan.available:
             raise self._out_of_blocks(seq_id, plan.blocks_needed, plan.available)
         # every group's hit blocks are held before any group takes new ones: a new block taken

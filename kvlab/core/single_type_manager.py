@@ -18,7 +18,7 @@ nothing; a group never raises for want of blocks.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Protocol
 
 from kvlab.core.block_pool import Block, BlockPool
@@ -226,12 +226,28 @@ class SlidingWindowManager(FullAttentionManager):
         del blocks[run:]
         return blocks, run * size
 
+    # The step is four small decisions, each a hook (Lab 11's slips change one of them).
+    def _skip_end(self, num_computed: int) -> int:
+        """How many of the table's first blocks lie wholly before the next token's window."""
+        return self.spec.first_needed(num_computed) // self.block_size
+
+    def _handed_back(self, block: Block) -> bool:
+        """Whether a table entry went back at an earlier step (the null block stands there)."""
+        return block is self.null_block
+
+    def _stand_in(self, table: list[Block], end: int, count: int) -> None:
+        """The null block in the ``count`` places before ``end``: block i stays at place i."""
+        table[end - count : end] = [self.null_block] * count
+
+    def _give_back(self, skipped: list[Block]) -> None:
+        self.pool.free_blocks(skipped)
+
     def _skipped(self, seq_id, num_computed: int) -> list[Block]:
         """The blocks before the window of the next token not yet handed back, last first."""
-        table, null = self.tables[seq_id], self.null_block
+        table = self.tables[seq_id]
         skipped = []
-        for i in range(self.spec.first_needed(num_computed) // self.block_size - 1, -1, -1):
-            if table[i] is null:
+        for i in range(self._skip_end(num_computed) - 1, -1, -1):
+            if self._handed_back(table[i]):
                 break  # the blocks before it went back earlier
             skipped.append(table[i])
         return skipped
@@ -242,9 +258,8 @@ class SlidingWindowManager(FullAttentionManager):
     def remove_skipped_blocks(self, seq_id, num_computed: int) -> None:
         skipped = self._skipped(seq_id, num_computed)
         if skipped:
-            end = self.spec.first_needed(num_computed) // self.block_size
-            self.tables[seq_id][end - len(skipped) : end] = [self.null_block] * len(skipped)
-            self.pool.free_blocks(skipped)
+            self._stand_in(self.tables[seq_id], self._skip_end(num_computed), len(skipped))
+            self._give_back(skipped)
 
     def check_table(self, seq_id, num_tokens: int) -> None:
         table, null = self.tables[seq_id], self.null_block
@@ -254,6 +269,63 @@ class SlidingWindowManager(FullAttentionManager):
         # never a block a later token still reads: every token but the newest is computed
         limit = self.spec.first_needed(num_tokens - 1) // self.block_size
         assert skipped <= limit, f"{seq_id!r}: a block in the window was handed back"
+
+
+class WindowStep(Protocol):
+    """A window group's hand-back step written elsewhere (Lab 11's exercise), on the key card as
+    room numbers: hand back, with ``free(rooms)``, the rooms of ``block_table`` wholly before the
+    window of the token after ``num_computed`` computed ones, and write ``null_block`` (the null
+    room's number) in their places, in place."""
+
+    def __call__(
+        self,
+        block_table: list[int],
+        num_computed: int,
+        *,
+        window: int,
+        block_size: int,
+        free: Callable[[list[int]], None],
+        null_block: int,
+    ) -> None: ...
+
+
+class SteppedWindowManager(SlidingWindowManager):
+    """A sliding window whose hand-back is ``step`` (a :class:`WindowStep`), kvlab's own
+    counting of the blocks it frees kept (the coordinator asks it before any change). The step
+    sees room numbers, so it runs as well where the key card travels by value (the judge)."""
+
+    def __init__(self, spec: SlidingWindowSpec, *args, step: WindowStep):
+        super().__init__(spec, *args)
+        if not callable(step):
+            raise TypeError(f"window_step must be callable, got {step!r}")
+        self.step = step
+
+    def _block(self, room) -> Block:
+        if isinstance(room, bool) or not isinstance(room, int):
+            raise TypeError(f"a key card holds room numbers (ints), got {room!r}")
+        if not 0 <= room < len(self.pool.blocks):
+            raise ValueError(
+                f"room {room} is not in the hotel (rooms 0..{len(self.pool.blocks) - 1})"
+            )
+        return self.pool.blocks[room]
+
+    def _free(self, rooms) -> None:
+        if isinstance(rooms, (int, str, bytes)) or not isinstance(rooms, Iterable):
+            raise TypeError(f"free takes a list of room numbers, got {rooms!r}")
+        self.pool.free_blocks([self._block(room) for room in rooms])
+
+    def remove_skipped_blocks(self, seq_id, num_computed: int) -> None:
+        table = self.tables[seq_id]
+        rooms = [block.block_id for block in table]
+        self.step(
+            rooms,
+            num_computed,
+            window=self.spec.window,
+            block_size=self.block_size,
+            free=self._free,
+            null_block=self.null_block.block_id,
+        )
+        table[:] = [self._block(room) for room in rooms]
 
 
 class StateManager:
@@ -314,11 +386,23 @@ class StateManager:
 
 
 def manager_for(
-    spec: KVCacheSpec, group_id: int, pool: BlockPool, block_size: int, null_block: Block
+    spec: KVCacheSpec,
+    group_id: int,
+    pool: BlockPool,
+    block_size: int,
+    null_block: Block,
+    *,
+    window_step: WindowStep | None = None,
+    window_manager: type[SlidingWindowManager] = SlidingWindowManager,
 ) -> SingleTypeManager:
-    """The manager of a group of ``spec``'s kind."""
+    """The manager of a group of ``spec``'s kind (a window's hand-back ``window_step`` where
+    given, else ``window_manager``'s own)."""
     if spec.kind == "sliding_window":
-        return SlidingWindowManager(spec, group_id, pool, block_size, null_block)
+        if window_step is not None:
+            return SteppedWindowManager(
+                spec, group_id, pool, block_size, null_block, step=window_step
+            )
+        return window_manager(spec, group_id, pool, block_size, null_block)
     if spec.kind in PAGED_KINDS:
         return FullAttentionManager(spec, group_id, pool, block_size, null_block)
     if spec.kind == "state":

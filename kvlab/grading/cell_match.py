@@ -105,102 +105,138 @@ def _only_shell(source: str) -> bool:
     return bool(lines) and all(line.startswith(("!", "%")) for line in lines)
 
 
+@dataclass
+class _Pairing:
+    """The lab's code cells and the submission's, paired as :func:`match_cells` goes."""
+
+    lab_cells: list
+    kinds: list[str]
+    sub: list[tuple[int, object]]  # (index in the submission, cell) of its code cells
+    texts: list[str]  # the submission's code cells' text, as compared
+    pair: dict[int, int] = field(default_factory=dict)  # lab code-cell index -> position in sub
+    how: dict[int, str] = field(default_factory=dict)
+    taken: set[int] = field(default_factory=set)
+
+    def join(self, k: int, pos: int, way: str) -> None:
+        self.pair[k], self.how[k] = pos, way
+        self.taken.add(pos)
+
+    def window(self, k: int) -> range:
+        """Positions in `sub` between the paired lab cells before and after lab cell k."""
+        before = max((self.pair[j] for j in self.pair if j < k), default=-1)
+        after = min((self.pair[j] for j in self.pair if j > k), default=len(self.sub))
+        return range(before + 1, after)
+
+
 def match_cells(submission, lab) -> Matched:
     """The submission's code cells as the lab's (see the module's docstring)."""
     lab_cells = [c for c in lab.cells if c.cell_type == "code"]
-    kinds = [kind_of(c) for c in lab_cells]
     sub = [(i, c) for i, c in enumerate(submission.cells) if c.cell_type == "code"]
-    pair: dict[int, int] = {}  # lab code-cell index -> position in `sub`
-    how: dict[int, str] = {}
-    taken: set[int] = set()
+    p = _Pairing(lab_cells, [kind_of(c) for c in lab_cells], sub, [_text(c.source) for _, c in sub])
+    _pair_by_ids(p)
+    _pair_by_text(p)
+    _pair_exercises_by_names(p)
+    found = _matched(p)
+    found.added = [_added(p, pos, found.notes) for pos in _unpaired(p)]
+    _old_version(found, submission, lab, lab_cells, p.kinds, p.pair, p.texts)
+    return found
 
-    by_id = {c.get("id"): k for k, c in enumerate(lab_cells) if c.get("id")}
-    by_grade = {(_grade_id(c) or c.get("id")): k for k, c in enumerate(lab_cells)}
+
+def _pair_by_ids(p: _Pairing) -> None:
+    """Cells whose cell id is the lab cell's, then those whose nbgrader grade_id is."""
+    by_id = {c.get("id"): k for k, c in enumerate(p.lab_cells) if c.get("id")}
+    by_grade = {(_grade_id(c) or c.get("id")): k for k, c in enumerate(p.lab_cells)}
     for way, key, table in [
         ("id", lambda c: c.get("id"), by_id),
         ("grade_id", _grade_id, by_grade),
     ]:
-        for pos, (_, cell) in enumerate(sub):
+        for pos, (_, cell) in enumerate(p.sub):
             k = table.get(key(cell)) if key(cell) else None
-            if pos not in taken and k is not None and k not in pair:
-                pair[k], how[k] = pos, way
-                taken.add(pos)
+            if pos not in p.taken and k is not None and k not in p.pair:
+                p.join(k, pos, way)
 
-    def window(k: int) -> range:
-        """Positions in `sub` between the paired lab cells before and after lab cell k."""
-        before = max((pair[j] for j in pair if j < k), default=-1)
-        after = min((pair[j] for j in pair if j > k), default=len(sub))
-        return range(before + 1, after)
 
-    texts = [_text(c.source) for _, c in sub]
-    for exact in (True, False):  # given and check cells by their text, in order; then edited ones
-        for k, cell in enumerate(lab_cells):
-            if k in pair or kinds[k] == "exercise":
+def _pair_by_text(p: _Pairing) -> None:
+    """Given and check cells by their text, in order; then given cells a little edited."""
+    for exact in (True, False):
+        for k, cell in enumerate(p.lab_cells):
+            if k in p.pair or p.kinds[k] == "exercise":
                 continue
             mine = _text(cell.source)
-            for pos in window(k):
-                if pos in taken:
-                    continue
-                same = texts[pos] == mine
-                if same or (
-                    not exact
-                    and kinds[k] == "given"
-                    and difflib.SequenceMatcher(None, texts[pos], mine).ratio() >= SIMILAR
+            for pos in p.window(k):
+                if pos not in p.taken and _alike(
+                    p.texts[pos], mine, exact or p.kinds[k] != "given"
                 ):
-                    pair[k], how[k] = pos, "order"
-                    taken.add(pos)
+                    p.join(k, pos, "order")
                     break
-    for k, cell in enumerate(lab_cells):  # each exercise: the cell between its neighbours ...
-        if k in pair or kinds[k] != "exercise":
+
+
+def _alike(text: str, lab_text: str, exact: bool) -> bool:
+    if text == lab_text:
+        return True
+    return not exact and difflib.SequenceMatcher(None, text, lab_text).ratio() >= SIMILAR
+
+
+def _pair_exercises_by_names(p: _Pairing) -> None:
+    """Each exercise: the cell between its neighbours that defines what the stub defines (or
+    the only cell there, for a stub that defines nothing)."""
+    for k, cell in enumerate(p.lab_cells):
+        if k in p.pair or p.kinds[k] != "exercise":
             continue
         wanted = defined_names(cell.source)
-        free = [pos for pos in window(k) if pos not in taken]
-        scored = [(len(wanted & defined_names(sub[pos][1].source)), -pos) for pos in free]
+        free = [pos for pos in p.window(k) if pos not in p.taken]
+        scored = [(len(wanted & defined_names(p.sub[pos][1].source)), -pos) for pos in free]
         best = max(scored, default=None)
-        if best and best[0] > 0:  # ... that defines what the stub defines
-            pos = -best[1]
+        if best and best[0] > 0:
+            p.join(k, -best[1], "order")
         elif len(free) == 1 and not wanted:
-            pos = free[0]
-        else:
-            continue
-        pair[k], how[k] = pos, "order"
-        taken.add(pos)
+            p.join(k, free[0], "order")
 
+
+def _matched(p: _Pairing) -> Matched:
     found = Matched()
-    ways = [w for w in HOW_ORDER if w in how.values()]
+    ways = [w for w in HOW_ORDER if w in p.how.values()]
     found.how = ways[-1] if ways else "none"
-    for k, pos in pair.items():
-        found.where[k] = sub[pos][0]
-        if kinds[k] == "exercise":
-            found.exercise[k] = sub[pos][1].source
-    found.missing = [k for k, kind in enumerate(kinds) if kind == "exercise" and k not in pair]
-    order = sorted(pair, key=pair.get)  # lab cells by their place in the submission
-    for pos, (index, cell) in enumerate(sub):
-        if pos in taken or not cell.source.strip():
-            continue
-        after = max((k for k in order if pair[k] < pos), default=None)
-        added = Added(cell.source, index, after)
-        if CHECK_CALL.match(cell.source) or cell.source.lstrip().startswith("check("):
-            added.runs = False
-            found.notes.append(
-                f"cell {index + 1} (yours) calls check(): left out, the lab's check cells are "
-                "the grader's"
-            )
-        elif LAB_CELL_ID.match(cell.get("id") or ""):
-            added.runs = False  # not the learner's: a cell of another version of the lab
-            found.notes.append(
-                f"cell {index + 1} is a cell of another version of the lab ({cell.get('id')}): "
-                "left out, this version's given cells run instead"
-            )
-        elif _only_shell(cell.source):
-            added.runs = False
-            found.notes.append(
-                f"cell {index + 1} (yours) holds only shell commands or magics: left out "
-                "(the grader has no network and installs nothing)"
-            )
-        found.added.append(added)
-    _old_version(found, submission, lab, lab_cells, kinds, pair, texts)
+    for k, pos in p.pair.items():
+        found.where[k] = p.sub[pos][0]
+        if p.kinds[k] == "exercise":
+            found.exercise[k] = p.sub[pos][1].source
+    found.missing = [k for k, kind in enumerate(p.kinds) if kind == "exercise" and k not in p.pair]
     return found
+
+
+def _unpaired(p: _Pairing) -> list[int]:
+    """Positions of the submission's code cells paired with none of the lab's, not empty."""
+    return [
+        pos for pos, (_, cell) in enumerate(p.sub) if pos not in p.taken and cell.source.strip()
+    ]
+
+
+def _added(p: _Pairing, pos: int, notes: list[str]) -> Added:
+    """A cell the learner added, placed after the lab cell before it; left out (with a note)
+    where it calls check(), is another version's cell or holds only shell commands."""
+    index, cell = p.sub[pos]
+    after = max((k for k in p.pair if p.pair[k] < pos), default=None)
+    added = Added(cell.source, index, after)
+    if CHECK_CALL.match(cell.source) or cell.source.lstrip().startswith("check("):
+        added.runs = False
+        notes.append(
+            f"cell {index + 1} (yours) calls check(): left out, the lab's check cells are "
+            "the grader's"
+        )
+    elif LAB_CELL_ID.match(cell.get("id") or ""):
+        added.runs = False  # not the learner's: a cell of another version of the lab
+        notes.append(
+            f"cell {index + 1} is a cell of another version of the lab ({cell.get('id')}): "
+            "left out, this version's given cells run instead"
+        )
+    elif _only_shell(cell.source):
+        added.runs = False
+        notes.append(
+            f"cell {index + 1} (yours) holds only shell commands or magics: left out "
+            "(the grader has no network and installs nothing)"
+        )
+    return added
 
 
 def _old_version(found: Matched, submission, lab, lab_cells, kinds, pair, texts) -> None:

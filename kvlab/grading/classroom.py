@@ -43,6 +43,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from kvlab.grading.process_tree import kill_tree
+
 FORMAT = "kvlab-class-grades/1"
 TOTAL_ROW = "total"  # the exercise column of a lab's total row in gradebook.csv
 FLAG_COLUMNS = ["timeout", "error", "cells", "old_version", "duplicate", "handover"]
@@ -334,7 +336,7 @@ def grade_submissions(
                     finished(index, done)
     finally:
         for run in running.values():  # interrupted: no grading process or kernel outlives us
-            _kill_tree(run.process)
+            kill_tree(run.process, timeout=5)
             _clean(run)
         bar.close()
     return records
@@ -419,7 +421,7 @@ def _poll(run: _Run, notebook_timeout: float) -> dict | None:
             return _died(run, elapsed)
         run.process.join(10)
         if run.process.is_alive():  # sent its grade, then did not exit: no matter
-            _kill_tree(run.process)
+            kill_tree(run.process, timeout=5)
         payload = _unstaged(payload, run)
         if kind == "graded":
             return record(run.submission, payload)
@@ -427,7 +429,7 @@ def _poll(run: _Run, notebook_timeout: float) -> dict | None:
     if not run.process.is_alive():
         return _died(run, elapsed)
     if time.monotonic() >= run.deadline:
-        _kill_tree(run.process)
+        kill_tree(run.process, timeout=5)
         error = f"grading stopped after {notebook_timeout:g} s (--notebook-timeout)"
         return failed_record(run.submission, error, elapsed)
     return None
@@ -455,44 +457,6 @@ def _died(run: _Run, elapsed: float) -> dict:
         how = f"exit status {code}"
     error = f"the grading process ended without a result ({how})"
     return failed_record(run.submission, error, elapsed)
-
-
-def _kill_tree(process) -> None:
-    """Kill a grading process and everything it started. What it starts may run in sessions of
-    their own (a Jupyter kernel, the sandbox), so they are found by parentage, not by group."""
-    children = []
-    try:
-        import psutil
-
-        children = psutil.Process(process.pid).children(recursive=True)
-    except Exception:  # no psutil, or the process is already gone
-        pass
-    try:
-        os.killpg(process.pid, signal.SIGKILL)  # its own group (see _worker)
-    except (OSError, AttributeError):
-        process.kill()
-    for child in children:
-        try:
-            child.kill()
-        except Exception:
-            pass
-    _wait_ended(children, timeout=5)
-    process.join(5)
-
-
-def _wait_ended(processes, timeout: float) -> None:
-    """Wait until killed processes have ended (gone, or a zombie for their parent to reap): on a
-    busy machine a signalled process can take a while to be scheduled and die."""
-    deadline = time.monotonic() + timeout
-
-    def running(p) -> bool:
-        try:
-            return p.status() != "zombie"
-        except Exception:  # gone
-            return False
-
-    while any(running(p) for p in processes) and time.monotonic() < deadline:
-        time.sleep(0.02)
 
 
 def _clean(run: _Run) -> None:

@@ -29,6 +29,7 @@ from kvlab.course.nbformat_quick import nbformat
 from kvlab.grading.cell_match import kind_of, match_cells
 from kvlab.grading.limits import CheckTimeout, LearnerClock, counting, time_limit
 from kvlab.grading.own_answers import Refusing, learner_stand_ins, stand_in_source
+from kvlab.grading.process_tree import kill_tree
 from kvlab.grading.registry import get_exercise
 from kvlab.grading.remote import (
     JUDGE,
@@ -216,7 +217,7 @@ class Session:
     def stop(self) -> None:
         if self.process is not None:
             self.clock.ended()
-            _kill_tree(self.process)
+            kill_tree(self.process)
             run = getattr(self.process, "sandbox", None)
             if run is not None:  # what the sandbox did, a limit hit, a protected file changed
                 self.outcomes.append(run.finish(timeout=30))
@@ -429,20 +430,6 @@ def _child_env() -> dict:
     env["PYTHONHASHSEED"] = os.environ.get("PYTHONHASHSEED", "0")
     env["PYTHONPATH"] = str(kvlab_package_path().parent)
     return env
-
-
-def _kill_tree(process: subprocess.Popen) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        try:
-            process.kill()
-        except ProcessLookupError:
-            pass
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 # --- grading one submission ----------------------------------------------------------------

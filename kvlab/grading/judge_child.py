@@ -18,7 +18,7 @@ import pickle
 import sys
 
 from kvlab.grading.limits import BoundedBuffer
-from kvlab.grading.remote import LEARNER, MUTABLE, Connection
+from kvlab.grading.remote import LEARNER, MUTABLE, Connection, code_shape
 
 KEEP = 2000  # characters of what the learner's code prints kept for the report
 CONNECTION: Connection | None = None  # the channel to the judge, for what the judge serves
@@ -177,25 +177,12 @@ class Learner:
         conn.release_all()
         return None, False, None, None
 
-    def code(self, conn, target):
-        """What the judge's hints read of a function's bytecode: its arguments and its
-        instructions (as names and values, never a code object)."""
-        import dis
-
-        code = getattr(target, "__code__", None)
-        if code is None:
-            return None, False, None, None
-        instructions = [(i.opname, _plain(i.argval)) for i in dis.get_instructions(code)]
-        shape = {
-            "co_argcount": code.co_argcount,
-            "co_varnames": list(code.co_varnames),
-            "instructions": instructions,
-        }
-        return shape, False, None, None
-
-
-def _plain(value):
-    return value if type(value) in (bool, int, float, str, type(None)) else repr(value)
+    def code(self, conn, handle):
+        """What the judge's hints read of one of the learner's functions (``remote.code_shape``):
+        its arguments and its instructions as names and values, never a code object. Served
+        here only: the judge's own functions are not the learner's to read."""
+        code = getattr(conn.exported(handle), "__code__", None)
+        return (None if code is None else code_shape(code)), False, None, None
 
 
 def _find(module: str, qualname: str):

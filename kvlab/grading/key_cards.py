@@ -120,6 +120,10 @@ class KeyCardJudge(ClassDriver):
         super().__init__(cls, num_blocks, block_size, reference=reference, echo=echo)
         self.check()
 
+    def refused_unknown(self, method: str) -> None:
+        """``method`` for a guest who never checked in: KeyError, nothing changed."""
+        self.refused(KeyError, method, "nobody", **UNKNOWN_ID)
+
     # --- what the learner's manager holds ----------------------------------------------------
     def tables(self) -> dict:
         return {s: list(self.obj.block_table(s)) for s in self.reference.seq_ids}
@@ -276,6 +280,17 @@ class KeyCardJudge(ClassDriver):
         return table
 
 
+def play(judge, *steps) -> None:
+    """Make ``steps`` on ``judge`` in order: a check written as data. Each step is
+    "method arg ..." (digits read as ints) or, where an argument has spaces or is no string, a
+    tuple ``(method, *args)``, its last item a dict of keywords if it has any."""
+    for step in steps:
+        method, *args = step.split() if isinstance(step, str) else step
+        kwargs = args.pop() if args and isinstance(args[-1], dict) else {}
+        args = [int(a) if isinstance(a, str) and a.isdigit() else a for a in args]
+        getattr(judge, method)(*args, **kwargs)
+
+
 def two_guests_grow(judge_type, cls) -> None:
     """``judge_type(cls, 16, 4)``: a guest with an empty bed ('a', 3 tokens) and one with a full
     room ('b', 4) each grow by six tokens, one ``append`` at a time."""
@@ -321,3 +336,20 @@ def evening(judge_type, cls, call, *, run: str, steps: int, seed: int, echo: boo
             raise
         print_failure(failure)
     return judge
+
+
+def evening_of(judge_type, call, *, run: str, steps: int, seed: int, what: str):
+    """The lab's random evening as the function ``run`` names, ``(cls, steps=, seed=, echo=True)``
+    (see :func:`evening`): ``what`` says what its steps are drawn from."""
+
+    def run_evening(cls, steps: int = steps, seed: int = seed, echo: bool = True):
+        return evening(judge_type, cls, call, run=run, steps=steps, seed=seed, echo=echo)
+
+    run_evening.__name__ = run_evening.__qualname__ = run.rsplit(".", 1)[1]
+    run_evening.__doc__ = (
+        f"The check's random evening on ``cls``: 24 rooms of 3 beds, {what} drawn from "
+        "``random.Random(seed)``. With ``echo`` it prints every call and, if the manager breaks an "
+        "invariant, the check's report: run it in a cell to see how a failure came about. Returns "
+        "the judge (its ``obj`` is the manager), or None when ``cls`` cannot be built."
+    )
+    return run_evening

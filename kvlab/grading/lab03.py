@@ -18,9 +18,9 @@ from kvlab.grading.blame import explain_exception
 from kvlab.grading.expect import CheckFailed, call_without_mutation, plural, short
 from kvlab.grading.key_cards import (
     NOT_COUNTED,
-    UNKNOWN_ID,
     KeyCardJudge,
-    evening,
+    evening_of,
+    play,
     rooms_for,
     two_guests_grow,
 )
@@ -265,93 +265,87 @@ class _Judge(KeyCardJudge):
 # --- checks, method by method ----------------------------------------------------------------
 
 
-@manager.check(
-    "allocate: n tokens get a key card of ceil(n / block_size) rooms (n = 1, 8, 7, 9 with 4 beds a room)"
-)
-def _allocate(cls):
-    judge = _Judge(cls, 32, 4, returns=True)
-    for seq, n in [("one", 1), ("exact", 8), ("minus", 7), ("plus", 9)]:
-        judge.allocate(seq, n)
+FULL = "{}'s last room is full and no room is free"
+# the checks as data: the name the learner reads -> one judge or more, each (its options, calls)
+SCENES = {
+    "allocate: n tokens get a key card of ceil(n / block_size) rooms (n = 1, 8, 7, 9 with 4 beds "
+    "a room)": [
+        (
+            (32, 4, {"returns": True}),  # allocate's return value is judged here only
+            *("allocate one 1", "allocate exact 8", "allocate minus 7", "allocate plus 9"),
+        )
+    ],
+    "allocate refuses without changing anything: too few free rooms, a duplicate id, "
+    "num_tokens < 1": [
+        (
+            (4, 4),
+            "allocate a 9",  # 3 rooms, 1 left
+            (
+                "refused",
+                MemoryError,
+                "allocate",
+                "b",
+                5,
+                {"why": "'b' needs 2 rooms and 1 is free"},
+            ),
+            (
+                *("refused", ValueError, "allocate", "a", 2),
+                {
+                    "why": "'a' is already checked in",
+                    "missing": "an id checks in only once: raise ValueError when seq_id already "
+                    "has a key card",
+                },
+            ),
+            (
+                *("refused", ValueError, "allocate", "z", 0),
+                {
+                    "why": "a guest with 0 tokens",
+                    "missing": "a guest brings at least one token: raise ValueError when "
+                    "num_tokens < 1",
+                },
+            ),
+            "allocate b 4",  # exactly the one free room
+        )
+    ],
+    "append_slot takes a new room exactly when the last room is full": None,  # two_guests_grow
+    "append_slot refuses without changing anything: last room full and none free, an unknown id": [
+        (
+            (2, 4),
+            "allocate a 4",  # a full room
+            "allocate b 3",  # the last room, one bed empty
+            "append b",  # fills it: no new room needed
+            ("refused", MemoryError, "append_slot", "a", {"why": FULL.format("a")}),
+            ("refused", MemoryError, "append_slot", "b", {"why": FULL.format("b")}),
+            "refused_unknown append_slot",
+        )
+    ],
+    "free gives every room back, and the rooms are reused": [
+        ((6, 2), "allocate a 5", "allocate b 6", "free a", "allocate c 6", "free b", "free c")
+    ],
+    "free forgets the guest: afterwards their id is unknown (KeyError) and may check in again": [
+        (
+            (4, 2),
+            *("allocate a 3", "free a", "forgotten a"),
+            "allocate a 4",  # back again, as a preempted guest is
+            "refused_unknown free",
+        )
+    ],
+    "block_size 1 and a hotel of one room": [
+        ((5, 1), "allocate a 2", "append a", "free a"),
+        ((1, 8), "allocate only 8", "free only", "allocate again 1"),
+    ],
+}
 
 
-@manager.check(
-    "allocate refuses without changing anything: too few free rooms, a duplicate id, num_tokens < 1"
-)
-def _allocate_refused(cls):
-    judge = _Judge(cls, 4, 4)
-    judge.allocate("a", 9)  # 3 rooms, 1 left
-    judge.refused(MemoryError, "allocate", "b", 5, why="'b' needs 2 rooms and 1 is free")
-    judge.refused(
-        ValueError,
-        "allocate",
-        "a",
-        2,
-        why="'a' is already checked in",
-        missing="an id checks in only once: raise ValueError when seq_id already has a key card",
-    )
-    judge.refused(
-        ValueError,
-        "allocate",
-        "z",
-        0,
-        why="a guest with 0 tokens",
-        missing="a guest brings at least one token: raise ValueError when num_tokens < 1",
-    )
-    judge.allocate("b", 4)  # exactly the one free room
+def _scenes(cls, judges) -> None:
+    if judges is None:
+        return two_guests_grow(_Judge, cls)
+    for (num_blocks, block_size, *options), *steps in judges:
+        play(_Judge(cls, num_blocks, block_size, **(options[0] if options else {})), *steps)
 
 
-@manager.check("append_slot takes a new room exactly when the last room is full")
-def _append(cls):
-    two_guests_grow(_Judge, cls)
-
-
-@manager.check(
-    "append_slot refuses without changing anything: last room full and none free, an unknown id"
-)
-def _append_refused(cls):
-    judge = _Judge(cls, 2, 4)
-    judge.allocate("a", 4)  # a full room
-    judge.allocate("b", 3)  # the last room, one bed empty
-    judge.append("b")  # fills it: no new room needed
-    why = "{}'s last room is full and no room is free"
-    judge.refused(MemoryError, "append_slot", "a", why=why.format("a"))
-    judge.refused(MemoryError, "append_slot", "b", why=why.format("b"))
-    judge.refused(KeyError, "append_slot", "nobody", **UNKNOWN_ID)
-
-
-@manager.check("free gives every room back, and the rooms are reused")
-def _free(cls):
-    judge = _Judge(cls, 6, 2)
-    judge.allocate("a", 5)
-    judge.allocate("b", 6)
-    judge.free("a")
-    judge.allocate("c", 6)
-    judge.free("b")
-    judge.free("c")
-
-
-@manager.check(
-    "free forgets the guest: afterwards their id is unknown (KeyError) and may check in again"
-)
-def _forget(cls):
-    judge = _Judge(cls, 4, 2)
-    judge.allocate("a", 3)
-    judge.free("a")
-    judge.forgotten("a")
-    judge.allocate("a", 4)  # back again, as a preempted guest is
-    judge.refused(KeyError, "free", "nobody", **UNKNOWN_ID)
-
-
-@manager.check("block_size 1 and a hotel of one room")
-def _tiny(cls):
-    judge = _Judge(cls, 5, 1)
-    judge.allocate("a", 2)
-    judge.append("a")
-    judge.free("a")
-    single = _Judge(cls, 1, 8)
-    single.allocate("only", 8)
-    single.free("only")
-    single.allocate("again", 1)
+for _name, _judges in SCENES.items():
+    manager.check(_name)(lambda cls, judges=_judges: _scenes(cls, judges))
 
 
 EVENING_SEED, EVENING_STEPS = 11, 300
@@ -372,20 +366,14 @@ def _evening_call(judge, rng, step: int) -> None:
         judge.free(rng.choice(sorted(guests.seq_ids)))
 
 
-def random_evening(cls, steps: int = EVENING_STEPS, seed: int = EVENING_SEED, echo: bool = True):
-    """The check's random evening on ``cls``: 24 rooms of 3 beds, check-ins, tokens and
-    check-outs drawn from ``random.Random(seed)``. With ``echo`` it prints every call and, if the
-    manager breaks an invariant, the check's report: run it in a cell to see how a failure came
-    about. Returns the judge (its ``obj`` is the manager), or None when ``cls`` cannot be built."""
-    return evening(
-        _Judge,
-        cls,
-        _evening_call,
-        run="kvlab.grading.lab03.random_evening",
-        steps=steps,
-        seed=seed,
-        echo=echo,
-    )
+random_evening = evening_of(
+    _Judge,
+    _evening_call,
+    run="kvlab.grading.lab03.random_evening",
+    steps=EVENING_STEPS,
+    seed=EVENING_SEED,
+    what="check-ins, tokens and check-outs",
+)
 
 
 @manager.check("a random evening: 300 check-ins, tokens and check-outs")

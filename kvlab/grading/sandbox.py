@@ -37,6 +37,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvlab.grading.process_tree import kill_tree
+
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 SHIM = Path(__file__).with_name("sandbox_shim.py")
@@ -511,17 +513,10 @@ class SandboxRun:
         return self.process.wait(timeout)
 
     def kill(self):
-        """Stop the run and everything it started (the shim kills the tree, then itself)."""
-        if self.process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(2)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        """Stop the run and everything it started: SIGTERM first, so that the shim kills the
+        tree and reports how the run ended, then SIGKILL for whatever is left 2 s later."""
+        if self.process.poll() is None:
+            kill_tree(self.process, grace=2)
 
     def finish(self, stderr_text: str = "", timeout: float | None = None) -> Outcome:
         """Wait for the end (killing the run after ``timeout``), check the protected paths and
@@ -852,19 +847,65 @@ def _process_limit(limits: Limits, isolated: bool):
     return None, _user_tasks(os.getuid()) + 1, line
 
 
-def _start(req: _Request, isolated: bool, why_not: str) -> SandboxRun:
-    argv, workdir, limits, env = req.argv, req.workdir, req.limits, req.env
-    protected, readonly = req.protected, req.readonly
-    report = []
-    guard = TreeGuard.take(protected, req.backup_dir) if (protected and req.verify) else None
-    cgroup, extra_processes, process_line = _process_limit(limits, isolated)
-    spec_limits = dataclasses.asdict(limits)
-    spec_limits.pop("wall_seconds")
-    if extra_processes is None:
-        spec_limits["processes"] = None
+@dataclass(frozen=True)
+class _Plan:
+    """What a run's file system looks like: the folders covered (the host's /tmp, /var/tmp and
+    /run; ``hidden``), the paths bound back inside them, and the user it runs as."""
 
-    keep = [str(p) for p in (workdir, *req.writable, *protected, *readonly, *req.visible)]
-    keep += _runtime_paths(argv, env)
+    private: list[str]
+    hidden: list[str]
+    keep: list[str]
+    drop_to: tuple[int, int] | None
+
+
+def _start(req: _Request, isolated: bool, why_not: str) -> SandboxRun:
+    """Start one run in the mode chosen: plan its file system, start the shim, wait for it to
+    set the sandbox up (or say why it could not), and write what was in force."""
+    guard = (
+        TreeGuard.take(req.protected, req.backup_dir) if (req.protected and req.verify) else None
+    )
+    cgroup, extra_processes, process_line = _process_limit(req.limits, isolated)
+    plan = _plan(req, isolated)
+    memory_group = (
+        _memory_cgroup(req.limits.memory_bytes) if isolated or os.geteuid() == 0 else None
+    )
+    ready_r, ready_w = os.pipe()
+    status_r, status_w = os.pipe()
+    spec = _spec(req, isolated, plan, extra_processes, (cgroup, memory_group))
+    spec.update(ready_fd=ready_w, status_fd=status_w)
+    started = time.monotonic()
+    try:
+        process = _popen(
+            req, _command(spec, req.argv, isolated and plan.drop_to is None), ready_w, status_w
+        )
+    except BaseException:
+        for fd in (ready_r, status_r):
+            os.close(fd)
+        _cleanup(guard, cgroup)
+        _free_cgroup(memory_group)
+        raise
+    report: list[str] = []
+    run = SandboxRun(
+        process, report, req.limits, isolated, req.workdir, started, status_r, guard, cgroup
+    )
+    run._memory_group = memory_group
+    notes = _await_setup(run, ready_r, req.argv)
+    if isolated:
+        report += _namespace_lines(req, plan, guard)
+    else:
+        report += _fallback_lines(req, why_not, guard, cgroup)
+    report.extend(f"sandbox note: {n}" for n in notes)
+    report.append(process_line)
+    report += _limit_lines(req.limits, memory_group)
+    return run
+
+
+def _plan(req: _Request, isolated: bool) -> _Plan:
+    """The folders a run covers, the paths it needs bound back inside them, and whether a
+    root judge's run drops to nobody (not where nobody could not reach the working folder)."""
+    workdir = req.workdir
+    keep = [str(p) for p in (workdir, *req.writable, *req.protected, *req.readonly, *req.visible)]
+    keep += _runtime_paths(req.argv, req.env)
     private = [d for d in PRIVATE_DIRS if os.path.isdir(d) and os.path.realpath(d) == d]
     private = private if (isolated and req.private_tmp) else []
     drop_to = _unprivileged_user() if (isolated and req.drop_root and os.geteuid() == 0) else None
@@ -880,62 +921,73 @@ def _start(req: _Request, isolated: bool, why_not: str) -> SandboxRun:
     keep = sorted(
         {p for p in keep if os.path.exists(p) and any(_inside(p, d) for d in covered)}, key=len
     )
-    memory_group = _memory_cgroup(limits.memory_bytes) if isolated or os.geteuid() == 0 else None
-    ready_r, ready_w = os.pipe()
-    status_r, status_w = os.pipe()
-    spec = {
+    return _Plan(private, hidden, keep, drop_to)
+
+
+def _spec(req: _Request, isolated: bool, plan: _Plan, extra_processes, groups) -> dict:
+    """What the shim is told to set up (kvlab.grading.sandbox_shim reads it)."""
+    limits = req.limits
+    spec_limits = dataclasses.asdict(limits)
+    spec_limits.pop("wall_seconds")
+    if extra_processes is None:
+        spec_limits["processes"] = None
+    return {
         "mode": "namespace" if isolated else "fallback",
-        "ready_fd": ready_w,
-        "status_fd": status_w,
         "parent": os.getpid(),
-        "workdir": str(workdir),
-        "writable": [str(p) for p in (workdir, *req.writable)],
+        "workdir": str(req.workdir),
+        "writable": [str(p) for p in (req.workdir, *req.writable)],
         "readonly_root": req.readonly_root,
-        "private": private,
-        "keep": keep,
+        "private": plan.private,
+        "keep": plan.keep,
         "tmpfs_bytes": limits.output_bytes or 256 * MiB,
-        "readonly": [str(p) for p in (*protected, *readonly)] if isolated else [],
+        "readonly": [str(p) for p in (*req.protected, *req.readonly)] if isolated else [],
         "loopback": req.loopback,
         "limits": spec_limits,
         "extra_processes": extra_processes or 0,
         "wall_seconds": limits.wall_seconds,
-        "cgroup_procs": [str(g / "cgroup.procs") for g in (cgroup, memory_group) if g],
-        "hidden": hidden,
+        "cgroup_procs": [str(g / "cgroup.procs") for g in groups if g],
+        "hidden": plan.hidden,
         "overlay": [[str(a), str(b)] for a, b in req.overlay],
-        "drop_to": drop_to,
+        "drop_to": plan.drop_to,
         "workdir_bytes": limits.disk_bytes if isolated else None,
     }
+
+
+def _command(spec: dict, argv: list[str], unshare: bool) -> list[str]:
+    """The shim with its spec and the command; behind ``unshare`` where the run gets its
+    namespaces that way (a root judge dropping to nobody: the shim makes them itself)."""
     prefix = []
-    if isolated and drop_to is None:
-        unshare = shutil.which("unshare") or "unshare"
-        prefix = [unshare, "--user", "--map-root-user", "--mount", "--net", "--ipc", "--uts", "--"]
-    command = [*prefix, sys.executable, "-I", "-S", str(SHIM), json.dumps(spec), "--", *argv]
-    started = time.monotonic()
+    if unshare:
+        path = shutil.which("unshare") or "unshare"
+        prefix = [path, "--user", "--map-root-user", "--mount", "--net", "--ipc", "--uts", "--"]
+    return [*prefix, sys.executable, "-I", "-S", str(SHIM), json.dumps(spec), "--", *argv]
+
+
+def _popen(req: _Request, command: list[str], *shim_fds: int) -> subprocess.Popen:
+    """The shim's process, in a session of its own; the shim's ends of its pipes are closed
+    here once it has them (or could not start)."""
     try:
-        process = subprocess.Popen(
+        return subprocess.Popen(
             command,
             stdin=req.popen["stdin"],
             stdout=req.popen["stdout"],
             stderr=req.popen["stderr"],
-            pass_fds=(*req.popen["pass_fds"], ready_w, status_w),
-            cwd=workdir,
-            env=env,
+            pass_fds=(*req.popen["pass_fds"], *shim_fds),
+            cwd=req.workdir,
+            env=req.env,
             start_new_session=True,
         )
-    except BaseException:
-        for fd in (ready_r, ready_w, status_r, status_w):
-            os.close(fd)
-        _cleanup(guard, cgroup)
-        _free_cgroup(memory_group)
-        raise
     finally:
-        with contextlib.suppress(OSError):
-            os.close(ready_w)
-            os.close(status_w)
-    run = SandboxRun(process, report, limits, isolated, workdir, started, status_r, guard, cgroup)
-    run._memory_group = memory_group
+        for fd in shim_fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _await_setup(run: SandboxRun, ready_fd: int, argv: list[str]) -> list[str]:
+    """The shim's notes once the command runs; raises (the run stopped) where the sandbox could
+    not be set up (:class:`SandboxUnavailable`) or the command not executed (``OSError``)."""
     try:
-        messages = _read_ready(ready_r)
+        messages = _read_ready(ready_fd)
     except SandboxUnavailable:
         run.kill()
         run.finish()
@@ -944,8 +996,10 @@ def _start(req: _Request, isolated: bool, why_not: str) -> SandboxRun:
     failed_exec = [m for m in messages if m.startswith("exec: ")]
     if "shim" not in messages and not setup:
         # unshare failed before the shim ran (it said why on the child's stderr).
-        process.wait()
-        setup.append(f"unshare exited with status {process.returncode} before the sandbox started")
+        run.process.wait()
+        setup.append(
+            f"unshare exited with status {run.process.returncode} before the sandbox started"
+        )
     if setup or failed_exec:
         run.kill()
         run.finish()
@@ -953,94 +1007,103 @@ def _start(req: _Request, isolated: bool, why_not: str) -> SandboxRun:
             raise SandboxUnavailable("; ".join(setup))
         _, number, text = failed_exec[0].split(": ", 2)
         raise OSError(int(number), text.rsplit(": ", 1)[0], argv[0])
-    notes = [m[len("note: ") :] for m in messages if m.startswith("note: ")]
+    return [m[len("note: ") :] for m in messages if m.startswith("note: ")]
 
-    if isolated:
-        report.append(
-            "sandbox: Linux namespaces (user, PID, mount, network, IPC, UTS); "
-            f"working folder {workdir}"
+
+def _namespace_lines(req: _Request, plan: _Plan, guard: TreeGuard | None) -> list[str]:
+    """The report of a run in namespaces: what it sees, writes and runs as."""
+    lines = [
+        "sandbox: Linux namespaces (user, PID, mount, network, IPC, UTS); "
+        f"working folder {req.workdir}",
+        "network: none (network namespace"
+        + (", with a loopback of its own)" if req.loopback else ")"),
+    ]
+    if req.protected:
+        how = "read-only" + (" and checked by content hash" if guard else "")
+        lines.append(f"kvlab package and instructor files: {how} ({_paths(req.protected)})")
+    if req.readonly:
+        lines.append(f"read-only as well: {_paths(req.readonly)}")
+    if req.readonly_root:
+        own = ", ".join([*plan.private, "/dev/shm"])
+        lines.append(
+            "file system: read-only but the working folder"
+            + "".join(f", {w}" for w in req.writable)
+            + f" and the run's own {own}"
         )
-        report.append(
-            "network: none (network namespace"
-            + (", with a loopback of its own)" if req.loopback else ")")
-        )
-        if protected:
-            how = "read-only" + (" and checked by content hash" if guard else "")
-            report.append(f"kvlab package and instructor files: {how} ({_paths(protected)})")
-        if readonly:
-            report.append(f"read-only as well: {_paths(readonly)}")
-        if req.readonly_root:
-            own = ", ".join([*private, "/dev/shm"])
-            report.append(
-                "file system: read-only but the working folder"
-                + "".join(f", {w}" for w in req.writable)
-                + f" and the run's own {own}"
-            )
-        else:
-            report.append("file system: writable wherever the judge's user can write")
-        report.append(
-            f"host's {', '.join([*private, '/dev'])}: hidden "
-            "(its /dev has null, zero, full, random, urandom, tty and the GPUs)"
-        )
-        if hidden:
-            report.append(
-                f"hidden: {', '.join(hidden)} (empty, but for the paths this run needs"
-                + (f" and {len(req.overlay)} files put in their place)" if req.overlay else ")")
-            )
-        if drop_to is not None:
-            report.append(f"user: nobody (uid {drop_to[0]}), not the judge's root")
-        elif os.geteuid() == 0:
-            report.append(
-                "user: ROOT inside the namespaces (the judge's root, without capabilities): "
-                "its private files are readable"
-            )
-        if limits.disk_bytes is not None:
-            report.append(
-                f"disk: the working folder is a tmpfs of {_size(limits.disk_bytes)} (all its "
-                f"files together); /tmp, /var/tmp, /run and /dev/shm hold "
-                f"{_size(limits.output_bytes or 256 * MiB)} each"
-            )
     else:
-        report.append(f"sandbox: fallback, no namespaces ({why_not}); working folder {workdir}")
-        if why_not == "fallback asked for":
-            report.append("network: ON — namespaces not used (fallback asked for)")
-        else:
-            report.append(f"network: ON — unshare unavailable here: {why_not}")
-        if protected:
-            report.append(
-                f"kvlab package and instructor files: checked by content hash "
-                f"({guard.files if guard else 0} entries in {_paths(protected)}): a change "
-                "is reverted and fails the submission"
-            )
-        if readonly:
-            report.append(f"NOT protected (too big to hash): {_paths(readonly)}")
-        if os.geteuid() == 0:
-            report.append(
-                "file system: WRITABLE as root: the submission can change anything on this "
-                "machine but what is hashed above"
-            )
-        else:
-            report.append("file system: writable wherever this user can write")
-        if cgroup is None:
-            report.append(
-                "processes that start a session of their own can outlive the run (no PID namespace)"
-            )
-        else:
-            report.append("processes left behind are killed at the end (pids cgroup)")
-    report.extend(f"sandbox note: {n}" for n in notes)
-    report.append(process_line)
+        lines.append("file system: writable wherever the judge's user can write")
+    lines.append(
+        f"host's {', '.join([*plan.private, '/dev'])}: hidden "
+        "(its /dev has null, zero, full, random, urandom, tty and the GPUs)"
+    )
+    if plan.hidden:
+        lines.append(
+            f"hidden: {', '.join(plan.hidden)} (empty, but for the paths this run needs"
+            + (f" and {len(req.overlay)} files put in their place)" if req.overlay else ")")
+        )
+    if plan.drop_to is not None:
+        lines.append(f"user: nobody (uid {plan.drop_to[0]}), not the judge's root")
+    elif os.geteuid() == 0:
+        lines.append(
+            "user: ROOT inside the namespaces (the judge's root, without capabilities): "
+            "its private files are readable"
+        )
+    limits = req.limits
+    if limits.disk_bytes is not None:
+        lines.append(
+            f"disk: the working folder is a tmpfs of {_size(limits.disk_bytes)} (all its "
+            f"files together); /tmp, /var/tmp, /run and /dev/shm hold "
+            f"{_size(limits.output_bytes or 256 * MiB)} each"
+        )
+    return lines
+
+
+def _fallback_lines(req: _Request, why_not: str, guard: TreeGuard | None, cgroup) -> list[str]:
+    """The report of a run without namespaces: what it could reach, and what was checked."""
+    lines = [f"sandbox: fallback, no namespaces ({why_not}); working folder {req.workdir}"]
+    if why_not == "fallback asked for":
+        lines.append("network: ON — namespaces not used (fallback asked for)")
+    else:
+        lines.append(f"network: ON — unshare unavailable here: {why_not}")
+    if req.protected:
+        lines.append(
+            f"kvlab package and instructor files: checked by content hash "
+            f"({guard.files if guard else 0} entries in {_paths(req.protected)}): a change "
+            "is reverted and fails the submission"
+        )
+    if req.readonly:
+        lines.append(f"NOT protected (too big to hash): {_paths(req.readonly)}")
+    if os.geteuid() == 0:
+        lines.append(
+            "file system: WRITABLE as root: the submission can change anything on this "
+            "machine but what is hashed above"
+        )
+    else:
+        lines.append("file system: writable wherever this user can write")
+    if cgroup is None:
+        lines.append(
+            "processes that start a session of their own can outlive the run (no PID namespace)"
+        )
+    else:
+        lines.append("processes left behind are killed at the end (pids cgroup)")
+    return lines
+
+
+def _limit_lines(limits: Limits, memory_group: Path | None) -> list[str]:
+    """The report's lines on memory and on the limits (the process count has its own)."""
+    lines = []
     if memory_group is not None:
-        report.append(
+        lines.append(
             f"memory: at most {_size(limits.memory_bytes)} for the whole run (memory cgroup: "
             "RAM and tmpfs files of all its processes together)"
         )
     elif limits.memory_bytes is not None:
-        report.append(
+        lines.append(
             "memory: per process only (no memory cgroup is writable here): "
             f"{limits.processes or 'any number of'} processes of {_size(limits.memory_bytes)} each"
         )
-    report.append(f"limits: {limits.describe()}")
-    return run
+    lines.append(f"limits: {limits.describe()}")
+    return lines
 
 
 NOBODY = 65534

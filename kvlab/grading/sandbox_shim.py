@@ -479,6 +479,23 @@ def main(argv):
     spec = json.loads(argv[1])
     command = argv[3:]
     ready, status_fd = spec["ready_fd"], spec["status_fd"]
+    _check_in(spec, ready, status_fd)
+    namespaces = spec["mode"] == "namespace"
+    try:
+        notes = _set_up(spec, namespaces)
+    except (OSError, SetupError) as err:
+        os.write(ready, f"setup: {err}\n".encode())
+        os._exit(125)
+    for note in notes:
+        os.write(ready, f"note: {note}\n".encode())
+    summary = _run_command(spec, command, ready, status_fd, namespaces)
+    os.write(status_fd, (json.dumps(summary) + "\n").encode())
+    os.close(status_fd)
+    _end_like(summary["status"])
+
+
+def _check_in(spec, ready, status_fd):
+    """Say the shim runs, die with the judge, and stop if the judge is gone already."""
     for fd in (ready, status_fd):
         os.set_inheritable(fd, False)
     os.write(ready, b"shim\n")  # unshare got this far
@@ -487,45 +504,50 @@ def main(argv):
         os.write(ready, b"setup: the judge that started the sandbox is gone\n")
         os._exit(125)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    namespaces = spec["mode"] == "namespace"
-    notes = []
-    try:
-        for procs_file in spec.get("cgroup_procs") or []:  # before any fork: all of it counts
-            with open(procs_file, "w") as procs:
-                procs.write("0")
-        if namespaces and spec.get("drop_to"):
-            _enter_namespaces(*spec["drop_to"])
-        if namespaces:
-            # overlay files may lie where the run's own /tmp goes: opened before it is covered
-            spec["overlay"] = [
-                (f"/proc/self/fd/{os.open(src, os.O_PATH | os.O_CLOEXEC)}", dst)
-                for src, dst in spec.get("overlay", [])
-            ]
-            _hide_private_dirs(spec["private"], spec["keep"], spec["tmpfs_bytes"], notes)
-            for folder in spec.get("hidden", []):  # outer folders first: inner ones lie in binds
-                if not os.path.isdir(folder):
-                    continue  # under a folder hidden already
-                _hide_private_dirs(
-                    [folder], spec["keep"], 0, notes, spec.get("overlay", []), readonly=True
-                )
-            if spec.get("workdir_bytes"):
-                _workdir_tmpfs(spec["workdir"], spec["workdir_bytes"], spec.get("drop_to"))
-            _minimal_dev(spec["tmpfs_bytes"], notes)
-            if spec.get("readonly_root"):
-                # the run's own /tmp and the like stay writable, what was kept inside them not
-                own = [*spec["private"], "/dev/shm", "/dev/pts"]
-                _everything_readonly(spec["writable"], own, notes)
-            for path in spec["readonly"]:
-                _bind_readonly(path)
-            if spec.get("loopback"):
-                _loopback_up()
-            _call("unshare", CLONE_NEWPID)
-    except (OSError, SetupError) as err:
-        os.write(ready, f"setup: {err}\n".encode())
-        os._exit(125)
-    for note in notes:
-        os.write(ready, f"note: {note}\n".encode())
 
+
+def _set_up(spec, namespaces):
+    """Join the run's cgroups and, in namespace mode, build its file system; the notes."""
+    notes = []
+    for procs_file in spec.get("cgroup_procs") or []:  # before any fork: all of it counts
+        with open(procs_file, "w") as procs:
+            procs.write("0")
+    if namespaces:
+        _set_up_namespaces(spec, notes)
+    return notes
+
+
+def _set_up_namespaces(spec, notes):
+    """Step 1 of the module's list, and the PID namespace the next fork enters (step 2)."""
+    if spec.get("drop_to"):
+        _enter_namespaces(*spec["drop_to"])
+    # overlay files may lie where the run's own /tmp goes: opened before it is covered
+    spec["overlay"] = [
+        (f"/proc/self/fd/{os.open(src, os.O_PATH | os.O_CLOEXEC)}", dst)
+        for src, dst in spec.get("overlay", [])
+    ]
+    _hide_private_dirs(spec["private"], spec["keep"], spec["tmpfs_bytes"], notes)
+    for folder in spec.get("hidden", []):  # outer folders first: inner ones lie in binds
+        if not os.path.isdir(folder):
+            continue  # under a folder hidden already
+        _hide_private_dirs([folder], spec["keep"], 0, notes, spec.get("overlay", []), readonly=True)
+    if spec.get("workdir_bytes"):
+        _workdir_tmpfs(spec["workdir"], spec["workdir_bytes"], spec.get("drop_to"))
+    _minimal_dev(spec["tmpfs_bytes"], notes)
+    if spec.get("readonly_root"):
+        # the run's own /tmp and the like stay writable, what was kept inside them not
+        own = [*spec["private"], "/dev/shm", "/dev/pts"]
+        _everything_readonly(spec["writable"], own, notes)
+    for path in spec["readonly"]:
+        _bind_readonly(path)
+    if spec.get("loopback"):
+        _loopback_up()
+    _call("unshare", CLONE_NEWPID)
+
+
+def _run_command(spec, command, ready, status_fd, namespaces):
+    """Fork init (namespace mode) or the command, hold it to the wall time and to the judge's
+    stop, wait for its end and say how it ended."""
     stop = {"signal": None, "wall": False}
     started = time.monotonic()
     report_r, report_w = os.pipe()
@@ -579,9 +601,7 @@ def main(argv):
         summary["status"] = stop["signal"]  # a wait status: killed by that signal
     elif stop["wall"]:
         summary["status"] = signal.SIGKILL
-    os.write(status_fd, (json.dumps(summary) + "\n").encode())
-    os.close(status_fd)
-    _end_like(summary["status"])
+    return summary
 
 
 if __name__ == "__main__":

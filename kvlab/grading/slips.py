@@ -13,12 +13,13 @@ gets none, and the report says so neutrally.
 from __future__ import annotations
 
 import copy
-import dis
 import functools
 import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from kvlab.grading.remote import code_of
 
 RAISED = object()  # what a probe of the learner's code that raised answers
 
@@ -132,25 +133,26 @@ def hint(slip: Slip | None) -> str | None:
 STORES = {"STORE_FAST", "STORE_NAME", "STORE_DEREF", "STORE_GLOBAL"}
 
 
-def _instructions(fn) -> list:
-    """The bytecode of ``fn``'s own body (none for an object without code)."""
-    code = getattr(fn, "__code__", None)
-    return list(dis.get_instructions(code)) if code is not None else []
+def _instructions(fn) -> list[tuple[str, object]]:
+    """(opname, argval) of ``fn``'s own body, here or in the learner's process (none for an
+    object without code)."""
+    shape = code_of(fn)
+    return shape["instructions"] if shape is not None else []
 
 
 def stores_attribute(fn, attribute: str) -> bool:
     """Whether ``fn`` assigns ``something.attribute`` to a name (``parent = hit.parent_hash``)."""
     code = _instructions(fn)
     return any(
-        a.opname == "LOAD_ATTR" and a.argval == attribute and b.opname in STORES
+        a == ("LOAD_ATTR", attribute) and b[0] in STORES
         for a, b in zip(code, code[1:], strict=False)
     )
 
 
 def rebinds_argument(fn, index: int) -> bool:
     """Whether ``fn`` assigns a new value to its argument number ``index`` (``queue = ...``)."""
-    code = getattr(fn, "__code__", None)
-    if code is None or index >= code.co_argcount:
+    shape = code_of(fn)
+    if shape is None or index >= min(shape["co_argcount"], len(shape["co_varnames"])):
         return False
-    name = code.co_varnames[index]
-    return any(i.opname in STORES and i.argval == name for i in _instructions(fn))
+    name = shape["co_varnames"][index]
+    return any(op in STORES and arg == name for op, arg in shape["instructions"])

@@ -347,11 +347,28 @@ def check_opcodes(data: bytes) -> None:
 def _check_opcodes(data: bytes) -> None:
     import pickletools
 
-    stack: list = []
-    memo: dict = {}
+    machine = _Depths()
+    try:
+        for op, arg, _ in pickletools.genops(data):
+            if op.name not in SAFE_OPCODES:
+                raise ProtocolError(f"a pickle with {op.name}")
+            _STEPS.get(op.name, _Depths.constant)(machine, op.name, arg)
+    except ProtocolError:
+        raise
+    except Exception as e:  # truncated or malformed
+        raise ProtocolError(f"a malformed pickle ({type(e).__name__})") from None
 
-    def pop_mark() -> list:
-        items = []
+
+class _Depths:
+    """The stack machine of :func:`check_opcodes`: each value on the pickle's stack stands as
+    how deep its containers go (0: a constant or a persistent id), each mark as ``_MARK``."""
+
+    def __init__(self):
+        self.stack: list = []
+        self.memo: dict = {}
+
+    def _pop_mark(self) -> list:
+        stack, items = self.stack, []
         while stack and stack[-1] is not _MARK:
             items.append(stack.pop())
         if not stack:
@@ -359,55 +376,79 @@ def _check_opcodes(data: bytes) -> None:
         stack.pop()
         return items
 
-    def deep(items) -> int:
+    @staticmethod
+    def _deep(items) -> int:
         depth = 1 + max(items, default=0)
         if depth > MAX_DEPTH:
             raise ProtocolError(f"containers nested more than {MAX_DEPTH} deep")
         return depth
 
-    try:
-        for op, arg, _ in pickletools.genops(data):
-            name = op.name
-            if name not in SAFE_OPCODES:
-                raise ProtocolError(f"a pickle with {name}")
-            if name in ("PROTO", "FRAME", "STOP"):
-                continue
-            if name == "MARK":
-                stack.append(_MARK)
-            elif name == "POP":
-                stack.pop()
-            elif name == "POP_MARK":
-                pop_mark()
-            elif name == "DUP":
-                stack.append(stack[-1])
-            elif name in ("EMPTY_LIST", "EMPTY_TUPLE", "EMPTY_DICT", "EMPTY_SET"):
-                stack.append(1)
-            elif name == "APPEND":
-                item = stack.pop()
-                stack[-1] = max(stack[-1], deep([item]))
-            elif name == "SETITEM":
-                value, key = stack.pop(), stack.pop()
-                stack[-1] = max(stack[-1], deep([key, value]))
-            elif name in ("APPENDS", "SETITEMS", "ADDITEMS"):
-                items = pop_mark()
-                stack[-1] = max(stack[-1], deep(items))
-            elif name in ("LIST", "TUPLE", "DICT", "FROZENSET"):
-                stack.append(deep(pop_mark()))
-            elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
-                items = [stack.pop() for _ in range(int(name[-1]))]
-                stack.append(deep(items))
-            elif name == "BINPERSID":
-                stack[-1] = 0  # the id's tuple becomes what it names, built by the judge
-            elif name in ("MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"):
-                memo[len(memo) if name == "MEMOIZE" else arg] = stack[-1]
-            elif name in ("GET", "BINGET", "LONG_BINGET"):
-                stack.append(memo[arg])
-            else:  # a constant
-                stack.append(0)
-    except ProtocolError:
-        raise
-    except Exception as e:  # truncated or malformed
-        raise ProtocolError(f"a malformed pickle ({type(e).__name__})") from None
+    def _fill(self, items) -> None:  # items added to the container below them
+        self.stack[-1] = max(self.stack[-1], self._deep(items))
+
+    def nothing(self, name, arg):  # PROTO, FRAME, STOP
+        pass
+
+    def constant(self, name, arg):
+        self.stack.append(0)
+
+    def mark(self, name, arg):
+        self.stack.append(_MARK)
+
+    def pop(self, name, arg):
+        self.stack.pop()
+
+    def pop_mark(self, name, arg):
+        self._pop_mark()
+
+    def dup(self, name, arg):
+        self.stack.append(self.stack[-1])
+
+    def empty(self, name, arg):
+        self.stack.append(1)
+
+    def append(self, name, arg):
+        self._fill([self.stack.pop()])
+
+    def setitem(self, name, arg):
+        value, key = self.stack.pop(), self.stack.pop()
+        self._fill([key, value])
+
+    def add_marked(self, name, arg):  # APPENDS, SETITEMS, ADDITEMS
+        self._fill(self._pop_mark())
+
+    def build_marked(self, name, arg):  # LIST, TUPLE, DICT, FROZENSET
+        self.stack.append(self._deep(self._pop_mark()))
+
+    def tuple_n(self, name, arg):  # TUPLE1, TUPLE2, TUPLE3
+        self.stack.append(self._deep([self.stack.pop() for _ in range(int(name[-1]))]))
+
+    def persistent_id(self, name, arg):
+        self.stack[-1] = 0  # the id's tuple becomes what it names, built by the judge
+
+    def put(self, name, arg):
+        self.memo[len(self.memo) if name == "MEMOIZE" else arg] = self.stack[-1]
+
+    def get(self, name, arg):
+        self.stack.append(self.memo[arg])
+
+
+_STEPS = {
+    **dict.fromkeys(("PROTO", "FRAME", "STOP"), _Depths.nothing),
+    "MARK": _Depths.mark,
+    "POP": _Depths.pop,
+    "POP_MARK": _Depths.pop_mark,
+    "DUP": _Depths.dup,
+    **dict.fromkeys(("EMPTY_LIST", "EMPTY_TUPLE", "EMPTY_DICT", "EMPTY_SET"), _Depths.empty),
+    "APPEND": _Depths.append,
+    "SETITEM": _Depths.setitem,
+    **dict.fromkeys(("APPENDS", "SETITEMS", "ADDITEMS"), _Depths.add_marked),
+    **dict.fromkeys(("LIST", "TUPLE", "DICT", "FROZENSET"), _Depths.build_marked),
+    **dict.fromkeys(("TUPLE1", "TUPLE2", "TUPLE3"), _Depths.tuple_n),
+    "BINPERSID": _Depths.persistent_id,
+    **dict.fromkeys(("MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"), _Depths.put),
+    **dict.fromkeys(("GET", "BINGET", "LONG_BINGET"), _Depths.get),
+}  # any other safe opcode pushes a constant
 
 
 class JudgeUnpickler(pickle.Unpickler):

@@ -529,3 +529,20 @@ def spec_from_hf_config(config, *, name: str | None = None) -> ModelSpec:
         sliding_window=sliding[0] if sliding else None,
         layers=None if dense or mistral_like else groups,
     )
+
+
+VENDORED_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_configs")
+
+
+def vendored_names() -> list[str]:
+    """The real config.json files kvlab ships (``hf_configs/``, sources in its README)."""
+    return sorted(f[: -len(".json")] for f in os.listdir(VENDORED_CONFIGS) if f.endswith(".json"))
+
+
+def vendored_spec(name: str) -> ModelSpec:
+    """The spec of a config.json kvlab ships, by its name ("Gemma-3-27B"), named so."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__} {name!r}")
+    if name not in vendored_names():
+        raise ValueError(f"name must be one of {', '.join(vendored_names())}, got {name!r}")
+    return spec_from_hf_config(os.path.join(VENDORED_CONFIGS, f"{name}.json"), name=name)

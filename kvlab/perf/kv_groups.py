@@ -137,12 +137,25 @@ def _attention_token_bytes(groups: Sequence[LayerGroup]) -> int:
 
 
 def kv_cache_layout(
-    layer_groups: Sequence[LayerGroup], *, block_size: int = 16, tensor_parallel: int = 1
+    layer_groups: Sequence[LayerGroup],
+    *,
+    block_size: int = 16,
+    tensor_parallel: int = 1,
+    group_size_ratio: float = GROUP_SIZE_RATIO,
+    block_alignment: int | None = None,
 ) -> KVCacheLayout:
     """The groups, page and pool block vLLM v1 builds for ``layer_groups`` (a model's
     :attr:`~kvlab.models.ModelSpec.layer_groups`) on one of ``tensor_parallel`` GPUs, with the
-    user's ``block_size`` (grown where a state needs it, as vLLM does)."""
+    user's ``block_size`` (grown where a state needs it, as vLLM does). ``group_size_ratio``
+    and ``block_alignment`` (tokens a grown block is a multiple of; None: the kernels' 16, 64
+    with MLA) are vLLM's; other values show what changing that one rule does (Lab 11)."""
     block_size = positive_int("block_size", block_size)
+    if isinstance(group_size_ratio, bool) or not isinstance(group_size_ratio, (int, float)):
+        raise TypeError(f"group_size_ratio must be a number, got {group_size_ratio!r}")
+    if not group_size_ratio >= 1:
+        raise ValueError(f"group_size_ratio must be >= 1, got {group_size_ratio!r}")
+    if block_alignment is not None:
+        block_alignment = positive_int("block_alignment", block_alignment)
     if not layer_groups:
         raise ValueError("layer_groups must hold at least one LayerGroup")
     specs: dict[KVCacheSpec, int] = {}
@@ -171,7 +184,7 @@ def kv_cache_layout(
     states = [spec for spec in specs if isinstance(spec, StateSpec)]
     if states:
         token = _attention_token_bytes([LayerGroup(s, 1) for s in specs])
-        align = (
+        align = block_alignment or (
             MLA_KERNEL_BLOCK_ALIGNMENT
             if any(isinstance(s, MLASpec) for s in specs)
             else KERNEL_BLOCK_ALIGNMENT
@@ -197,7 +210,7 @@ def kv_cache_layout(
             blocks[spec] *= page // p
     counts = list(specs.values())
     group_size = min(counts)
-    if max(counts) < min(counts) * GROUP_SIZE_RATIO:
+    if max(counts) < min(counts) * group_size_ratio:
         group_size = max(counts)
     groups = []
     padding = 0
@@ -221,3 +234,39 @@ def describe_group(spec: KVCacheSpec) -> str:
     if isinstance(spec, StateSpec):
         return f"{spec.layer_type} state of {spec.state_bytes:,} bytes"
     return spec.kind
+
+
+def windows_kept_whole(layer_groups: Sequence[LayerGroup]) -> tuple[LayerGroup, ...]:
+    """The same layers with every sliding window kept whole, as full attention of its shape:
+    what vLLM serves with ``--disable-hybrid-kv-cache-manager`` (one key card for all layers)."""
+    kept = []
+    for group in layer_groups:
+        if not isinstance(group, LayerGroup):
+            raise TypeError(f"layer_groups must hold LayerGroups, got {group!r}")
+        spec = group.spec
+        if isinstance(spec, SlidingWindowSpec):
+            spec = FullAttentionSpec(
+                spec.num_kv_heads, spec.head_dim, spec.kv_format, spec.head_dim_v
+            )
+        kept.append(LayerGroup(spec, group.num_layers))
+    return tuple(kept)
+
+
+def exact_bytes(layer_groups: Sequence[LayerGroup], num_tokens: int) -> int:
+    """What a request of ``num_tokens`` holds layer by layer with no padding and no partly
+    filled block: full attention every token, a window its last ``window``, a state its state
+    (the bound a layer-aware allocator such as Jenga's approaches)."""
+    num_tokens = positive_int("num_tokens", num_tokens)
+    total = 0
+    for group in layer_groups:
+        if not isinstance(group, LayerGroup):
+            raise TypeError(f"layer_groups must hold LayerGroups, got {group!r}")
+        spec = group.spec
+        if isinstance(spec, StateSpec):
+            total += group.num_layers * spec.state_bytes
+        else:
+            tokens = (
+                min(num_tokens, spec.window) if isinstance(spec, SlidingWindowSpec) else num_tokens
+            )
+            total += group.num_layers * spec.token_bytes() * tokens
+    return total

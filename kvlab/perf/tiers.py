@@ -39,6 +39,67 @@ def _positive(name: str, value: float) -> float:
     return float(value)
 
 
+class TierRule:
+    """The rule's sums, one method per decision, so a variant overrides one (Lab 10's usual
+    slips); the module's functions are this class's, their arguments checked first."""
+
+    def kv_bytes(self, spec: ModelSpec) -> float:
+        """A cached token's bytes: K and V, every layer."""
+        return spec.kv_bytes_per_token
+
+    def link(self, gpu: GPU, pcie_bytes_per_s: float) -> float:
+        """The copy's bytes per second: the link's as given (blocks come up over PCIe, not HBM)."""
+        return pcie_bytes_per_s
+
+    def attended(self, num_tokens: int, context: int) -> float:
+        """Positions the tokens attend to, all told: the i-th attends to ``context + i``."""
+        return num_tokens * context + num_tokens * (num_tokens + 1) / 2
+
+    def fetch_wins(self, fetch_s: float, recompute_s: float) -> bool:
+        """A tie goes to recomputing: it needs no copy."""
+        return fetch_s < recompute_s
+
+    def fetch_seconds(self, spec, num_tokens, pcie_bytes_per_s, block_size, transfer_overhead_s):
+        copies = math.ceil(num_tokens / block_size)
+        return num_tokens * self.kv_bytes(spec) / pcie_bytes_per_s + copies * transfer_overhead_s
+
+    def recompute_flops(self, spec, num_tokens, context) -> float:
+        per_position = 4 * spec.num_layers * spec.num_q_heads * spec.head_dim
+        return 2 * spec.num_params * num_tokens + per_position * self.attended(num_tokens, context)
+
+    def fetch_beats_recompute(
+        self,
+        spec,
+        gpu,
+        num_tokens,
+        pcie_bytes_per_s,
+        block_size=16,
+        transfer_overhead_s=0.0,
+        context=0,
+    ) -> bool:
+        link = self.link(gpu, pcie_bytes_per_s)
+        fetch = self.fetch_seconds(spec, num_tokens, link, block_size, transfer_overhead_s)
+        return self.fetch_wins(
+            fetch, self.recompute_flops(spec, num_tokens, context) / gpu.peak_flops
+        )
+
+
+def _check_fetch(num_tokens, pcie_bytes_per_s, block_size, transfer_overhead_s) -> float:
+    positive_int("num_tokens", num_tokens, minimum=0)
+    positive_int("block_size", block_size)
+    pcie = _positive("pcie_bytes_per_s", pcie_bytes_per_s)
+    if transfer_overhead_s < 0:
+        raise ValueError(f"transfer_overhead_s must be >= 0, got {transfer_overhead_s!r}")
+    return pcie
+
+
+def _check_recompute(spec: ModelSpec, num_tokens: int, context: int) -> None:
+    if spec.num_params is None:
+        raise ValueError(f"spec {spec.name!r} has no num_params; the FLOPs are unknown")
+    positive_int("num_tokens", num_tokens, minimum=0)
+    positive_int("context", context, minimum=0)
+
+
 def fetch_seconds(
     spec: ModelSpec,
     num_tokens: int,
@@ -49,13 +110,8 @@ def fetch_seconds(
 ) -> float:
     """Seconds to copy ``num_tokens`` tokens of K/V up over PCIe, in blocks of ``block_size``
     (each copy paying ``transfer_overhead_s`` on top of its bytes)."""
-    positive_int("num_tokens", num_tokens, minimum=0)
-    positive_int("block_size", block_size)
-    pcie = _positive("pcie_bytes_per_s", pcie_bytes_per_s)
-    if transfer_overhead_s < 0:
-        raise ValueError(f"transfer_overhead_s must be >= 0, got {transfer_overhead_s!r}")
-    copies = math.ceil(num_tokens / block_size)
-    return num_tokens * spec.kv_bytes_per_token / pcie + copies * transfer_overhead_s
+    pcie = _check_fetch(num_tokens, pcie_bytes_per_s, block_size, transfer_overhead_s)
+    return TierRule().fetch_seconds(spec, num_tokens, pcie, block_size, transfer_overhead_s)
 
 
 def recompute_flops(spec: ModelSpec, num_tokens: int, *, context: int = 0) -> float:
@@ -63,13 +119,8 @@ def recompute_flops(spec: ModelSpec, num_tokens: int, *, context: int = 0) -> fl
     cached: ``2 x params`` per token, and attention (the i-th token attends to ``context + i``
     positions, ``4 x layers x query heads x head_dim`` FLOPs each), as
     :func:`kvlab.perf.roofline.step_cost` counts them."""
-    if spec.num_params is None:
-        raise ValueError(f"spec {spec.name!r} has no num_params; the FLOPs are unknown")
-    positive_int("num_tokens", num_tokens, minimum=0)
-    positive_int("context", context, minimum=0)
-    attended = num_tokens * context + num_tokens * (num_tokens + 1) / 2
-    attention = 4 * spec.num_layers * spec.num_q_heads * spec.head_dim * attended
-    return 2 * spec.num_params * num_tokens + attention
+    _check_recompute(spec, num_tokens, context)
+    return TierRule().recompute_flops(spec, num_tokens, context)
 
 
 def recompute_seconds(spec: ModelSpec, gpu: GPU, num_tokens: int, *, context: int = 0) -> float:
@@ -90,14 +141,11 @@ def fetch_beats_recompute(
 ) -> bool:
     """Whether copying ``num_tokens`` tokens of K/V up from CPU memory is faster than computing
     them again (a tie goes to recomputing: it needs no copy)."""
-    fetch = fetch_seconds(
-        spec,
-        num_tokens,
-        pcie_bytes_per_s=pcie_bytes_per_s,
-        block_size=block_size,
-        transfer_overhead_s=transfer_overhead_s,
+    pcie = _check_fetch(num_tokens, pcie_bytes_per_s, block_size, transfer_overhead_s)
+    _check_recompute(spec, num_tokens, context)
+    return TierRule().fetch_beats_recompute(
+        spec, gpu, num_tokens, pcie, block_size, transfer_overhead_s, context
     )
-    return fetch < recompute_seconds(spec, gpu, num_tokens, context=context)
 
 
 def break_even_tokens(spec: ModelSpec, gpu: GPU, *, pcie_bytes_per_s: float = PCIE_GEN4_X16) -> int:

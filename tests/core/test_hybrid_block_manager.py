@@ -606,3 +606,65 @@ def test_cache_computed_with_a_bad_id_changes_nothing():
     m.cache_computed("a", [1, 2, 3, 4, 5], 5)
     assert m.token_ids("a") == [1, 2, 3, 4, 5]
     m.check_invariants()
+
+
+# --- a window's hand-back written elsewhere (Lab 11) -------------------------------------------
+
+
+def _room_numbers_step(block_table, num_computed, *, window, block_size, free, null_block):
+    first = max(0, num_computed - window + 1)
+    for i in range(first // block_size - 1, -1, -1):
+        if block_table[i] == null_block:
+            break
+        free([block_table[i]])
+        block_table[i] = null_block
+
+
+@given(
+    window=st.integers(1, 12),
+    size=st.integers(1, 5),
+    grows=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 9)), min_size=1, max_size=12),
+)
+def test_a_window_step_on_room_numbers_keeps_kvlabs_books(window, size, grows):
+    specs = [FullAttentionSpec(1, 8), SlidingWindowSpec(1, 8, window=window)]
+    ours = HybridBlockManager(400, size, specs)
+    stepped = HybridBlockManager(400, size, specs, window_step=_room_numbers_step)
+    for m in (ours, stepped):
+        for g in range(3):
+            m.allocate(g, 1 + g * 5)
+    for guest, n in grows:
+        for _ in range(n):
+            ours.append_slot(guest)
+            stepped.append_slot(guest)
+        assert stepped.block_tables(guest) == ours.block_tables(guest)
+        assert stepped.free_block_ids() == ours.free_block_ids()
+        stepped.check_invariants()
+    state = stepped.state()
+    for guest in range(3):  # the floor plan's rooms: every group's non-null rooms, beds in them
+        assert state.block_tables[guest] == [
+            b for t in stepped.block_tables(guest) for b in t if b != stepped.num_blocks
+        ]
+        assert state.tokens[guest] <= state.booked[guest] == stepped.blocks_held(guest) * size
+
+
+def test_a_window_step_is_told_what_a_card_holds():
+    def writes_a_name(block_table, num_computed, *, window, block_size, free, null_block):
+        block_table[0] = "room"
+
+    def frees_an_int(block_table, num_computed, *, window, block_size, free, null_block):
+        free(block_table[0])
+
+    def writes_no_room(block_table, num_computed, *, window, block_size, free, null_block):
+        block_table[0] = 999
+
+    for step, kind, match in [
+        (writes_a_name, TypeError, "room numbers"),
+        (frees_an_int, TypeError, "list of room numbers"),
+        (writes_no_room, ValueError, "not in the hotel"),
+    ]:
+        m = HybridBlockManager(8, 2, [SlidingWindowSpec(1, 8, window=2)], window_step=step)
+        m.allocate("a", 3)
+        with pytest.raises(kind, match=match):
+            m.append_slot("a")
+    with pytest.raises(TypeError, match="window_step"):
+        HybridBlockManager(8, 2, [SlidingWindowSpec(1, 8, window=2)], window_step=3)

@@ -217,3 +217,60 @@ def test_lab06_batching_and_preemption_modes():
     )
     assert (swap.preemptions, swap.recompute_tokens, swap.swapped_tokens) == (413, 0, 65423)
     assert round(swap.tokens_per_second, 1) == 882.7 < recompute.tokens_per_second
+
+
+def _full_length(groups, kv_bytes, max_model_len, batched, tensor_parallel=1):
+    from kvlab.perf.kv_groups import kv_cache_layout
+
+    layout = kv_cache_layout(groups, tensor_parallel=tensor_parallel)
+    blocks = layout.num_blocks(kv_bytes / tensor_parallel)
+    return layout.max_concurrency(blocks, max_model_len, batched)
+
+
+@pytest.mark.parametrize(
+    "model, gpu, context, options, freed, kept",
+    [
+        ("Mistral-7B-v0.1", "H100-80GB", 32_768, {}, 37.71, 14.16),
+        ("gpt-oss-20b", "H100-80GB", 131_072, {"weights_bytes": 12.8 * 2**30}, 17.97, 9.55),
+        ("gpt-oss-120b", "H100-80GB", 131_072, {"weights_bytes": 60.8 * 2**30, "num_gpus": 2},
+         16.60, 8.83),
+    ],
+)  # fmt: skip
+def test_lab11_windows_handed_back_on_h100s(model, gpu, context, options, freed, kept):
+    """Lab 11, section 1: requests at full length with the windows' rooms handed back (vLLM's
+    maximum concurrency) and with every token kept."""
+    from kvlab.models.hf_config import vendored_spec
+    from kvlab.perf.kv_groups import windows_kept_whole
+    from kvlab.perf.planner import plan
+
+    spec = vendored_spec(model)
+    p = plan(spec, gpu, max_seq_len=context, **options)
+    kv, batched, tp = p.capacity.kv_cache_bytes, p.max_num_batched_tokens, p.num_gpus
+    assert p.capacity.max_concurrency == pytest.approx(freed, abs=0.005)
+    got = _full_length(windows_kept_whole(spec.layer_groups), kv, context, batched, tp)
+    assert got == pytest.approx(kept, abs=0.005)
+
+
+def test_lab11_hybrids_at_128k_on_an_h200():
+    """Lab 11, section 4: Gemma-3-27B at 128k on an H200, one page size and key card for all
+    layers against vLLM's groups and the exact bytes: 1.2 / 5.2 / 7.2 requests, 83% and 27%
+    under-used; the window's reservation met by a request read in chunks (section 1)."""
+    from kvlab.core.kv_spec import SlidingWindowSpec
+    from kvlab.models.hf_config import vendored_spec
+    from kvlab.perf.kv_groups import exact_bytes, kv_cache_layout, windows_kept_whole
+    from kvlab.perf.planner import plan
+
+    groups = vendored_spec("Gemma-3-27B").layer_groups
+    p = plan(vendored_spec("Gemma-3-27B"), "H200-141GB", max_seq_len=131_072)
+    kv, batched = p.capacity.kv_cache_bytes, p.max_num_batched_tokens
+
+    def reserved(g):
+        layout = kv_cache_layout(g)
+        return layout.blocks_reserved(131_072, batched) * layout.block_bytes
+
+    one, grouped, exact = reserved(windows_kept_whole(groups)), reserved(groups), exact_bytes(
+        groups, 131_072)  # fmt: skip
+    assert [round(kv / b, 2) for b in (one, grouped, exact)] == [1.2, 5.24, 7.16]
+    assert (round(1 - exact / one, 3), round(1 - exact / grouped, 3)) == (0.832, 0.269)
+    window = SlidingWindowSpec(1, 8, window=4_096)
+    assert [window.blocks_reserved(32_768, 16, n) for n in (2_048, 8_192)] == [385, 769]

@@ -273,7 +273,7 @@ def test_the_reference_block_manager_is_no_base_class_in_the_learners_process(tm
 
 
 @needs_namespaces
-@pytest.mark.parametrize("number", ["03", "05", "06", "09", "10"])
+@pytest.mark.parametrize("number", ["03", "05", "06", "09", "10", "11"])
 def test_a_solved_notebook_scores_full_marks_through_the_judge(number):
     """The whole solved notebook, every given cell included (Lab 03's reference block manager
     and Lab 10's tiers are the judge's there): full marks, no cell raised, nothing flagged."""
@@ -283,3 +283,36 @@ def test_a_solved_notebook_scores_full_marks_through_the_judge(number):
     found = judge(path)
     assert all(r.passed == r.total for r in found.results.values()), scores(found)
     assert found.error_cells == [] and all(r.handed_over is None for r in found.results.values())
+
+
+# Lab 11 through the judge: the window step sees room numbers (its key card travels by value and
+# comes back), so a slip there is named as in the learner's kernel; kvlab's layout is refused
+LAB11_KEPT_ON_CARD = """def hand_back(block_table, num_computed, *, window, block_size, free, null_block):
+    first = max(0, num_computed - window + 1)
+    for i in range(first // block_size - 1, -1, -1):
+        if block_table[i] == null_block:
+            break
+        free([block_table[i]])
+"""
+
+LAB11_LAYOUT = """from kvlab.perf.kv_groups import kv_cache_layout
+def hybrid_layout(layer_groups, max_model_len, max_num_batched_tokens, block_size=16):
+    layout = kv_cache_layout(layer_groups, block_size=block_size)
+    blocks = layout.blocks_reserved(max_model_len, max_num_batched_tokens)
+    return {"group_size": layout.group_size, "num_groups": len(layout.groups),
+            "block_size": layout.block_size, "page_bytes": layout.page_bytes,
+            "blocks_reserved": blocks, "bytes_reserved": blocks * layout.block_bytes}
+"""
+
+
+@needs_namespaces
+def test_lab11_a_slip_is_named_and_kvlabs_layout_refused_through_the_judge(tmp_path):
+    from kvlab.grading.lab11 import hints
+
+    cells = {"lab11-05": LAB11_KEPT_ON_CARD, "lab11-16": LAB11_LAYOUT}
+    found = judged(submission(tmp_path, "11", cells))
+    window = found.results["11.window"]
+    assert window.passed == 1, window.report()  # a guest inside its window hands back nothing
+    assert " ".join(hints.KEPT_ON_CARD.split()) in " ".join(window.report().split())
+    assert found.results["11.hybrid"].handed_over == "kvlab.perf.kv_groups.kv_cache_layout"
+    assert found.results["11.hybrid"].passed == 0

@@ -13,11 +13,10 @@ from hypothesis import strategies as st
 
 from kvlab.core.block_manager import BlockManager
 from kvlab.core.block_pool import ROOT_HASH, BlockPool, hash_block_tokens
+from kvlab.grading.attention_twins import attend_beds, attend_read, attend_room_by_room
 from kvlab.grading.expect import CheckFailed
 from kvlab.grading.lab00 import step_with
 from kvlab.grading.lab03 import _reference_beds
-from kvlab.grading.lab04 import attend_beds
-from kvlab.grading.lab05 import attend_read, attend_room_by_room
 from kvlab.grading.lab06 import judge_preempt, slipped_step
 from kvlab.grading.lab06.views import STEP
 from kvlab.grading.lab07 import CachedBlock, cached_prefix, reference_take

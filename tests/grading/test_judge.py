@@ -413,3 +413,31 @@ def test_cells_are_found_by_grade_id_when_their_ids_are_gone():
             cell.source = "# edited\n" + cell.source  # not found by its text: by grade_id
     matched = match_cells(nb, lab)
     assert matched.how == "grade_id" and not matched.missing
+
+
+# Lab 07's slips that answer alike on every input and are told apart by the learner's bytecode
+# (kvlab.grading.slips.stores_attribute, rebinds_argument): the judge reads it with the "code"
+# request, so the hint is the one the learner's own check cell gives.
+BYTECODE_SLIPS = {
+    "prefix-exercise": ("        parent = key\n", "        parent = hit.parent_hash\n"),
+    "evict-exercise": (
+        "block = free_queue.pop(0)  # the room freed longest ago",
+        "block, free_queue = free_queue[0], free_queue[1:]",
+    ),
+}
+
+
+def test_lab07s_hints_read_from_the_learners_bytecode_are_given_through_the_judge(tmp_path):
+    from kvlab.grading.lab07 import hints
+
+    cells = {}
+    for cell_id, (old, new) in BYTECODE_SLIPS.items():
+        source = solution_of("07", cell_id)
+        assert old in source
+        cells[cell_id] = source.replace(old, new)
+    found = judged(submission(tmp_path, "07", cells))
+    for exercise, hint in (("07.cached_prefix", hints.PARENT_HASH), ("07.eviction", hints.REBOUND)):
+        result = found.results[exercise]
+        first = next(o for o in result.outcomes if not o.passed)
+        said = [" ".join(d.split()) for d in first.details if d.startswith("hint:")]
+        assert said == ["hint: " + " ".join(hint.split())], result.report()

@@ -335,9 +335,10 @@ def test_cpu_time_limit_is_hit_and_explained(tmp_path, mode):
     limits = Limits(cpu_seconds=1, wall_seconds=30)
     outcome, _, _, run = run_python("while True: pass", tmp_path / "w", limits, mode)
     # SIGXCPU and the CPU limit named, not the 30 s wall limit: stopped by its CPU time (wall
-    # time, which a busy machine stretches, is not asserted)
+    # time, which a busy machine stretches, is not asserted). The kernel charges RLIMIT_CPU by
+    # ticks and rusage reports precise time: on a loaded machine they part by a tenth or more
     assert outcome.returncode == -signal.SIGXCPU
-    assert 0.9 <= outcome.cpu_seconds < 3
+    assert 0.5 <= outcome.cpu_seconds < 3
     assert outcome.limits_hit == ("cpu_seconds",)
     assert "CPU time limit hit" in line_with(outcome.lines, "CPU time")
     assert "CPU time" in sb.explain_exit(outcome.returncode, limits, outcome.elapsed)

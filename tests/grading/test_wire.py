@@ -128,3 +128,28 @@ def test_an_argument_the_call_left_alone_is_left_alone():
     judge = Connection(-1, -1, JUDGE)
     judge._copy_back({}, ({}, [None]), [cached])
     assert cached[123] is block
+
+
+def test_what_a_hint_reads_of_bytecode_is_plain_data_and_a_wrong_shape_is_none():
+    """The "code" request's answer (kvlab.grading.remote.code_shape) travels as plain data; a
+    learner's process that answers otherwise gives no bytecode hint, never an error."""
+    from kvlab.grading.remote import _checked_shape, code_of, code_shape
+
+    def take(queue):
+        queue = queue[1:]
+        return queue
+
+    shape = code_of(take)
+    assert shape["co_argcount"] == 1 and shape["co_varnames"] == ["queue"]
+    assert ("STORE_FAST", "queue") in shape["instructions"]
+    got, _ = learner_sends(code_shape(take.__code__))
+    assert _checked_shape(got) == shape
+    assert code_of(len) is None and code_of(object()) is None
+    for wrong in (
+        None,
+        {"co_argcount": "1", "co_varnames": [], "instructions": []},
+        {"co_argcount": 1, "co_varnames": [3], "instructions": []},
+        {"co_argcount": 1, "co_varnames": [], "instructions": [("LOAD_ATTR", ["x"])]},
+        {"co_argcount": 1, "co_varnames": [], "instructions": [("NOP", None)] * 10**5},
+    ):
+        assert _checked_shape(wrong) is None

@@ -128,3 +128,16 @@ def test_kv_formats_are_vllms_choices():
     assert (
         fp8.kv_bytes_per_token * 2 == spec_from_hf_config(config("Gemma-3-27B")).kv_bytes_per_token
     )
+
+
+def test_a_vendored_config_is_read_by_name():
+    from kvlab.models.hf_config import vendored_names, vendored_spec
+
+    assert len(vendored_names()) == 12 and "Gemma-3-27B" in vendored_names()
+    gemma = vendored_spec("Gemma-3-27B")
+    assert gemma.name == "Gemma-3-27B"
+    assert gemma.layer_groups == spec_from_hf_config(config("Gemma-3-27B")).layer_groups
+    with pytest.raises(ValueError, match="name must be one of"):
+        vendored_spec("Gemma-9")
+    with pytest.raises(TypeError, match="name must be a str"):
+        vendored_spec(None)

@@ -40,6 +40,7 @@ KERNELS = {
     "room_by_room": {"paged_decode_kernel"},
     "write_kv": {"write_kv_kernel"},
     "prefill": {"paged_prefill_kernel"},
+    "quantized": {"paged_decode_quant_kernel"},
 }
 
 

@@ -12,7 +12,7 @@ from kvlab.core.kv_spec import (
     SlidingWindowSpec,
     StateSpec,
 )
-from kvlab.perf.kv_groups import kv_cache_layout, shard
+from kvlab.perf.kv_groups import exact_bytes, kv_cache_layout, shard, windows_kept_whole
 
 FULL = FullAttentionSpec(16, 128)
 WINDOW = SlidingWindowSpec(16, 128, window=1024)
@@ -97,3 +97,35 @@ def test_every_layer_has_a_slot_and_padding_stays_under_a_group(full, window, ma
     assert layout.padding_layers < 2 * layout.group_size
     reserved = layout.blocks_reserved(max_len, 8192)
     assert reserved >= -(-max_len // 16)  # the full group's every block at least
+
+
+def test_one_rule_changed_at_a_time():
+    """Lab 11's slips: the 1.5 rule off (always the fewest, always the most) and the state's
+    block grown to no multiple of 16."""
+    gemma = [LayerGroup(FULL, 10), LayerGroup(WINDOW, 52)]
+    assert kv_cache_layout(gemma, group_size_ratio=float("inf")).group_size == 52
+    near = [LayerGroup(FULL, 13), LayerGroup(WINDOW, 12)]
+    assert kv_cache_layout(near, group_size_ratio=1).group_size == 12
+    state = StateSpec(2_158_592, layer_type="mamba2")
+    mamba = [LayerGroup(FullAttentionSpec(8, 128), 4), LayerGroup(state, 24)]
+    assert kv_cache_layout(mamba, block_alignment=1).block_size == 527
+    with pytest.raises(ValueError, match="group_size_ratio"):
+        kv_cache_layout(gemma, group_size_ratio=0.5)
+    with pytest.raises(TypeError, match="group_size_ratio"):
+        kv_cache_layout(gemma, group_size_ratio="1.5")
+    with pytest.raises(ValueError, match="block_alignment"):
+        kv_cache_layout(mamba, block_alignment=0)
+
+
+def test_windows_kept_whole_and_exact_bytes():
+    gemma = [LayerGroup(FULL, 10), LayerGroup(WINDOW, 52)]
+    kept = windows_kept_whole(gemma)
+    assert [type(g.spec) for g in kept] == [FullAttentionSpec, FullAttentionSpec]
+    assert kv_cache_layout(kept).groups[0].num_layers == 62  # one group, every layer
+    token = FULL.token_bytes()
+    assert exact_bytes(gemma, 4096) == 10 * token * 4096 + 52 * token * 1024
+    assert exact_bytes([LayerGroup(StateSpec(1000), 3)], 10) == 3000
+    with pytest.raises(TypeError, match="LayerGroups"):
+        windows_kept_whole([FULL])
+    with pytest.raises(ValueError, match="num_tokens"):
+        exact_bytes(gemma, 0)

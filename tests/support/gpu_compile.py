@@ -82,6 +82,18 @@ def cases(arch: int, defaults_only: bool = False):
         new = [torch.zeros(3, 8, 128, dtype=dtype)] * 2
         return lambda: write_kv(*caches, torch.zeros(3, dtype=torch.int64), *new)
 
+    def quantized(shape, dtype, fmt, **options):
+        """The quantised decode kernel: 8-bit K/V (``fmt``) with fp32 scales, q in ``dtype``."""
+        from kvlab.ops.kernels.quantized import paged_decode_attention_quantized
+
+        q, k, v, tables, lens = paged(*shape, dtype)
+        values = torch.zeros(k.shape, dtype=torch.int8).view(fmt)
+        scales = torch.ones(k.shape[:3])
+        options.setdefault("num_splits", 1)
+        return lambda: paged_decode_attention_quantized(
+            q, values, values, scales, scales, tables, lens, **options
+        )
+
     def prefill(shape, dtype, **options):
         """Chunks of ``chunk`` tokens ending at ``context`` (shapes only: a cache of four rooms)."""
         seqs, chunk, context, block_size, q_heads, kv_heads, head_dim = shape
@@ -108,6 +120,7 @@ def cases(arch: int, defaults_only: bool = False):
         ("tiled bf16 MQA group 32", tiled(mqa, BF16)),
         ("room_by_room bf16 llama", room_by_room(llama, BF16)),
         ("write_kv bf16 flash layout", write(BF16)),
+        ("quantized int8 bf16 llama", quantized(llama, BF16, torch.int8)),  # every GPU: int8
     ]
     # seqs, chunk, context, block_size, q_heads, kv_heads, head_dim
     chunks, chunks_256, chunks_mqa = (
@@ -126,10 +139,14 @@ def cases(arch: int, defaults_only: bool = False):
         defaults.append(("prefill fp16 llama", prefill(chunks, FP16)))
     if arch == 90:
         defaults.append(("prefill bf16 MQA group 32", prefill(chunks_mqa, BF16)))
+        # fp8 e4m3 from sm_89 on (Triton converts it there only)
+        defaults.append(("quantized fp8 bf16 llama", quantized(llama, BF16, torch.float8_e4m3fn)))
     if arch != 90 or defaults_only:
         return defaults
     return defaults + [
         ("tiled bf16 llama split", tiled(llama, BF16, num_splits=3)),
+        ("quantized fp8 bf16 llama split", quantized(llama, BF16, torch.float8_e4m3fn, num_splits=3)),
+        ("quantized int8 fp32 head_dim 40", quantized(head_40, FP32, torch.int8)),
         ("tiled fp32 head_dim 40", tiled(head_40, FP32)),
         ("room_by_room fp32 head_dim 40", room_by_room((3, 17, 4, 8, 2, 40), FP32)),
         ("tiled fp32 rooms of 1", tiled((3, 65, 1, 2, 1, 32), FP32)),

@@ -12,31 +12,8 @@ from kvlab.grading.lab07 import eviction
 from kvlab.grading.lab07.cow import beam_evening
 from kvlab.grading.lab07.eviction import random_day
 from kvlab.grading.lab07.hints import *  # noqa: F403 (the hints, by name, for the tests)
-from kvlab.grading.lab07.prefix import CASES, PREFIX_SLIPS, random_prompt
-from kvlab.grading.lab07.references import (
-    KVLAB_CODE,
-    TAKE_SLIPS,
-    CachedBlock,
-    cache_prompt,
-    cached_prefix,
-    chain_hashes,
-    reference_take,
-)
+from kvlab.grading.lab07.prefix import random_prompt
+from kvlab.grading.lab07.references import CachedBlock, cache_prompt, cached_prefix, reference_take
 
-__all__ = [
-    "CASES",
-    "KVLAB_CODE",
-    "PREFIX_SLIPS",
-    "TAKE_SLIPS",
-    "CachedBlock",
-    "beam_evening",
-    "cache_prompt",
-    "cached_prefix",
-    "chain_hashes",
-    "cow",
-    "eviction",
-    "prefix",
-    "random_day",
-    "random_prompt",
-    "reference_take",
-]
+__all__ = ["CachedBlock", "beam_evening", "cache_prompt", "cached_prefix", "cow", "eviction"]
+__all__ += ["prefix", "random_day", "random_prompt", "reference_take"]

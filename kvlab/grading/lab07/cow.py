@@ -21,10 +21,10 @@ from collections import Counter
 from kvlab.grading.expect import plural, short
 from kvlab.grading.key_cards import (
     MANAGER,
-    UNKNOWN_ID,
     KeyCardJudge,
     card_text,
-    evening,
+    evening_of,
+    play,
     room_number,
     two_guests_grow,
 )
@@ -39,13 +39,16 @@ cow = exercise("07.copy_on_write", "append_slot with shared rooms (copy-on-write
 COW_TASK = "sharing and copying the rooms"
 
 NEW, COPY, IN_PLACE, OTHER = "new", "copy", "in place", "other"
-# what append_slot should do to the key card, and what the learner's call did
+# what append_slot should do to the key card (said, then as expected), and what the call did
 WANT = {
-    NEW: "the token goes to a new room added to the key card (no copy)",
-    COPY: "a new room replaces it on this key card (a copy)",
-    IN_PLACE: "the token goes into its empty bed (the key card stays as it is)",
+    NEW: ("the token goes to a new room added to the key card (no copy)", "a new room added"),
+    COPY: ("a new room replaces it on this key card (a copy)", "the last room replaced"),
+    IN_PLACE: (
+        "the token goes into its empty bed (the key card stays as it is)",
+        "the same key card",
+    ),
 }
-EXPECTED = {NEW: "a new room added", COPY: "the last room replaced", IN_PLACE: "the same key card"}
+PAIR = "(src, dst): the shared room, the new room"
 DID = {
     NEW: "a new room was added",
     COPY: "the last room was replaced",
@@ -311,8 +314,8 @@ class _Judge(KeyCardJudge):
             who = "held by this guest alone" if holders == 1 else f"on {holders} key cards"
             self.fail(
                 f"{seq!r} holds {plural(tokens, 'token')}; its last room is {room} and {who}, "
-                f"so {WANT[want]}",
-                expected=EXPECTED[want],
+                f"so {WANT[want][0]}",
+                expected=WANT[want][1],
                 got=f"{DID[did]}: {card_text(before)} → {card_text(after)}",
                 hint=self._action_slip(want, did, holders),
             )
@@ -337,41 +340,27 @@ class _Judge(KeyCardJudge):
         return self.rooms_slip() or ACTION_SLIPS.get((want, did))
 
     def _returned(self, moved, want: str, before: list, after: list, holders: int) -> None:
-        if want != COPY:
-            if moved is not None:
-                hint = hints.RETURN_NONE
-                if want == NEW and _pair(moved) is not None:  # a pair for a full room
-                    alone = holders == 1 or _pairs_full_alone(self.cls)
-                    hint = hints.FULL_PAIR if alone else hints.FULL_SHARED
-                self.fail(
-                    "nothing was copied: append_slot returns None",
-                    expected="None",
-                    got=short(moved),
-                    hint=hint,
-                )
-            return
-        src, dst = before[-1], after[-1]
+        """What append_slot returns: ``(src, dst)``, a tuple, after a move to a copy, else None."""
         pair = _pair(moved)
-        if pair == (src, dst):
-            if not isinstance(moved, tuple):
-                self.fail(
-                    "after a move to a copy append_slot returns the tuple (src, dst)",
-                    expected=f"({src}, {dst})",
-                    got=short(moved),
-                    hint=hints.RETURN_TUPLE,
-                )
+        if want != COPY and moved is not None:
+            hint = hints.RETURN_NONE
+            if want == NEW and pair is not None:  # a pair for a full room
+                alone = holders == 1 or _pairs_full_alone(self.cls)
+                hint = hints.FULL_PAIR if alone else hints.FULL_SHARED
+            self.fail(
+                "nothing was copied: append_slot returns None",
+                hint,
+                expected="None",
+                got=short(moved),
+            )
+        src, dst = (before[-1], after[-1]) if want == COPY else (None, None)
+        if want != COPY or (pair == (src, dst) and isinstance(moved, tuple)):
             return
-        hint = None
-        if moved is None:
-            hint = hints.RETURN_PAIR
-        elif pair == (dst, src):
-            hint = hints.SWAPPED
-        self.fail(
-            "after a move to a copy append_slot returns (src, dst): the shared room, the new room",
-            expected=f"({src}, {dst})",
-            got=short(moved),
-            hint=hint,
-        )
+        what = "the tuple (src, dst)" if pair == (src, dst) else PAIR
+        hint = {(src, dst): hints.RETURN_TUPLE, (dst, src): hints.SWAPPED}.get(pair)
+        hint = hints.RETURN_PAIR if moved is None else hint
+        message = f"after a move to a copy append_slot returns {what}"
+        self.fail(message, hint, expected=f"({src}, {dst})", got=short(moved))
 
     def refused_append(self, seq, why: str) -> None:
         """append_slot must raise OutOfBlocks (a MemoryError) and change nothing."""
@@ -399,69 +388,50 @@ def _alone(cls):
     two_guests_grow(_Judge, cls)  # Lab 03's scenario, now with reference counts
 
 
-@cow.check(
+# the checks as data: the name the learner reads -> the rooms (of 4 beds), then the calls
+SCENES = {
     "after a fork two guests share every room; the first to write into the shared last room "
-    "moves to a copy and gets (old room, new room)"
-)
-def _fork(cls):
-    judge = _Judge(cls, 16, 4)
-    judge.allocate("prompt", 6)
-    judge.fork("prompt", "sample")
-    judge.append("sample")  # moves to a copy of the half-full room
-    judge.append("prompt")  # now alone in the old room: in place
-    for _ in range(3):
-        judge.append("sample")
-        judge.append("prompt")
-
-
-@cow.check(
+    "moves to a copy and gets (old room, new room)": (
+        16,
+        "allocate prompt 6",
+        "fork prompt sample",
+        "append sample",  # moves to a copy of the half-full room
+        "append prompt",  # now alone in the old room: in place
+        *["append sample", "append prompt"] * 3,
+    ),
     "a full shared room is not copied: the next token goes to a new room and the full room "
-    "stays shared"
-)
-def _full_shared(cls):
-    judge = _Judge(cls, 16, 4)
-    judge.allocate("prompt", 8)
-    judge.fork("prompt", "sample")
-    judge.append("sample")
-    judge.append("prompt")
-    judge.append("sample")
-    judge.free("sample")
-    judge.free("prompt")
-
-
-@cow.check(
+    "stays shared": (
+        16,
+        *("allocate prompt 8", "fork prompt sample", "append sample", "append prompt"),
+        *("append sample", "free sample", "free prompt"),
+    ),
     "three samples of one prompt: each writer drops one reference, and every room comes back "
-    "when all three check out"
-)
-def _three(cls):
-    judge = _Judge(cls, 16, 4)
-    judge.allocate("prompt", 5)
-    judge.fork("prompt", "s1")
-    judge.fork("prompt", "s2")
-    judge.append("s1")  # the shared room goes from 3 key cards to 2
-    judge.append("s2")  # … and to 1
-    judge.append("prompt")  # alone now: in place
-    judge.fork("s1", "s1b")  # a beam of a beam
-    judge.append("s1b")
-    for seq in ("s1", "s2", "prompt", "s1b"):
-        judge.free(seq)
-
-
-@cow.check(
+    "when all three check out": (
+        16,
+        *("allocate prompt 5", "fork prompt s1", "fork prompt s2"),
+        "append s1",  # the shared room goes from 3 key cards to 2
+        "append s2",  # … and to 1
+        "append prompt",  # alone now: in place
+        "fork s1 s1b",  # a beam of a beam
+        "append s1b",
+        *("free s1", "free s2", "free prompt", "free s1b"),
+    ),
     "append_slot refuses without changing anything when it needs a room and none is free (a "
-    "full last room, a shared last room), and for an unknown id"
-)
-def _refused(cls):
-    judge = _Judge(cls, 3, 4)
-    judge.allocate("a", 4)  # one full room
-    judge.allocate("b", 6)  # two rooms, the last with empty beds: the hotel is full
-    judge.fork("b", "c")
-    judge.refused_append("a", "the last room of 'a' is full and no room is free")
-    judge.refused_append("c", "the last room of 'c' is shared and no room is free for the copy")
-    judge.refused(KeyError, "append_slot", "nobody", **UNKNOWN_ID)
-    judge.free("a")
-    judge.append("c")  # the copy gets the room 'a' gave back
-    judge.append("b")  # alone again in the old room: in place, with no room free
+    "full last room, a shared last room), and for an unknown id": (
+        3,
+        "allocate a 4",  # one full room
+        "allocate b 6",  # two rooms, the last with empty beds: the hotel is full
+        "fork b c",
+        ("refused_append", "a", "the last room of 'a' is full and no room is free"),
+        ("refused_append", "c", "the last room of 'c' is shared and no room is free for the copy"),
+        ("refused_unknown", "append_slot"),
+        "free a",
+        "append c",  # the copy gets the room 'a' gave back
+        "append b",  # alone again in the old room: in place, with no room free
+    ),
+}
+for _name, (_rooms, *_steps) in SCENES.items():
+    cow.check(_name)(lambda cls, rooms=_rooms, steps=_steps: play(_Judge(cls, rooms, 4), *steps))
 
 
 EVENING_SEED, EVENING_STEPS = 7, 300
@@ -488,20 +458,14 @@ def _evening_call(judge, rng, step: int) -> None:
         judge.free(rng.choice(seqs))
 
 
-def beam_evening(cls, steps: int = EVENING_STEPS, seed: int = EVENING_SEED, echo: bool = True):
-    """The check's random evening on ``cls``: 24 rooms of 3 beds, check-ins, forks, tokens
-    (refused when no room is free) and check-outs drawn from ``random.Random(seed)``. With
-    ``echo`` it prints every call and, if the manager breaks an invariant, the check's report.
-    Returns the judge (its ``obj`` is the manager), or None when ``cls`` cannot be built."""
-    return evening(
-        _Judge,
-        cls,
-        _evening_call,
-        run="kvlab.grading.lab07.beam_evening",
-        steps=steps,
-        seed=seed,
-        echo=echo,
-    )
+beam_evening = evening_of(
+    _Judge,
+    _evening_call,
+    run="kvlab.grading.lab07.beam_evening",
+    steps=EVENING_STEPS,
+    seed=EVENING_SEED,
+    what="check-ins, forks, tokens (refused when no room is free) and check-outs",
+)
 
 
 @cow.check("beam search at random: 300 check-ins, forks, tokens and check-outs")

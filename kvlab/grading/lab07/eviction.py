@@ -177,64 +177,52 @@ def _expect_refused(fn, queue: list, cached: dict, hashes: dict, story: str, rep
         )
 
 
-def _cachedcard_text(rooms: dict) -> tuple[dict, dict]:
-    """cached and block_hashes for rooms given as room -> hash."""
-    return {h: b for b, h in rooms.items()}, dict(rooms)
+def _takes(fn, rooms: dict, queue: list, stories) -> None:
+    """One take per story from ``queue``, the cached rooms given as room -> hash (refused once
+    the queue is empty)."""
+    cached, hashes = {h: b for b, h in rooms.items()}, dict(rooms)
+    for story in stories:
+        (_expect_take if queue else _expect_refused)(fn, queue, cached, hashes, story)
 
 
-@evict.check(
-    "a plain free room at the front is handed out and leaves the queue; the cache stays as it is"
+CARD = [5, 2, 7, 0]  # a guest's key card: 16 tokens in 4 full rooms, all cached
+TAIL = (
+    "take {} of 6 after a guest with key card [5, 2, 7, 0] (all 4 rooms cached) checked out "
+    "behind free rooms 1 and 3"
 )
-def _plain(fn):
-    cached, hashes = _cachedcard_text({6: 0x6A, 2: 0x2B})
-    _expect_take(fn, [4, 1, 6, 2], cached, hashes, "room 4, at the front, holds no cached block")
-
-
-@evict.check("a cached room at the front is evicted: its hash is forgotten in both maps")
-def _cached_front(fn):
-    cached, hashes = _cachedcard_text({6: 0x6A, 2: 0x2B, 5: 0x5C})
-    story = "room 6, at the front, holds a cached block; room 5 is in use and cached"
-    _expect_take(fn, [6, 4, 2], cached, hashes, story)
-
-
-@evict.check(
+# the checks as data: the name the learner reads -> (the cached rooms, free_queue, the takes)
+TAKES = {
+    "a plain free room at the front is handed out and leaves the queue; the cache stays as it is": (
+        {6: 0x6A, 2: 0x2B},
+        [4, 1, 6, 2],
+        ["room 4, at the front, holds no cached block"],
+    ),
+    "a cached room at the front is evicted: its hash is forgotten in both maps": (
+        {6: 0x6A, 2: 0x2B, 5: 0x5C},
+        [6, 4, 2],
+        ["room 6, at the front, holds a cached block; room 5 is in use and cached"],
+    ),
     "the room freed longest ago goes first (vLLM's rule, strictly), even with a room holding no "
-    "cached block behind it"
-)
-def _strict(fn):
-    cached, hashes = _cachedcard_text({3: 0x3A, 5: 0x5B, 8: 0x8C})
-    story = "rooms 3 and 5, at the front, hold cached blocks, room 0 holds none"
-    queue = [3, 5, 0, 8]
-    _expect_take(fn, queue, cached, hashes, story)
-    _expect_take(fn, queue, cached, hashes, "then, with what is left")
-
-
-@evict.check("an empty queue: OutOfBlocks, and nothing changes")
-def _empty(fn):
-    cached, hashes = _cachedcard_text({1: 0x1A, 4: 0x4B})
-    _expect_refused(fn, [], cached, hashes, "every room is in use (rooms 1 and 4 cached)")
-
-
-def _promptcard_text(rooms: list, tokens: list, block_size: int) -> dict:
-    """room -> hash for the full blocks of ``tokens`` held in ``rooms``."""
-    return dict(zip(rooms, chain_hashes(tokens, block_size, len(rooms)), strict=True))
-
-
-@evict.check(
+    "cached block behind it": (
+        {3: 0x3A, 5: 0x5B, 8: 0x8C},
+        [3, 5, 0, 8],
+        ["rooms 3 and 5, at the front, hold cached blocks, room 0 holds none"]
+        + ["then, with what is left"],
+    ),
+    "an empty queue: OutOfBlocks, and nothing changes": (
+        {1: 0x1A, 4: 0x4B},
+        [],
+        ["every room is in use (rooms 1 and 4 cached)"],
+    ),
     "a guest checks out (last room first in the queue) and rooms are taken one by one: the "
-    "cached prefix loses its tail first"
-)
-def _tail_first(fn):
-    card = [5, 2, 7, 0]  # a guest's key card: 16 tokens in 4 full rooms, all cached
-    cached, hashes = _cachedcard_text(_promptcard_text(card, list(range(200, 216)), 4))
-    queue = [1, 3, *reversed(card)]  # free rooms 1 and 3, then the guest's, last room first
-    for i in range(len(queue)):
-        story = (
-            f"take {i + 1} of 6 after a guest with key card {card} (all 4 rooms cached) checked "
-            "out behind free rooms 1 and 3"
-        )
-        _expect_take(fn, queue, cached, hashes, story)
-    _expect_refused(fn, queue, cached, hashes, "then once more, with the queue empty")
+    "cached prefix loses its tail first": (
+        dict(zip(CARD, chain_hashes(list(range(200, 216)), 4, len(CARD)), strict=True)),
+        [1, 3, *reversed(CARD)],  # free rooms 1 and 3, then the guest's, last room first
+        [TAIL.format(i) for i in range(1, 7)] + ["then once more, with the queue empty"],
+    ),
+}
+for _name, _take_case in TAKES.items():
+    evict.check(_name)(lambda fn, case=_take_case: _takes(fn, *copy.deepcopy(case)))
 
 
 DAY_SEED, DAY_STEPS = 9, 300
@@ -281,7 +269,7 @@ def random_day(fn, steps: int = DAY_STEPS, seed: int = DAY_SEED, echo: bool = Tr
                 card = guests.pop(rng.randrange(len(guests)))
                 tokens = [rng.randrange(4) for _ in range(2 * len(card))]
                 full = rng.randint(0, len(card))  # the last rooms may be partly filled
-                for room, h in _promptcard_text(card[:full], tokens, 2).items():
+                for room, h in zip(card[:full], chain_hashes(tokens, 2, full), strict=True):
                     if h not in cached and room not in hashes:  # a reused room keeps its hash
                         cached[h], hashes[room] = room, h
                 queue.extend(reversed(card))

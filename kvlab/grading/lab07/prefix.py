@@ -80,109 +80,85 @@ def _expect_prefix(fn, token_ids, block_size: int, cached: dict, story: str, rep
 
 # --- the cases the checks try, by name (the slips' probes are among them) --------------------
 
+
+def _case(story: str, query, *earlier, size: int = 4, planted=None, evicted=()):
+    """(story, query, size, cached): the ``earlier`` prompts' full blocks cached, each prompt
+    with the rooms its blocks not cached yet take, less the keys ``evicted``, plus ``planted``."""
+    cached: dict = {}
+    for tokens, rooms in earlier:
+        cache_prompt(cached, list(tokens), size, iter(rooms))
+    for key in evicted:
+        del cached[key]
+    return story, list(query), size, {**cached, **(planted or {})}
+
+
 EARLIER = list(range(100, 116))  # an earlier prompt: 4 rooms of 4 beds, cached in rooms 7, 3, 12, 0
 EARLIER_STORY = "cached: the 4 rooms (7, 3, 12, 0) of an earlier prompt 100…115, 4 beds a room"
-
-
-def _earlier(token_ids, story: str = EARLIER_STORY, planted: dict | None = None):
-    cached: dict = {}
-    cache_prompt(cached, EARLIER, 4, iter([7, 3, 12, 0]))
-    return story, list(token_ids), 4, {**cached, **(planted or {})}
-
-
-def _two_openings(token_ids):
-    cached: dict = {}
-    rooms = iter([21, 22, 23, 24])
-    cache_prompt(cached, [5, 5, 5, 5, 8, 8, 8, 8], 4, rooms)
-    cache_prompt(cached, [1, 1, 1, 1, 2, 2, 2, 2], 4, rooms)
-    story = (
-        "cached: the rooms of two earlier prompts, 5555 8888 (rooms 21, 22) and 1111 2222 (23, 24)"
-    )
-    return story, token_ids, 4, cached
-
-
-def _hole():
-    prompt = list(range(40, 60))  # 5 rooms of 4 beds
-    cached: dict = {}
-    cache_prompt(cached, prompt, 4, iter([30, 31, 32, 33, 34]))
-    del cached[chain_hashes(prompt, 4, 3)[2]]
-    story = (
-        "cached: rooms 30, 31, 33, 34 of an earlier prompt 40…59 (its third block, room 32, was "
-        "evicted)"
-    )
-    return story, [*prompt, 60], 4, cached
-
-
-def _skip():
-    cached: dict = {}
-    cache_prompt(cached, list(range(70, 82)), 4, iter([40, 41, 42]))
-    story = "cached: rooms 40, 41, 42 of an earlier prompt 70…81 (blocks 70…73, 74…77, 78…81)"
-    return story, [70, 71, 72, 73, 1, 1, 1, 1, 74, 75, 76, 77, 2], 4, cached
-
-
 H0 = hash_block_tokens(ROOT_HASH, EARLIER[:4])
 OTHER = (60, 61, 62, 63)
 COLLIDING = hash_block_tokens(H0, OTHER)  # where block 60…63 after 100…103 is looked up
+HALF = chain_hashes(EARLIER, 4, 2)[1]  # the parent of the half block 108 109
+HOLE = list(range(40, 60))  # 5 rooms of 4 beds, the third evicted
+SHARED = "cached: the rooms of two earlier prompts, "
 
 
-def _tokens_collide():
-    story = (
-        "cached: the 4 rooms of the earlier prompt 100…115, and room 99 (tokens 104…107) filed "
-        "under the hash of block 60…63 after 100…103, as if the two collided"
-    )
-    planted = {COLLIDING: CachedBlock(99, H0, tuple(EARLIER[4:8]))}
-    return _earlier([*EARLIER[:4], *OTHER, 64], story, planted)
+def _earlier(query, story: str = EARLIER_STORY, planted=None):
+    return _case(story, query, (EARLIER, [7, 3, 12, 0]), planted=planted)
 
 
-def _parents_collide():
-    story = (
-        "cached: the 4 rooms of the earlier prompt 100…115, and room 98 (tokens 60…63 after "
-        "1 2 3 4) filed under the hash of 60…63 after 100…103, as if the two collided"
-    )
-    planted = {COLLIDING: CachedBlock(98, hash_block_tokens(ROOT_HASH, [1, 2, 3, 4]), OTHER)}
-    return _earlier([*EARLIER[:4], *OTHER, 64], story, planted)
+def _openings(query):
+    story = SHARED + "5555 8888 (rooms 21, 22) and 1111 2222 (23, 24)"
+    return _case(story, query, ([5] * 4 + [8] * 4, [21, 22]), ([1] * 4 + [2] * 4, [23, 24]))
 
 
-def _half_block():
-    parent = chain_hashes(EARLIER, 4, 2)[1]
-    story = (
-        "cached: the 4 rooms of the earlier prompt 100…115, and room 55 filed under the hash of "
-        "the half block 108 109 (a cache keeps only full blocks; a lookup must not ask for one)"
-    )
-    key = hash_block_tokens(parent, EARLIER[8:10])
-    return _earlier(EARLIER[:10], story, {key: CachedBlock(55, parent, tuple(EARLIER[8:10]))})
-
-
-def _overlapping():
-    cached: dict = {}
-    rooms = iter([50, 51, 52])
-    cache_prompt(cached, [1, 2, 3, 4, 5, 6, 7, 8], 4, rooms)
-    cache_prompt(cached, [1, 2, 3, 4, 2, 3, 4, 5], 4, rooms)
-    story = (
-        "cached: the rooms of two earlier prompts, 1234 5678 (rooms 50, 51) and 1234 2345 (50, 52)"
-    )
-    return story, [1, 2, 3, 4, 5, 6, 7, 8, 9], 4, cached
-
-
-def _one_bed(token_ids):
-    cached: dict = {}
-    cache_prompt(cached, [3, 4], 1, iter([8, 9]))
-    return "cached: rooms 8 and 9 of an earlier prompt 3 4, one bed a room", token_ids, 1, cached
+def _one_bed(query):
+    story = "cached: rooms 8 and 9 of an earlier prompt 3 4, one bed a room"
+    return _case(story, query, ([3, 4], [8, 9]), size=1)
 
 
 CASES = {
     "past the end": lambda: _earlier([*EARLIER, 116]),
     "diverges": lambda: _earlier([*EARLIER[:8], 90, 91, 92, 93, *EARLIER[12:], 5]),
     "splits early": lambda: _earlier([*EARLIER[:6], 1, 2, 3]),
-    "empty": lambda: ("an empty cache", [5, 6, 7, 8, 9], 4, {}),
-    "next block": _overlapping,
-    "other opening": lambda: _two_openings([1, 1, 1, 1, 5, 5, 5, 5, 9]),
-    "chain": lambda: _two_openings([1, 1, 1, 1, 2, 2, 2, 2, 9, 9, 9, 9]),
-    "hole": _hole,
-    "skip": _skip,
-    "tokens collide": _tokens_collide,
-    "parents collide": _parents_collide,
-    "half block": _half_block,
+    "empty": lambda: _case("an empty cache", [5, 6, 7, 8, 9]),
+    "next block": lambda: _case(
+        SHARED + "1234 5678 (rooms 50, 51) and 1234 2345 (50, 52)",
+        [1, 2, 3, 4, 5, 6, 7, 8, 9],
+        ([1, 2, 3, 4, 5, 6, 7, 8], [50, 51]),
+        ([1, 2, 3, 4, 2, 3, 4, 5], [52]),
+    ),
+    "other opening": lambda: _openings([1, 1, 1, 1, 5, 5, 5, 5, 9]),
+    "chain": lambda: _openings([1, 1, 1, 1, 2, 2, 2, 2, 9, 9, 9, 9]),
+    "hole": lambda: _case(
+        "cached: rooms 30, 31, 33, 34 of an earlier prompt 40…59 (its third block, room 32, was "
+        "evicted)",
+        [*HOLE, 60],
+        (HOLE, [30, 31, 32, 33, 34]),
+        evicted=[chain_hashes(HOLE, 4, 3)[2]],
+    ),
+    "skip": lambda: _case(
+        "cached: rooms 40, 41, 42 of an earlier prompt 70…81 (blocks 70…73, 74…77, 78…81)",
+        [70, 71, 72, 73, 1, 1, 1, 1, 74, 75, 76, 77, 2],
+        (range(70, 82), [40, 41, 42]),
+    ),
+    "tokens collide": lambda: _earlier(
+        [*EARLIER[:4], *OTHER, 64],
+        "cached: the 4 rooms of the earlier prompt 100…115, and room 99 (tokens 104…107) filed "
+        "under the hash of block 60…63 after 100…103, as if the two collided",
+        {COLLIDING: CachedBlock(99, H0, tuple(EARLIER[4:8]))},
+    ),
+    "parents collide": lambda: _earlier(
+        [*EARLIER[:4], *OTHER, 64],
+        "cached: the 4 rooms of the earlier prompt 100…115, and room 98 (tokens 60…63 after "
+        "1 2 3 4) filed under the hash of 60…63 after 100…103, as if the two collided",
+        {COLLIDING: CachedBlock(98, hash_block_tokens(ROOT_HASH, [1, 2, 3, 4]), OTHER)},
+    ),
+    "half block": lambda: _earlier(
+        EARLIER[:10],
+        "cached: the 4 rooms of the earlier prompt 100…115, and room 55 filed under the hash of "
+        "the half block 108 109 (a cache keeps only full blocks; a lookup must not ask for one)",
+        {hash_block_tokens(HALF, EARLIER[8:10]): CachedBlock(55, HALF, tuple(EARLIER[8:10]))},
+    ),
     "exact": lambda: _earlier(EARLIER),
     "one past exact": lambda: _earlier(EARLIER[:13]),
     "one bed": lambda: _one_bed([3]),
@@ -253,40 +229,22 @@ def _try(fn, *names: str) -> None:
         _expect_prefix(fn, token_ids, block_size, cached, story)
 
 
-@prefix.check(
+# the checks as data: the name the learner reads -> the cases it tries
+CHECKS = {
     "the rooms of an earlier prompt are found from the first block on, up to the first block "
-    "not cached"
-)
-def _found(fn):
-    _try(fn, "past the end", "diverges", "splits early", "empty", "next block")
-
-
-@prefix.check(
+    "not cached": ("past the end", "diverges", "splits early", "empty", "next block"),
     "the same tokens after another prefix are another block: each hash is chained to the block "
-    "before it"
-)
-def _chained(fn):
-    _try(fn, "other opening", "chain")
-
-
-@prefix.check("a hole in the cache: no room after the first miss is reused")
-def _holes(fn):
-    _try(fn, "hole", "skip")
-
-
-@prefix.check(
-    "a hash collision never shares a room: a hit is confirmed by its tokens and its parent hash"
-)
-def _collision(fn):
-    _try(fn, "tokens collide", "parents collide")
-
-
-@prefix.check(
+    "before it": ("other opening", "chain"),
+    "a hole in the cache: no room after the first miss is reused": ("hole", "skip"),
+    "a hash collision never shares a room: a hit is confirmed by its tokens and its parent hash": (
+        "tokens collide",
+        "parents collide",
+    ),
     "only full rooms count and the prompt's last token is always computed: k full rooms reuse "
-    "at most k − 1"
-)
-def _last_token(fn):
-    _try(fn, "half block", "exact", "one past exact", "one bed", "two beds")
+    "at most k − 1": ("half block", "exact", "one past exact", "one bed", "two beds"),
+}
+for _name, _cases in CHECKS.items():
+    prefix.check(_name)(lambda fn, cases=_cases: _try(fn, *cases))
 
 
 PREFIX_SEED, PREFIX_CASES = 5, 200

@@ -4,27 +4,14 @@ learner's must not hand the work to."""
 
 from __future__ import annotations
 
-import inspect
-
 from kvlab.core.block_manager import BlockManager
 from kvlab.core.block_pool import ROOT_HASH, BlockPool, hash_block_tokens
 from kvlab.grading.given import CachedBlock
 from kvlab.grading.lab07 import hints
+from kvlab.grading.own_code import methods_of
 from kvlab.grading.slips import Slip
 
-
-def functions(*classes) -> tuple:
-    """Every method kvlab's classes define (not the dunders): calling one from the learner's code
-    is handing the work over. Read from the classes, so methods kvlab adds are guarded too."""
-    found = []
-    for cls in classes:
-        for name, value in vars(cls).items():
-            if inspect.isfunction(value) and not name.startswith("__"):
-                found.append(value)
-    return tuple(found)
-
-
-KVLAB_CODE = functions(BlockManager, BlockPool)
+KVLAB_CODE = methods_of(BlockManager, BlockPool)  # calling one is handing the work over
 
 
 def cached_prefix(

@@ -17,8 +17,8 @@ import math
 
 import torch
 
+from kvlab.grading import slips
 from kvlab.grading.expect import CheckFailed, max_error, preview
-from kvlab.grading.lab05 import _unwrap_unimplemented, explain_triton_error
 from kvlab.grading.lab09 import hints
 from kvlab.grading.launchers import (
     BLOCK_Q,
@@ -27,7 +27,8 @@ from kvlab.grading.launchers import (
     make_chunk_case,
 )
 from kvlab.grading.registry import exercise
-from kvlab.grading.slips import Slip, only
+from kvlab.grading.slips import Slip
+from kvlab.grading.triton_errors import explain_triton_error, unwrap_unimplemented
 from kvlab.ops.attention import chunk_attention_reference
 from kvlab.ops.runtime import kernel_mode
 
@@ -63,9 +64,10 @@ def describe(
 
 
 def attend(args, visible, kv_of=None, rescale=True, softmax_dtype=None):
-    """fp32 attention of each query row over the key positions ``visible(i, j)`` (True: seen),
-    reading keys through the key card (NaN where a slip reads unread memory); ``kv_of[h]`` the KV
-    head of query head h; ``rescale=False``: an online softmax room by room without alpha;
+    """fp32 attention of each query row i over the key positions j where ``visible(i, j, nc,
+    total)`` (True: seen; ``nc`` the tokens computed before the chunk, ``total`` the chunk's
+    end), reading keys through the key card (NaN where a slip reads unread memory); ``kv_of[h]``
+    the KV head of query head h; ``rescale=False``: an online softmax room by room without alpha;
     ``softmax_dtype``: the scores rounded to it for the softmax."""
     q, k_cache, v_cache, table, nc = args
     q, k_cache, v_cache = q.float(), k_cache.float(), v_cache.float()
@@ -79,7 +81,7 @@ def attend(args, visible, kv_of=None, rescale=True, softmax_dtype=None):
     scale = 1.0 / math.sqrt(head_dim)
     out = torch.empty(n, q_heads, head_dim)
     for i in range(n):
-        seen = [j for j in range(reach) if visible(i, j)]
+        seen = [j for j in range(reach) if visible(i, j, nc, nc + n)]
         for h in range(q_heads):
             if not seen:
                 out[i, h] = math.nan
@@ -101,63 +103,49 @@ def attend(args, visible, kv_of=None, rescale=True, softmax_dtype=None):
     return out
 
 
-def _slips(args, kernel: bool):
-    q, k_cache, _, _, nc = args
-    n = q.shape[0]
-    total = nc + n
-    q_heads, kv_heads = q.shape[1], k_cache.shape[2]
-    slips = [
-        Slip(hints.CAUSAL_EXCLUDES_SELF, lambda a: attend(a, lambda i, j: j < nc + i)),
-        Slip(
-            hints.CAUSAL_ONE_AHEAD, lambda a: attend(a, lambda i, j: j <= nc + i + 1 and j < total)
-        ),
+def _causal(i, j, nc, total) -> bool:
+    return j <= nc + i
+
+
+def _tile_end(i, nc, total) -> int:
+    """Where the keys the kernel's query tile of row i reads stop: its last row's position + 1."""
+    return min(nc + (i // BLOCK_Q + 1) * BLOCK_Q, total)
+
+
+def _slips(args, kernel: bool) -> list[Slip]:
+    """The usual slips for a case of these heads and dtype, each a function of a case's args."""
+    q_heads, kv_heads, dtype = args[0].shape[1], args[1].shape[2], args[0].dtype
+
+    def slip(hint, visible, **options) -> Slip:
+        return Slip(hint, lambda a: attend(a, visible, **options))
+
+    table = [
+        slip(hints.CAUSAL_EXCLUDES_SELF, lambda i, j, nc, total: j < nc + i),
+        slip(hints.CAUSAL_ONE_AHEAD, lambda i, j, nc, total: j <= nc + i + 1 and j < total),
         # in a kernel, no causal mask at all reads as the diagonal tile's mask missing
-        Slip(
-            hints.DIAGONAL_TILE if kernel else hints.NO_CAUSAL,
-            lambda a: attend(a, lambda i, j: j < total),
-        ),
-        Slip(hints.PREFIX_FORGOTTEN, lambda a: attend(a, lambda i, j: j <= i)),
+        slip(hints.DIAGONAL_TILE if kernel else hints.NO_CAUSAL, lambda i, j, nc, total: j < total),
+        slip(hints.PREFIX_FORGOTTEN, lambda i, j, nc, total: j <= i),
     ]
     if kernel:
-
-        def tile_end(i):
-            return min(nc + (i // BLOCK_Q + 1) * BLOCK_Q, total)
-
-        slips.append(Slip(hints.DIAGONAL_TILE, lambda a: attend(a, lambda i, j: j < tile_end(i))))
-        # one ahead where the keys a tile reads stop at its last row's position + 1 (`end`): the
-        # tile's last row cannot see one further, the others do
-        slips.append(
-            Slip(
-                hints.CAUSAL_ONE_AHEAD,
-                lambda a: attend(a, lambda i, j: j <= nc + i + 1 and j < tile_end(i)),
-            )
-        )
-        # `end` one short: the keys a tile reads stop before its last row's own position (on a
-        # chunk of one query, as a mask of j < num_computed + i answers)
-        slips.append(
-            Slip(
-                hints.KEYS_ONE_SHORT,
-                lambda a: attend(a, lambda i, j: j <= nc + i and j < tile_end(i) - 1),
-            )
-        )
-        causal = lambda i, j: j <= nc + i  # noqa: E731
-        slips.append(Slip(hints.NO_RESCALE, lambda a: attend(a, causal, rescale=False)))
-    if q.dtype != torch.float32:
-        slips.append(
-            Slip(
-                hints.SOFTMAX_LOW,
-                lambda a: attend(a, lambda i, j: j <= nc + i, softmax_dtype=q.dtype).to(q.dtype),
-            )
-        )
+        end = _tile_end
+        table += [
+            slip(hints.DIAGONAL_TILE, lambda i, j, nc, total: j < end(i, nc, total)),
+            # `end` is the tile's last row's position + 1: that row cannot see one further
+            slip(hints.CAUSAL_ONE_AHEAD, lambda i, j, nc, t: j <= nc + i + 1 and j < end(i, nc, t)),
+            # `end` one short (on a chunk of one query, as a mask of j < num_computed + i answers)
+            slip(hints.KEYS_ONE_SHORT, lambda i, j, nc, t: j <= nc + i and j < end(i, nc, t) - 1),
+            slip(hints.NO_RESCALE, _causal, rescale=False),
+        ]
+    if dtype != torch.float32:
+        low = Slip(hints.SOFTMAX_LOW, lambda a: attend(a, _causal, softmax_dtype=dtype).to(dtype))
+        table.append(low)
     if 1 < kv_heads < q_heads:
-        modulo = [h % kv_heads for h in range(q_heads)]
-        slips.append(
-            Slip(hints.KV_HEAD_MODULO, lambda a: attend(a, lambda i, j: j <= nc + i, modulo))
+        table.append(
+            slip(hints.KV_HEAD_MODULO, _causal, kv_of=[h % kv_heads for h in range(q_heads)])
         )
     if kv_heads > 1:
-        zero = [0] * q_heads
-        slips.append(Slip(hints.KV_HEAD_ZERO, lambda a: attend(a, lambda i, j: j <= nc + i, zero)))
-    return slips
+        table.append(slip(hints.KV_HEAD_ZERO, _causal, kv_of=[0] * q_heads))
+    return table
 
 
 def _close(a, b) -> bool:
@@ -220,31 +208,18 @@ PROBE = dict(num_computed=6, n=7, seed=11)
 
 
 def _named(fn, run, kernel: bool, case: dict, args, got, want) -> str | None:
-    """The hint of the one slip that answers as ``fn`` on the case and on a probe of the same
-    heads (a longer chunk), else None: on a chunk of one query, a tile's keys stopping one short
-    answers as a causal mask that leaves each query out of its own keys."""
-    here = _slips(args, kernel)
-    found = [i for i, slip in enumerate(here) if _agrees(slip, got, args, want)]
-    if len({here[i].mistake for i in found}) > 1:
-        probe = make_chunk_case(**{**case, **PROBE})
-        try:
-            mine = run(fn, probe)
-        except Exception:
-            mine = None
-        if isinstance(mine, torch.Tensor):
-            right = chunk_attention_reference(*probe)
-            there = _slips(probe, kernel)
-            found = [i for i in found if _agrees(there[i], mine, probe, right, right_too=True)]
-    return None if only(here[i] for i in found) is None else here[found[0]].hint
-
-
-def _agrees(slip, got, args, want, right_too=False) -> bool:
-    """Whether ``got`` is the slip's wrong answer on ``args`` (or, ``right_too``, the right one
-    where the slip answers right too)."""
-    wrong = slip.answer(args)
-    if _close(wrong, want):
-        return right_too and _close(got, want)
-    return _close(got, wrong)
+    """The hint of the one slip that answers as ``fn`` on the case, told apart where several
+    do on a probe of the same heads (a longer chunk): on a chunk of one query, a tile's keys
+    stopping one short answers as a causal mask that leaves each query out of its own keys."""
+    found = slips.matching(_slips(args, kernel), got, (args,), want, _close)
+    if slips.only(found) is None:
+        probe = (make_chunk_case(**{**case, **PROBE}),)
+        tensor = lambda answer: isinstance(answer, torch.Tensor)  # noqa: E731
+        mine = lambda probe: run(fn, probe)  # noqa: E731
+        found = slips.told_apart(
+            found, mine, [probe], lambda a: chunk_attention_reference(*a), _close, readable=tensor
+        )
+    return slips.hint(slips.only(found))
 
 
 def _call_torch(fn, args):
@@ -296,7 +271,7 @@ def _call_kernel(fn, args):
     except NotImplementedError:
         raise
     except Exception as error:
-        _unwrap_unimplemented(error)
+        unwrap_unimplemented(error)
         explain_triton_error(error, "launching your kernel")
         raise
 
@@ -404,4 +379,4 @@ def _far_rooms(fn):
 def launch_isolated(fn, *case, timeout: float = 60.0):
     """``launch_chunk_kernel(fn, *case)`` for a notebook cell, isolated as the checks are (in
     Triton's interpreter, in a forked child): ``(output, None)`` or ``(None, what went wrong)``."""
-    return launch_chunk_isolated(fn, *case, timeout=timeout, unimplemented=_unwrap_unimplemented)
+    return launch_chunk_isolated(fn, *case, timeout=timeout, unimplemented=unwrap_unimplemented)

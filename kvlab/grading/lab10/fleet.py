@@ -14,16 +14,22 @@ from __future__ import annotations
 import functools
 import random
 
+from kvlab.grading import slips
 from kvlab.grading.expect import CheckFailed, short
 from kvlab.grading.lab10 import hints
 from kvlab.grading.registry import exercise, own_answers
+from kvlab.grading.slips import Slip
+from kvlab.serving.fleet import PrefixAwareRouter
 
 score_ex = exercise("10.prefix_score", "the prefix-aware router's score")
 # the fleet's routers come from make_router (the prefix-aware one is made inside it)
-own_answers("10.prefix_score", "kvlab.serving.fleet:make_router")
+own_answers(
+    "10.prefix_score",
+    "kvlab.serving.fleet:make_router",
+    "kvlab.serving.fleet:PrefixAwareRouter",
+)
 
 PENALTY = 128.0
-RAISED = object()
 
 
 class StubView:
@@ -54,31 +60,46 @@ class StubView:
         )
 
 
-def reference_router(request, views, now, load_penalty=PENALTY, *, slip=None):
-    """The highest score (ties: the least loaded, then the lowest index); ``slip`` one of the
-    usual slips' names."""
-
-    def score(v):
-        cached = v.cached_prefix_tokens(request)
-        if slip == "blocks":
-            cached = cached / 16
-        load = v.num_running if slip == "running" else v.load
-        return cached - (0 if slip == "no_load" else load_penalty) * load
-
-    if slip == "argmin":
-        return min(views, key=lambda v: (score(v), v.index)).index
-    best = max(views, key=lambda v: (score(v), -v.load, -v.index))
-    if slip == "position":
-        return next(i for i, v in enumerate(views) if v is best)
-    return best.index
+# --- the router and its slips: kvlab's router with one decision changed -----------------------
 
 
+class RunningOnly(PrefixAwareRouter):
+    def load(self, view):  # the batch only, not the queue
+        return view.num_running
+
+
+class Argmin(PrefixAwareRouter):
+    def score(self, request, view):  # the lowest score wins
+        return -super().score(request, view)
+
+    def tie(self, best):  # the first found, as a loop keeping the lowest does
+        return min(index for _, index in best)
+
+
+class InBlocks(PrefixAwareRouter):
+    def cached(self, request, view):  # rooms of 16, not tokens
+        return view.cached_prefix_tokens(request) / 16
+
+
+class Position(PrefixAwareRouter):
+    def __call__(self, request, views, now):  # the place in views, not view.index
+        index = super().__call__(request, views, now)
+        return next(place for place, view in enumerate(views) if view.index == index)
+
+
+def router(kind=PrefixAwareRouter, load_penalty=PENALTY):
+    """The pick of a fresh ``kind`` (its own seeded draw) on a fleet of rows, as a function of
+    (rows, rotated): a slip's answer, and with no arguments the right one."""
+    return lambda rows, rotated=False: kind(load_penalty)(None, _views(rows, rotated), 0.0)
+
+
+right_pick = router()
 SLIPS = (
-    (hints.NO_LOAD, "no_load"),
-    (hints.RUNNING_ONLY, "running"),
-    (hints.ARGMIN, "argmin"),
-    (hints.IN_BLOCKS, "blocks"),
-    (hints.POSITION, "position"),
+    Slip(hints.NO_LOAD, router(load_penalty=0)),
+    Slip(hints.RUNNING_ONLY, router(RunningOnly)),
+    Slip(hints.ARGMIN, router(Argmin)),
+    Slip(hints.IN_BLOCKS, router(InBlocks)),
+    Slip(hints.POSITION, router(Position)),
 )
 
 # (story, views as (cached, running, waiting)); no two replicas tie on the right score
@@ -114,44 +135,24 @@ def _views(rows, rotated: bool = False):
     return views[1:] + views[:1] if rotated else views
 
 
-def _pick(fn, rows, rotated: bool = False):
-    try:
-        got = fn(None, _views(rows, rotated), 0.0)
-    except NotImplementedError:
-        raise
-    except Exception:
-        return RAISED
-    return got
-
-
 def _slip(fn, rows, got, rotated: bool = False):
-    right = reference_router(None, _views(rows, rotated), 0.0)
-    found = [
-        (h, s)
-        for h, s in SLIPS
-        if reference_router(None, _views(rows, rotated), 0.0, slip=s) == got != right
-    ]
-    # confirmed (and told apart) on the other fleets, in index order: a slip is named only when
-    # it picks as the learner's router does on all of them (a score of another shape can match
-    # one on one fleet; a place in views is the index there, so that slip stays in)
+    """Named only when one slip picks ``got`` here and picks as the learner's router does on
+    every other fleet, in index order (a score of another shape can match one on one fleet; a
+    place in views is the index there, so that slip stays in)."""
+    found = slips.matching(SLIPS, got, (rows, rotated), right_pick(rows, rotated))
     others = [rows for _, rows in CASES.values()] + [random_rows(seed) for seed in range(40)]
-    if found:
-        for other in others:
-            mine = _pick(fn, other)
-            if mine is RAISED:
-                continue
-            found = [
-                (h, s)
-                for h, s in found
-                if reference_router(None, _views(other), 0.0, slip=s) == mine
-            ]
-    return found[0][0] if len(found) == 1 else None
+
+    def mine(rows):
+        return fn(None, _views(rows), 0.0)
+
+    found = slips.told_apart(found, mine, [(o,) for o in others], right_pick, always=True)
+    return slips.hint(slips.only(found))
 
 
 def expect_pick(fn, story: str, rows, rotated: bool = False) -> None:
     views = _views(rows, rotated)
     where = f"{story}; load_penalty {PENALTY:g}: " + "; ".join(map(repr, views))
-    want = reference_router(None, _views(rows, rotated), 0.0)
+    want = right_pick(rows, rotated)
     got = fn(None, views, 0.0)
     if isinstance(got, float) and got.is_integer():
         got = int(got)

@@ -17,51 +17,60 @@ import random
 
 from kvlab.core.block_manager import BlockManager
 from kvlab.core.prefix_cache.radix_tree import Node, RadixTreeCache
+from kvlab.grading import slips
 from kvlab.grading.expect import CheckFailed, short
 from kvlab.grading.lab10 import hints
 from kvlab.grading.registry import exercise, own_answers
+from kvlab.grading.slips import Slip
 
 match_ex = exercise("10.match_prefix", "the radix tree's walk, with a split")
 # the tree's own walk (a hit found with it, then the split, is the exercise handed over)
-own_answers("10.match_prefix", "kvlab.core.prefix_cache.radix_tree:RadixTreeCache.match")
-
-RAISED = object()
-
-
-# --- the walk and its slips -------------------------------------------------------------------
-
-
-def reference_match(tree, token_ids, *, past_limit=False, whole_edge=False, no_split=None):
-    """The walk (``no_split``: None, "child" or "parent" for the slips)."""
-    size = tree.block_size
-    limit = (len(token_ids) - (0 if past_limit else 1)) // size
-    node, j = tree.root, 0
-    while j < limit:
-        child = node.children.get(tuple(token_ids[j * size : (j + 1) * size]))
-        if child is None:
-            break
-        k, n = 1, len(child.blocks)
-        if whole_edge:
-            k = n
-        while k < n and j + k < limit:
-            if child.tokens[k] != tuple(token_ids[(j + k) * size : (j + k + 1) * size]):
-                break
-            k += 1
-        if k < n:
-            if no_split == "child":
-                return child
-            if no_split == "parent":
-                return node
-            return tree.split(child, k)
-        node, j = child, j + k
-    return node
+own_answers(
+    "10.match_prefix",
+    *(
+        f"kvlab.core.prefix_cache.radix_tree:RadixTreeCache.{name}"
+        for name in ("match", "_page_limit", "_pages_along")  # the walk and its two hooks
+    ),
+)
 
 
+# --- the walk and its slips: kvlab's tree with one decision changed ----------------------------
+
+
+def walk(tree, token_ids, leave=RadixTreeCache.split):
+    """The exercise: kvlab's match, then ``leave`` (a split) where the prompt leaves an edge part
+    way."""
+    node, k = tree.match(token_ids).end
+    return leave(tree, node, k) if k < len(node.blocks) else node
+
+
+class PastLimit(RadixTreeCache):
+    def _page_limit(self, token_ids):  # the page of the prompt's last token too
+        return len(token_ids) // self.block_size
+
+
+class WholeEdge(RadixTreeCache):
+    def _pages_along(self, child, token_ids, j, limit):  # the first page decides the edge
+        return len(child.blocks)
+
+
+def slipped(tree_class=RadixTreeCache, leave=RadixTreeCache.split):
+    """The path the walk finds on a case's fresh tree, its class ``tree_class`` (a subclass of
+    kvlab's overriding one hook): the slip's answer, as :func:`answer` gives the learner's."""
+
+    def walk_as(tree, token_ids):
+        tree.__class__ = tree_class  # a fresh tree per answer: nothing else sees it
+        return walk(tree, token_ids, leave)
+
+    return lambda case: answer(walk_as, case)
+
+
+right_path = slipped()
 SLIPS = (
-    (hints.PAST_LIMIT, dict(past_limit=True)),
-    (hints.WHOLE_EDGE, dict(whole_edge=True)),
-    (hints.NO_SPLIT_CHILD, dict(no_split="child")),
-    (hints.NO_SPLIT_PARENT, dict(no_split="parent")),
+    Slip(hints.PAST_LIMIT, slipped(PastLimit)),
+    Slip(hints.WHOLE_EDGE, slipped(WholeEdge)),
+    Slip(hints.NO_SPLIT_CHILD, slipped(leave=lambda tree, child, k: child)),
+    Slip(hints.NO_SPLIT_PARENT, slipped(leave=lambda tree, child, k: child.parent)),
 )
 
 
@@ -121,12 +130,8 @@ def answer(fn, case: Case):
     try:
         got = fn(tree, list(case.prompt))
     except Exception:
-        return RAISED
-    return path_of(got) if isinstance(got, Node) else RAISED
-
-
-def slip_answer(options: dict, case: Case):
-    return answer(lambda tree, ids: reference_match(tree, ids, **options), case)
+        return slips.RAISED
+    return path_of(got) if isinstance(got, Node) else slips.RAISED
 
 
 CASES = {
@@ -195,20 +200,13 @@ def random_case(seed: int) -> Case:
 # --- judging one case -------------------------------------------------------------------------
 
 
-def _slip(fn, case: Case, got) -> tuple[str | None, str | None]:
-    right = slip_answer({}, case)
-    found = [(h, o) for h, o in SLIPS if slip_answer(o, case) == got != right]
-    # confirmed (and told apart) on the other cases: a slip is named only when it answers as the
-    # learner's code does on all of them (a walk that advances wrongly can match one on one case)
-    others = [*CASES.values(), *(random_case(seed) for seed in range(30))]
-    for other in others if found else ():
-        mine = answer(fn, other)
-        if mine is RAISED:
-            continue
-        found = [(h, o) for h, o in found if slip_answer(o, other) == mine]
-    if len(found) == 1:
-        return found[0][0], found[0][0]
-    return None, None
+def _slip(fn, case: Case, got) -> str | None:
+    """Named only when one slip gives ``got`` here and answers every other case (random trees
+    too) as the learner's code does: a walk that advances wrongly can match one on one case."""
+    found = slips.matching(SLIPS, got, (case,), right_path(case))
+    probes = [(other,) for other in (*CASES.values(), *(random_case(s) for s in range(30)))]
+    found = slips.told_apart(found, lambda c: answer(fn, c), probes, right_path, always=True)
+    return slips.hint(slips.only(found))
 
 
 def expect_match(fn, case: Case) -> None:
@@ -254,12 +252,10 @@ def expect_match(fn, case: Case) -> None:
                 + (", its last token" if len(case.prompt) - 1 < (wrong + 1) * size else "")
                 + ")"
             )
-        hint, cause = _slip(fn, case, tuple(path))
         fail(
             "a different prefix" + detail,
             got=f"the node ending at rooms {path}",
-            hint=hint,
-            cause=cause,
+            hint=_slip(fn, case, tuple(path)),
         )
     try:
         tree.check_invariants()

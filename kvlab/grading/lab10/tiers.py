@@ -12,13 +12,15 @@ does on every input of the checks, the failing one and all the others.
 
 from __future__ import annotations
 
+from kvlab.grading import slips
 from kvlab.grading.expect import CheckFailed, short
 from kvlab.grading.lab10 import hints
 from kvlab.grading.registry import exercise, own_answers
+from kvlab.grading.slips import Slip
 from kvlab.models import ModelSpec
 from kvlab.models.specs import LLAMA_3_8B, OPT_13B
 from kvlab.perf.roofline import A100_80GB, GPU, H100_SXM
-from kvlab.perf.tiers import PCIE_GEN4_X16, PCIE_GEN5_X16, break_even_tokens
+from kvlab.perf.tiers import PCIE_GEN4_X16, PCIE_GEN5_X16, TierRule, break_even_tokens
 
 fetch_ex = exercise("10.fetch_or_recompute", "fetch or recompute: the rule")
 # the tiers' rule and its parts (break_even_tokens answers it too: the lab asks for no overhead)
@@ -27,7 +29,7 @@ own_answers(
     *(f"kvlab.perf.tiers:{name}" for name in ("fetch_beats_recompute", "break_even_tokens")),
     *(
         f"kvlab.perf.tiers:{name}"
-        for name in ("fetch_seconds", "recompute_flops", "recompute_seconds")
+        for name in ("fetch_seconds", "recompute_flops", "recompute_seconds", "TierRule")
     ),
 )
 
@@ -44,38 +46,65 @@ TIE_GPU = GPU("H100 at 2**50 FLOP/s", H100_SXM.hbm_bytes_per_s, 2.0**50, H100_SX
 TIE_LINK = 2.0**34
 
 
-def reference_rule(spec, gpu, num_tokens, pcie_bytes_per_s, *, slip=None) -> bool:
-    """Fetching beats recomputing (a tie goes to recomputing); ``slip`` one of the usual
-    slips' names."""
-    kv = spec.kv_bytes_per_token
-    if slip == "k_only":
-        kv = kv / 2
-    elif slip == "per_layer":
-        kv = kv / spec.num_layers
-    link = gpu.hbm_bytes_per_s if slip == "hbm" else pcie_bytes_per_s
-    fetch = num_tokens * kv / link
-    if slip == "gib":
-        fetch *= GIB_PER_GB
-    elif slip == "gib_up":
-        fetch /= GIB_PER_GB
-    flops = 2 * spec.num_params * num_tokens
-    if slip != "no_attention":
-        per = 4 * spec.num_layers * spec.num_q_heads * spec.head_dim
-        pairs = num_tokens**2 if slip == "attn_square" else num_tokens * (num_tokens + 1) / 2
-        flops += per * pairs
-    recompute = flops / gpu.peak_flops
-    return fetch <= recompute if slip == "tie" else fetch < recompute
+# --- the rule and its slips: kvlab's rule with one decision changed ---------------------------
 
 
+class NoAttention(TierRule):
+    def attended(self, num_tokens, context):  # the weights' FLOPs only
+        return 0
+
+
+class AttentionSquared(TierRule):
+    def attended(self, num_tokens, context):  # n x n, not n (n + 1) / 2
+        return num_tokens**2
+
+
+class KOnly(TierRule):
+    def kv_bytes(self, spec):
+        return spec.kv_bytes_per_token / 2
+
+
+class PerLayer(TierRule):
+    def kv_bytes(self, spec):
+        return spec.kv_bytes_per_token / spec.num_layers
+
+
+class Scaled(TierRule):
+    """The link in other units: its bytes per second times ``scale``."""
+
+    def __init__(self, scale: float):
+        self.scale = scale
+
+    def link(self, gpu, pcie_bytes_per_s):
+        return pcie_bytes_per_s * self.scale
+
+
+class OverHBM(TierRule):
+    def link(self, gpu, pcie_bytes_per_s):  # the roofline's memory time
+        return gpu.hbm_bytes_per_s
+
+
+class TieFetches(TierRule):
+    def fetch_wins(self, fetch_s, recompute_s):
+        return fetch_s <= recompute_s
+
+
+def asked(rule: TierRule | None = None):
+    """``rule`` as the lab asks for it: ``(spec, gpu, num_tokens, pcie_bytes_per_s)``."""
+    rule = TierRule() if rule is None else rule
+    return lambda spec, gpu, n, link: rule.fetch_beats_recompute(spec, gpu, n, link)
+
+
+reference_rule = asked()
 SLIPS = (
-    (hints.NO_ATTENTION, "no_attention"),
-    (hints.K_ONLY, "k_only"),
-    (hints.GB_GIB, "gib"),
-    (hints.GB_GIB, "gib_up"),
-    (hints.PER_LAYER, "per_layer"),
-    (hints.HBM_NOT_PCIE, "hbm"),
-    (hints.ATTN_SQUARE, "attn_square"),
-    (hints.TIE_FETCHES, "tie"),
+    Slip(hints.NO_ATTENTION, asked(NoAttention())),
+    Slip(hints.K_ONLY, asked(KOnly())),
+    Slip(hints.GB_GIB, asked(Scaled(1 / GIB_PER_GB))),  # the copy timed in GiB/s
+    Slip(hints.GB_GIB, asked(Scaled(GIB_PER_GB))),
+    Slip(hints.PER_LAYER, asked(PerLayer())),
+    Slip(hints.HBM_NOT_PCIE, asked(OverHBM())),
+    Slip(hints.ATTN_SQUARE, asked(AttentionSquared())),
+    Slip(hints.TIE_FETCHES, asked(TieFetches())),
 )
 
 
@@ -148,24 +177,19 @@ def _answer(fn, spec, gpu, n, link):
     return got
 
 
-def _slip(fn):
-    """The hint of the one slip that answers as ``fn`` does on every input, else None."""
-    mine = []
-    for inp in INPUTS:
-        try:
-            mine.append(_answer(fn, *inp))
-        except NotImplementedError:
-            raise
-        except Exception:
-            return None
-    found = {
-        hint
-        for hint, slip in SLIPS
-        if all(
-            reference_rule(*inp, slip=slip) == got for inp, got in zip(INPUTS, mine, strict=True)
-        )
-    }
-    return found.pop() if len(found) == 1 else None
+def _slip(fn, inp, got):
+    """The hint of the one slip that answers as ``fn`` does on every input of the checks, the
+    failing one and all the others (none where ``fn`` raises on one)."""
+
+    def mine(*inp):
+        return _answer(fn, *inp)
+
+    if any(slips.answer_of(mine, *other) is slips.RAISED for other in INPUTS):
+        return None
+    found = slips.matching(SLIPS, got, inp, reference_rule(*inp))
+    return slips.hint(
+        slips.only(slips.told_apart(found, mine, INPUTS, reference_rule, always=True))
+    )
 
 
 def expect_rule(fn, spec, gpu, n, link) -> None:
@@ -185,7 +209,7 @@ def expect_rule(fn, spec, gpu, n, link) -> None:
             input=where,
             expected=f"{want} ({'fetch' if want else 'recompute'})",
             got=f"{got} ({'fetch' if got else 'recompute'})",
-            hint=_slip(fn),
+            hint=_slip(fn, (spec, gpu, n, link), got),
         )
 
 

@@ -45,8 +45,9 @@ from triton.runtime.errors import OutOfResources
 
 from kvlab.ops.attention import check_prefill_inputs
 from kvlab.ops.kernels.dtypes import BF16_MIN_ARCH, gpu_arch, store_dtype, tensor_core_dtypes
+from kvlab.ops.kernels.online_softmax import fold_tile, tile_scores
 from kvlab.ops.kernels.sizes import pow2, strides
-from kvlab.ops.kernels.slots import slot_offsets, token_slots
+from kvlab.ops.kernels.slots import load_kv_tile, token_slots
 
 LOG2E = 1.4426950408889634
 TILES_K = (16, 32, 64, 128)  # tl.dot needs 16 or more along each axis
@@ -101,32 +102,15 @@ def _attend_key_tile(
     t = t0 + tl.arange(0, TILE_K)
     tmask = t < kv_end
     slot = token_slots(table, stride_btb, t, tmask, BLOCK_SIZE)
-    kv_mask = tmask[:, None] & dmask[None, :]
-    k_offsets = slot_offsets(
-        slot[:, None], kvh, d[None, :], stride_kb, stride_kt, stride_kh, stride_kd, BLOCK_SIZE
-    )
-    v_offsets = slot_offsets(
-        slot[:, None], kvh, d[None, :], stride_vb, stride_vt, stride_vh, stride_vd, BLOCK_SIZE
-    )
-    k = tl.load(k_ptr + k_offsets, mask=kv_mask, other=0.0)
-    v = tl.load(v_ptr + v_offsets, mask=kv_mask, other=0.0)
-    if LOW_PRECISION:
-        scores = tl.dot(q, tl.trans(k))
-    else:
-        scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-    scores = scores * scale  # [rows, TILE_K], log2 units
+    k, v = load_kv_tile(
+        k_ptr, v_ptr, slot, kvh, d, tmask[:, None] & dmask[None, :],
+        stride_kb, stride_kt, stride_kh, stride_kd, stride_vb, stride_vt, stride_vh, stride_vd,
+        BLOCK_SIZE,
+    )  # fmt: skip
+    scores = tile_scores(q, k, LOW_PRECISION) * scale  # [rows, TILE_K], log2 units
     if CAUSAL:  # keys past kv_end are past every row's limit too
         scores = tl.where(t[None, :] <= limit[:, None], scores, float("-inf"))
-    m_new = tl.maximum(m, tl.max(scores, axis=1))  # finite: every row saw key 0 by now
-    alpha = tl.exp2(m - m_new)
-    p = tl.exp2(scores - m_new[:, None])
-    denom = denom * alpha + tl.sum(p, axis=1)
-    if LOW_PRECISION:
-        pv = tl.dot(p.to(v.dtype), v)
-    else:
-        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-    acc = acc * alpha[:, None] + pv
-    return acc, m_new, denom
+    return fold_tile(acc, m, denom, scores, v, LOW_PRECISION)  # every row saw key 0 by now
 
 
 @triton.jit

@@ -27,3 +27,23 @@ def slot_offsets(slot, head, d, stride_b, stride_t, stride_h, stride_d, BLOCK_SI
     room = slot // BLOCK_SIZE
     bed = slot % BLOCK_SIZE
     return room * stride_b + bed * stride_t + head * stride_h + d * stride_d
+
+
+@triton.jit
+def load_kv_tile(
+    k_ptr, v_ptr, slot, kvh, d, kv_mask,
+    stride_kb, stride_kt, stride_kh, stride_kd,
+    stride_vb, stride_vt, stride_vh, stride_vd,
+    BLOCK_SIZE: tl.constexpr,
+):  # fmt: skip
+    """K and V of a tile of tokens (their ``slot``) for KV head ``kvh``: [tokens, lanes] each, 0
+    where ``kv_mask`` is False (a masked token or lane reads nothing)."""
+    k_offsets = slot_offsets(
+        slot[:, None], kvh, d[None, :], stride_kb, stride_kt, stride_kh, stride_kd, BLOCK_SIZE
+    )
+    v_offsets = slot_offsets(
+        slot[:, None], kvh, d[None, :], stride_vb, stride_vt, stride_vh, stride_vd, BLOCK_SIZE
+    )
+    k = tl.load(k_ptr + k_offsets, mask=kv_mask, other=0.0)
+    v = tl.load(v_ptr + v_offsets, mask=kv_mask, other=0.0)
+    return k, v

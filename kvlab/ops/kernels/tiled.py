@@ -31,8 +31,9 @@ from triton.runtime.errors import OutOfResources
 
 from kvlab.ops.attention import check_paged_inputs
 from kvlab.ops.kernels.dtypes import BF16_MIN_ARCH, gpu_arch, store_dtype, tensor_core_dtypes
+from kvlab.ops.kernels.online_softmax import fold_tile, tile_scores
 from kvlab.ops.kernels.sizes import pow2, strides
-from kvlab.ops.kernels.slots import slot_offsets, token_slots
+from kvlab.ops.kernels.slots import load_kv_tile, token_slots
 from kvlab.ops.runtime import kernel_mode
 
 
@@ -118,31 +119,14 @@ def paged_decode_tiled_kernel(
             slot_next = token_slots(table, stride_btb, t_next, t_next < t_end, BLOCK_SIZE)
         else:
             slot = token_slots(table, stride_btb, t, tmask, BLOCK_SIZE)
-        kv_mask = tmask[:, None] & dmask[None, :]
-        k_offsets = slot_offsets(
-            slot[:, None], kvh, d[None, :], stride_kb, stride_kt, stride_kh, stride_kd, BLOCK_SIZE
-        )
-        v_offsets = slot_offsets(
-            slot[:, None], kvh, d[None, :], stride_vb, stride_vt, stride_vh, stride_vd, BLOCK_SIZE
-        )
-        k = tl.load(k_ptr + k_offsets, mask=kv_mask, other=0.0)
-        v = tl.load(v_ptr + v_offsets, mask=kv_mask, other=0.0)
-        if LOW_PRECISION:
-            scores = tl.dot(q, tl.trans(k))
-        else:
-            scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        k, v = load_kv_tile(
+            k_ptr, v_ptr, slot, kvh, d, tmask[:, None] & dmask[None, :],
+            stride_kb, stride_kt, stride_kh, stride_kd, stride_vb, stride_vt, stride_vh, stride_vd,
+            BLOCK_SIZE,
+        )  # fmt: skip
         # scores in log2 units (scale includes log2(e)), so exp2 does the exponentials
-        scores = tl.where(tmask[None, :], scores * scale, float("-inf"))  # [BLOCK_H, TILE]
-        m_new = tl.maximum(m, tl.max(scores, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        denom = denom * alpha + tl.sum(p, axis=1)
-        if LOW_PRECISION:
-            pv = tl.dot(p.to(v.dtype), v)
-        else:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        acc = acc * alpha[:, None] + pv
-        m = m_new
+        scores = tl.where(tmask[None, :], tile_scores(q, k, LOW_PRECISION) * scale, float("-inf"))
+        acc, m, denom = fold_tile(acc, m, denom, scores, v, LOW_PRECISION)
         if PREFETCH_TABLE:
             slot = slot_next
     if SPLIT:

@@ -1,0 +1,236 @@
+"""11.hybrid: ``hybrid_layout(layer_groups, max_model_len, max_num_batched_tokens,
+block_size=16) -> dict``, a model's layers grouped and paged as vLLM v1 does for one pool
+(groups of equal layer slots, padding counted, one page size, a state's block grown), and what
+one request reserves there at full length (:func:`kvlab.perf.kv_groups.kv_cache_layout`).
+
+The checks ask on the real configs kvlab vendors (Llama-3.1-8B, Mistral-7B-v0.1, gpt-oss,
+Gemma-3-27B, Nemotron-H-8B, Qwen3.5-9B) and on two made-up models where a rule of its own
+decides (the 1.5 rule; a window with half the heads). A wrong answer is named when one usual
+slip (:data:`SLIPS`: kvlab's layout with one rule changed) gives it there and on every other
+input of the checks.
+"""
+
+from __future__ import annotations
+
+import functools
+import numbers
+
+from kvlab.core.kv_spec import (
+    FullAttentionSpec,
+    KVCacheSpec,
+    LayerGroup,
+    SlidingWindowSpec,
+)
+from kvlab.grading import slips
+from kvlab.grading.expect import CheckFailed, short
+from kvlab.grading.lab11 import hints
+from kvlab.grading.own_code import refuse_reference
+from kvlab.grading.registry import exercise, own_answers
+from kvlab.grading.slips import Slip
+from kvlab.models.hf_config import vendored_spec
+from kvlab.perf import kv_groups
+from kvlab.perf.kv_groups import KVCacheLayout, KVGroup, kv_cache_layout
+
+hybrid_ex = exercise("11.hybrid", "a hybrid allocator: groups, pages, a request's reservation")
+own_answers("11.hybrid", "kvlab.perf.kv_groups:kv_cache_layout")
+REFERENCES = (
+    kv_cache_layout,
+    KVCacheLayout.blocks_reserved,
+    KVCacheLayout.max_concurrency,
+    KVGroup.blocks_reserved,
+)
+TASK = "grouping the layers and sizing the pages"
+FIELDS = (
+    "group_size",
+    "num_groups",
+    "block_size",
+    "page_bytes",
+    "blocks_reserved",
+    "bytes_reserved",
+)
+WORDS = {
+    "group_size": "layer slots per group",
+    "num_groups": "groups (block tables)",
+    "block_size": "tokens per block of the attention groups",
+    "page_bytes": "bytes of one layer's page",
+    "blocks_reserved": "blocks one request reserves at full length",
+    "bytes_reserved": "bytes one request reserves at full length",
+}
+
+
+@functools.cache
+def model_groups(name: str) -> tuple[LayerGroup, ...]:
+    return vendored_spec(name).layer_groups
+
+
+# --- kvlab's answer and its slips --------------------------------------------------------------
+
+
+def _answer(layout: KVCacheLayout, blocks: int, bytes_reserved: int | None = None) -> dict:
+    return {
+        "group_size": layout.group_size,
+        "num_groups": len(layout.groups),
+        "block_size": layout.block_size,
+        "page_bytes": layout.page_bytes,
+        "blocks_reserved": blocks,
+        "bytes_reserved": blocks * layout.block_bytes if bytes_reserved is None else bytes_reserved,
+    }
+
+
+def reference(layer_groups, max_model_len, max_num_batched_tokens, block_size=16, **rules):
+    """kvlab's answer; ``rules`` change one of vLLM's rules (kv_cache_layout's keywords)."""
+    layout = kv_cache_layout(layer_groups, block_size=block_size, **rules)
+    return _answer(layout, layout.blocks_reserved(max_model_len, max_num_batched_tokens))
+
+
+def _one_token(layer_groups, max_model_len, max_num_batched_tokens, block_size=16):
+    return reference(layer_groups, max_model_len, 1, block_size)
+
+
+def _window_as_full(layer_groups, max_model_len, max_num_batched_tokens, block_size=16):
+    layout = kv_cache_layout(layer_groups, block_size=block_size)
+    blocks = sum(
+        KVCacheSpec.blocks_reserved(g.spec, max_model_len, g.block_size, max_num_batched_tokens)
+        if isinstance(g.spec, SlidingWindowSpec)
+        else g.blocks_reserved(max_model_len, max_num_batched_tokens)
+        for g in layout.groups
+    )
+    return _answer(layout, blocks)
+
+
+def _no_extra_block(layer_groups, max_model_len, max_num_batched_tokens, block_size=16):
+    layout = kv_cache_layout(layer_groups, block_size=block_size)
+    windows = sum(isinstance(g.spec, SlidingWindowSpec) for g in layout.groups)
+    return _answer(layout, layout.blocks_reserved(max_model_len, max_num_batched_tokens) - windows)
+
+
+def _no_padding(layer_groups, max_model_len, max_num_batched_tokens, block_size=16):
+    layout = kv_cache_layout(layer_groups, block_size=block_size)
+    real = sum(
+        g.blocks_reserved(max_model_len, max_num_batched_tokens) * layout.page_bytes * g.num_layers
+        for g in layout.groups
+    )
+    return _answer(layout, layout.blocks_reserved(max_model_len, max_num_batched_tokens), real)
+
+
+def _rule(**rules):
+    return lambda *args: reference(*args, **rules)
+
+
+SLIPS = (
+    Slip(hints.RATIO_MIN, _rule(group_size_ratio=1)),
+    Slip(hints.ONE_GROUP_PER_KIND, _rule(group_size_ratio=float("inf"))),
+    Slip(hints.WINDOW_AS_FULL, _window_as_full),
+    Slip(hints.WINDOW_ONE_TOKEN, _one_token),
+    Slip(hints.NO_EXTRA_BLOCK, _no_extra_block),
+    Slip(hints.NO_PADDING, _no_padding),
+    Slip(hints.NOT_ALIGNED, _rule(block_alignment=1)),
+)
+
+
+# --- the inputs ---------------------------------------------------------------------------------
+
+NEAR_EQUAL = (LayerGroup(FullAttentionSpec(8, 128), 13), LayerGroup(
+    SlidingWindowSpec(8, 128, window=2048), 12))  # fmt: skip
+HALF_HEADS = (LayerGroup(FullAttentionSpec(8, 128), 4), LayerGroup(
+    SlidingWindowSpec(4, 128, window=512), 20))  # fmt: skip
+MADE_UP = {"13 full + 12 window layers": NEAR_EQUAL,
+           "4 full layers of 8 KV heads + 20 window layers of 4": HALF_HEADS}  # fmt: skip
+
+
+def groups_of(name: str) -> tuple[LayerGroup, ...]:
+    return MADE_UP[name] if name in MADE_UP else model_groups(name)
+
+
+# (model, max_model_len, max_num_batched_tokens, block_size)
+CASES = {
+    "dense": [("Llama-3.1-8B", 131_072, 8_192, 16), ("Llama-3.1-8B", 2_049, 2_048, 16)],
+    "mistral": [("Mistral-7B-v0.1", 32_768, 8_192, 16), ("Mistral-7B-v0.1", 32_768, 2_048, 32)],
+    "gpt-oss": [("gpt-oss-20b", 131_072, 8_192, 16), ("gpt-oss-120b", 131_072, 2_048, 16)],
+    "gemma": [("Gemma-3-27B", 131_072, 8_192, 16), ("Gemma-3-27B", 32_768, 512, 16),
+              ("Gemma-3-27B", 800, 2_048, 16)],
+    "ratio": [("13 full + 12 window layers", 65_536, 4_096, 16)],
+    "nemotron": [("Nemotron-H-8B", 8_192, 8_192, 16), ("Nemotron-H-8B", 131_072, 2_048, 16)],
+    "qwen35": [("Qwen3.5-9B", 262_144, 8_192, 16), ("Qwen3.5-9B", 4_096, 2_048, 64)],
+    "pages": [("4 full layers of 8 KV heads + 20 window layers of 4", 16_384, 1_024, 16)],
+}  # fmt: skip
+INPUTS = tuple(case for cases in CASES.values() for case in cases)
+
+
+def _args(case) -> tuple:
+    name, length, batched, block = case
+    return groups_of(name), length, batched, block
+
+
+def _where(case) -> str:
+    name, length, batched, block = case
+    kinds = ", ".join(
+        f"{g.num_layers} x {kv_groups.describe_group(g.spec)}" for g in groups_of(name)
+    )
+    return (
+        f"hybrid_layout({name}: {kinds}; max_model_len={length:,}, "
+        f"max_num_batched_tokens={batched:,}, block_size={block})"
+    )
+
+
+def _readable(got) -> bool:
+    return isinstance(got, dict) and all(
+        isinstance(got.get(f), numbers.Integral) and not isinstance(got.get(f), bool)
+        for f in FIELDS
+    )
+
+
+def _plain(got):
+    return {f: int(got[f]) for f in FIELDS} if _readable(got) else got
+
+
+def _slip(fn, case, got) -> str | None:
+    args = _args(case)
+    found = slips.matching(SLIPS, got, args, reference(*args))
+    probes = [_args(c) for c in INPUTS if c != case]
+    found = slips.told_apart(
+        found, lambda *a: _plain(fn(*a)), probes, reference, always=True, readable=_readable
+    )
+    return slips.hint(slips.only(found))
+
+
+def expect_layout(fn, case) -> None:
+    args = _args(case)
+    want = reference(*args)
+    with refuse_reference(*REFERENCES, learner=fn, task=TASK):
+        got = fn(*args)
+    where = _where(case)
+    if not _readable(got):
+        raise CheckFailed(
+            f"hybrid_layout returns a dict of ints with the keys {', '.join(FIELDS)}",
+            input=where,
+            expected=short(want),
+            got=short(got, typed=True),
+        )
+    got = _plain(got)
+    for field in FIELDS:
+        if got[field] != want[field]:
+            raise CheckFailed(
+                f"wrong {field} ({WORDS[field]})",
+                input=where,
+                expected=f"{want[field]:,}",
+                got=f"{got[field]:,}",
+                hint=_slip(fn, case, got),
+            )
+
+
+def _check(key: str, title: str) -> None:
+    @hybrid_ex.check(title)
+    def run(fn):
+        for case in CASES[key]:
+            expect_layout(fn, case)
+
+
+_check("dense", "a dense model: one group of all its layers (Llama-3.1-8B)")
+_check("mistral", "every layer a window of 4,096 (Mistral-7B-v0.1): one group")
+_check("gpt-oss", "gpt-oss: window and full layers 1 : 1, groups of 12 (20b) and 18 (120b)")
+_check("gemma", "Gemma-3-27B: 10 full and 52 window layers, groups of 10 with padding")
+_check("ratio", "13 full and 12 window layers: the 1.5 rule takes groups of 13")
+_check("nemotron", "Nemotron-H-8B: Mamba2 states grow the attention block")
+_check("qwen35", "Qwen3.5-9B: Gated-DeltaNet states beside full attention")
+_check("pages", "a window with half the KV heads: its block holds twice the tokens")
