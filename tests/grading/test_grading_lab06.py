@@ -3,7 +3,6 @@ them fails with the hint that names it (later failures fold into "the same probl
 hands the work to kvlab's scheduler, raises, loops or returns the wrong thing gets a clean report.
 """
 
-import functools
 import pathlib
 import tempfile
 import types
@@ -745,8 +744,8 @@ def test_the_swap_day_fails_skipping_only_the_preempted_at_the_guest_it_skips_no
 def test_only_the_recompute_day_tells_skipping_nobody_from_skipping_only_the_preempted():
     # by swap the two slips are the same step (nobody is ever PREEMPTED): the hint comes from
     # the recompute day, which the learner's step passes as only one of them does
-    nobody = functools.partial(checks.slipped_step, skip=False)
-    preempted = functools.partial(checks.slipped_step, skip="preempted")
+    nobody = checks.slipped(checks.references.SkipNobody)
+    preempted = checks.slipped(checks.references.SkipPreemptedOnly)
     swap, recompute = checks.DAYS["swap"], checks.DAYS["preemption"]
     assert swap.second == "preemption"
     assert checks._departure(nobody, swap) == checks._departure(preempted, swap) is not None

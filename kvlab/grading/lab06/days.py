@@ -1,17 +1,20 @@
 """The days Lab 06's checks serve: the lab's simulated day, shrunk, and the scripted days of the
-06.step checks (each named, with a cache and the engine's options)."""
+06.step checks (each named, with a cache and the engine's options; :class:`Day` and the rest in
+:mod:`kvlab.grading.scheduler_days`)."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass
 
 from kvlab.core.block_manager import PagedCache
-from kvlab.grading.expect import CheckFailed
-from kvlab.grading.lab06.views import cache_text
-from kvlab.serving import Engine, make_cache
-from kvlab.serving.scheduler import Sequence
+from kvlab.grading.scheduler_days import (  # noqa: F401 (Day and its kin, by their old path)
+    DAY_FIGURES,
+    Day,
+    figures,
+    same_figures,
+    simulated_day,
+)
+from kvlab.serving import make_cache
 from kvlab.serving.workload import Request, sharegpt_like
 
 # the lab's day, shrunk: 40 ShareGPT-like guests at an eighth of their length, 2 a step, in a
@@ -26,92 +29,6 @@ DAY_TEXT = (
     "(kvlab.grading.lab06.DAY), served by simulate(DAY, cache='paged', kv_capacity_tokens=256, "
     "max_seq_len=256, block_size=8)"
 )
-DAY_FIGURES = ("recompute_tokens", "swapped_tokens")
-
-
-def figures(result) -> dict:
-    return {**result.summary(), **{f: getattr(result, f) for f in DAY_FIGURES}}
-
-
-def same_figures(got: dict, want: dict, where: str, token_hint: str | None = None) -> None:
-    """Fail when a figure of the day differs; ``token_hint`` is the hint when only the tokens
-    kvlab counts at a preemption (recomputed, swapped) differ."""
-    differ = [k for k in want if got.get(k) != want[k]]
-    if differ:
-        hint = token_hint if set(differ) <= set(DAY_FIGURES) else None
-
-        def text(figures):
-            return ", ".join(
-                f"{k} {figures[k]:.6g}"
-                if isinstance(figures.get(k), int | float)
-                else f"{k} {figures.get(k)!r}"
-                for k in differ
-            )
-
-        raise CheckFailed(
-            "the day's figures differ from kvlab's",
-            input=where,
-            expected=text(want),
-            got=text(got),
-            hint=hint,
-        )
-
-
-@dataclass(frozen=True)
-class Day:
-    """A scripted day: guests (seq_id, prompt_len, output_len, arrival) in the order they join
-    the queue, a cache, and the engine's options."""
-
-    name: str
-    cache: Callable[[], object]
-    guests: tuple
-    max_batch: int | None = None
-    preemption: str = "recompute"
-    text: str | None = None  # how the day is described (default: its guests)
-    # a day that tells apart the slips this one cannot (only a slip that does there what the
-    # learner's step does there gives the hint)
-    second: str | None = None
-    # a token budget (Lab 09): max_num_batched_tokens, with chunked prefill
-    budget: int | None = None
-
-    def start(self, schedule=None) -> tuple[Engine, list[Sequence]]:
-        engine = Engine(
-            self.cache(),
-            max_batch=self.max_batch,
-            preemption=self.preemption,
-            schedule=schedule,
-            max_num_batched_tokens=self.budget,
-            chunked_prefill=self.budget is not None,
-        )
-        guests = [Sequence(*g) for g in self.guests]
-        for seq in guests:
-            engine.add(seq)
-        return engine, guests
-
-    def describe(self) -> str:
-        if self.text is not None:
-            return self.text
-        cap = "" if self.max_batch is None else f", max_batch={self.max_batch}"
-        if self.preemption != "recompute":
-            cap += f", preemption={self.preemption!r}"
-        if self.budget is not None:
-            cap += f", max_num_batched_tokens={self.budget} (chunked prefill)"
-        guests = ", ".join(f"{g} {p}+{o}@{a:g}" for g, p, o, a in self.guests)
-        return f"{cache_text(self.cache())}{cap}; guests (prompt+answer@arrival): {guests}"
-
-
-def simulated_day(name: str, requests, setup: dict, text: str, **options) -> Day:
-    """``requests`` as ``simulate(requests, **setup)`` serves them: the same cache, names and
-    queue order (``options``: the rest of the Day, e.g. a token budget)."""
-    order = sorted(range(len(requests)), key=lambda i: requests[i].arrival)
-    guests = tuple(
-        (f"r{i}", requests[i].prompt_len, requests[i].output_len, requests[i].arrival)
-        for i in order
-    )
-    cache = functools.partial(
-        make_cache, "paged", setup["kv_capacity_tokens"], setup["max_seq_len"], setup["block_size"]
-    )
-    return Day(name, cache, guests, text=text, **options)
 
 
 def _simulated_day() -> Day:

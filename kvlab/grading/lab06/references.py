@@ -1,13 +1,14 @@
-"""Lab 06's slipped references: kvlab's rules written the way the lab asks for them, with the
-usual slips as options (:func:`slipped_step`), and the tables of slips the checks try."""
+"""Lab 06's slipped references: kvlab's :class:`~kvlab.serving.scheduler.Scheduler` with one
+decision of a step changed (a subclass overriding one hook), and the tables of slips the checks
+try. A slip's answer is a step function ``(scheduler, now)`` (:class:`kvlab.grading.lockstep.slipped`), as the learner's
+is, so it serves a day in the same engine."""
 
 from __future__ import annotations
 
-import functools
-
 from kvlab.grading.lab06 import hints
+from kvlab.grading.lockstep import slipped
 from kvlab.grading.slips import Slip
-from kvlab.serving.scheduler import ScheduledStep, Scheduler, SequenceStatus
+from kvlab.serving.scheduler import Scheduler, Sequence, SequenceStatus
 
 WAITING, RUNNING, PREEMPTED, SWAPPED, FINISHED = SequenceStatus
 
@@ -19,174 +20,192 @@ VICTIM_SLIPS = (
 )
 
 
-def slipped_step(
-    scheduler: Scheduler,
-    now: float,
-    *,
-    retire: str = "first",
-    order: str = "decode first",
-    hold: bool = True,
-    first_token: bool = True,
-    fcfs: bool = True,
-    arrival: str = "<=",
-    cap: str = ">=",
-    ask: str = "num_tokens, remaining",
-    count: bool = True,
-    append: str = "ask",
-    skip: bool | str = True,
-    stop: bool = True,
-    full_refuses: bool = False,
-    readmit: bool = True,
-    preempt: str = "scheduler",
-    note: bool = True,
-) -> ScheduledStep:
-    """kvlab's step written the way the lab asks for it (retire, decode the running guests,
-    admit), with the usual slips as options (the defaults are right): ``retire`` "first" /
-    "after decode" / "last" / "never" / "live" (over the list finish changes) / "early" (at
-    output_len - 1), ``order="admit first"`` admits before decoding (the running guests,
-    newcomers included, are decoded after), ``hold=False`` admits in a step that preempted,
-    ``first_token=False`` gives a newcomer no token in its first step, ``fcfs=False`` admits past
-    a guest who does not fit, ``arrival`` "<=" / "<" / "any", ``cap`` ">=" / ">" / "none",
-    ``ask`` "num_tokens, remaining" / "prompt_len, remaining" / "num_tokens" / "nothing",
-    ``count=False`` never counts the token, ``append="blind"`` appends without asking,
-    ``skip=False`` does not skip guests preempted earlier in the step (``skip="preempted"`` skips
-    only the PREEMPTED ones, not the SWAPPED), ``stop=False`` keeps going for a guest who was
-    itself preempted, ``full_refuses=True`` reports the guest stopped by max_batch in
-    out.refused, ``readmit=False`` stops at a guest back after a preemption, ``preempt="by
-    hand"`` sends the guest checked in last away itself, as recompute does whatever
-    ``scheduler.preemption`` says (``"by hand, counted"`` also counts it in
-    ``scheduler.num_preemptions``), ``note=False`` leaves the guests sent away out of
-    out.preempted (so the admitting does not stop)."""
-    out = ScheduledStep()
+# --- where retiring goes, and the order of a step ---------------------------------------------
 
-    def send_away():
-        if preempt == "scheduler":
-            return scheduler.preempt()
-        victim = scheduler.running.pop()
-        scheduler.cache.release(victim.seq_id)
+
+class RetireAfterDecode(Scheduler):
+    PHASES = ("_serve_running", "_retire_done", "_admit_arrived")
+
+
+class RetireLast(Scheduler):
+    PHASES = ("_serve_running", "_admit_arrived", "_retire_done")
+
+
+class NoRetire(Scheduler):
+    PHASES = ("_serve_running", "_admit_arrived")
+
+
+class RetireLive(Scheduler):
+    def retire(self) -> list[Sequence]:  # walks the list finish() removes the guest from
+        done = []
+        for seq in self.running:
+            if self.done(seq):
+                self.finish(seq)
+                done.append(seq)
+        return done
+
+
+class RetireEarly(Scheduler):
+    def done(self, seq: Sequence) -> bool:
+        return seq.num_generated == seq.output_len - 1
+
+
+class AdmitFirst(Scheduler):
+    PHASES = ("_retire_done", "_admit_arrived", "_serve_running")
+
+
+class NoFirstToken(Scheduler):
+    def start(self, seq, left, step) -> None:
+        pass
+
+
+class OldOrder(AdmitFirst, NoFirstToken):
+    """Admit (no first token), then decode everyone: kvlab's order before vLLM's."""
+
+
+# --- admitting ----------------------------------------------------------------------------------
+
+
+class NoHold(Scheduler):
+    def admits(self, step) -> bool:
+        return self.batching == "continuous" or not self.running
+
+
+class PastRefused(Scheduler):
+    def stops_queue(self, seq) -> bool:
+        return False
+
+
+class AnyArrival(Scheduler):
+    def arrived(self, seq, now) -> bool:
+        return True
+
+
+class StrictArrival(Scheduler):
+    def arrived(self, seq, now) -> bool:
+        return seq.arrival < now
+
+
+class NoReadmit(Scheduler):
+    def arrived(self, seq, now) -> bool:  # a guest back after a preemption stops the queue
+        return super().arrived(seq, now) and seq.status is WAITING
+
+
+class NoCap(Scheduler):
+    def batch_full(self, seq, step) -> bool:
+        return False
+
+
+class CapPastFull(Scheduler):
+    def batch_full(self, seq, step) -> bool:
+        return self.max_batch is not None and len(self.running) > self.max_batch
+
+
+class FullRefuses(Scheduler):
+    def batch_full(self, seq, step) -> bool:
+        full = super().batch_full(seq, step)
+        if full:
+            step.refused = seq
+        return full
+
+
+class AskPrompt(Scheduler):
+    def refusal(self, seq, left):
+        return self.cache.refusal(seq.prompt_len, seq.remaining)
+
+
+class AskTokens(Scheduler):
+    def refusal(self, seq, left):
+        return self.cache.refusal(seq.num_tokens)
+
+
+class AskNothing(Scheduler):
+    def refusal(self, seq, left):
+        return None
+
+
+# --- decoding -------------------------------------------------------------------------------------
+
+
+class NoCount(Scheduler):
+    def _decode(self, seq, step) -> None:
+        super()._decode(seq, step)
+        seq.num_generated -= 1  # as if num_generated += 1 were left out
+
+
+class AppendBlind(Scheduler):
+    def _make_room(self, seq, step) -> None:  # appends without asking can_append
+        self._decode(seq, step)
+
+
+class SkipNobody(Scheduler):
+    def serves(self, seq, step) -> bool:
+        return True
+
+
+class SkipPreemptedOnly(Scheduler):
+    def serves(self, seq, step) -> bool:
+        return seq.status is not PREEMPTED
+
+
+class MakeRoomPastSelf(Scheduler):
+    def note_preempted(self, victim, seq, step) -> bool:  # goes on for a guest that left
+        step.preempted.append(victim)
+        return False
+
+
+class NotNoted(Scheduler):
+    def note_preempted(self, victim, seq, step) -> bool:
+        return victim is seq
+
+
+class ByHand(Scheduler):
+    def preempt(self) -> Sequence:  # as recompute does, whatever scheduler.preemption says
+        victim = self.running.pop()
+        self.cache.release(victim.seq_id)
         victim.num_computed = 0
         victim.status = PREEMPTED
-        scheduler.waiting.appendleft(victim)
-        if preempt == "by hand, counted":
-            scheduler.num_preemptions += 1
+        self.waiting.appendleft(victim)
         return victim
 
-    def decode(seq):  # given in the lab
-        scheduler.cache.append(seq.seq_id)
-        if count:
-            seq.num_generated += 1
-        out.scheduled.append(seq)
 
-    def retire_done():
-        last = 1 if retire == "early" else 0
-        for seq in scheduler.running if retire == "live" else list(scheduler.running):
-            if seq.num_generated == seq.output_len - last:
-                scheduler.finish(seq)
-                out.finished.append(seq)
-
-    def decode_running():
-        for seq in list(scheduler.running):
-            if skip == "preempted" and seq.status is PREEMPTED:
-                continue
-            if skip is True and seq.status is not RUNNING:
-                continue
-            if append == "ask":
-                while not scheduler.cache.can_append(seq.seq_id):
-                    victim = send_away()
-                    if note:
-                        out.preempted.append(victim)
-                    if stop and victim is seq:
-                        break
-                else:
-                    decode(seq)
-            else:
-                decode(seq)
-
-    def admit_arrived():
-        waiting, i = scheduler.waiting, 0
-        while i < len(waiting) and not (hold and out.preempted):
-            seq = waiting[i]
-            if arrival == "<=" and seq.arrival > now or arrival == "<" and seq.arrival >= now:
-                break
-            full = scheduler.max_batch is not None and (
-                cap == ">="
-                and len(scheduler.running) >= scheduler.max_batch
-                or cap == ">"
-                and len(scheduler.running) > scheduler.max_batch
-            )
-            if full:
-                if full_refuses:
-                    out.refused = seq
-                break
-            if not readmit and seq.status is not WAITING:
-                break
-            tokens = seq.prompt_len if ask.startswith("prompt_len") else seq.num_tokens
-            refusal = None
-            if ask.endswith("remaining"):
-                refusal = scheduler.cache.refusal(tokens, seq.remaining)
-            elif ask == "num_tokens":
-                refusal = scheduler.cache.refusal(tokens)
-            if refusal is not None:
-                if out.refused is None:
-                    out.refused, out.refusal = seq, refusal
-                if fcfs:
-                    break
-                i += 1
-                continue
-            scheduler.admit(seq)
-            out.admitted.append(seq)
-            if first_token:
-                decode(seq)
-
-    if retire in ("first", "live", "early"):
-        retire_done()
-    if order == "admit first":
-        admit_arrived()
-        decode_running()
-    else:
-        decode_running()
-        if retire == "after decode":
-            retire_done()
-        admit_arrived()
-    if retire == "last":
-        retire_done()
-    return out
+class ByHandCounted(ByHand):
+    def preempt(self) -> Sequence:
+        victim = super().preempt()
+        self.num_preemptions += 1
+        return victim
 
 
-def _step(hint: str, **options) -> Slip:
-    return Slip(hint, functools.partial(slipped_step, **options))
-
+# kvlab's step as the slips' table serves it (no decision changed): what the checks compare with
+slipped_step = slipped(Scheduler)
 
 # the usual slips of a step: each is kvlab's step with that one mistake put in
 STEP_SLIPS = (
-    _step(hints.RETIRE_AT_START, retire="after decode"),
-    _step(hints.RETIRE_AT_START, retire="last"),
-    _step(hints.NO_RETIRE, retire="never"),
-    _step(hints.RETIRE_COPY, retire="live"),
-    _step(hints.RETIRE_EARLY, retire="early"),
-    _step(hints.ADMIT_FIRST, order="admit first", first_token=False),
-    _step(hints.TWICE, order="admit first"),
-    _step(hints.FIRST_TOKEN, first_token=False),
-    _step(hints.HOLD, hold=False),
-    _step(hints.FCFS, fcfs=False),
-    _step(hints.ARRIVAL, arrival="any"),
-    _step(hints.ARRIVAL_STRICT, arrival="<"),
-    _step(hints.MAX_BATCH, cap="none"),
-    _step(hints.MAX_BATCH_OFF, cap=">"),
-    _step(hints.FULL_NOT_REFUSED, full_refuses=True),
-    _step(hints.READMIT, readmit=False),
-    _step(hints.REFUSAL_TOKENS, ask="prompt_len, remaining"),
-    _step(hints.REFUSAL_REMAINING, ask="num_tokens"),
-    _step(hints.ASK_ADMIT, ask="nothing"),
-    _step(hints.COUNT, count=False),
-    _step(hints.ASK_APPEND, append="blind"),
-    _step(hints.SKIP, skip=False),
-    _step(hints.SKIP_SWAPPED, skip="preempted"),
-    _step(hints.SELF, stop=False),
-    _step(hints.USE_PREEMPT, preempt="by hand"),
-    _step(hints.USE_PREEMPT, preempt="by hand, counted"),
-    _step(hints.NOT_NOTED, note=False),
+    Slip(hints.RETIRE_AT_START, slipped(RetireAfterDecode)),
+    Slip(hints.RETIRE_AT_START, slipped(RetireLast)),
+    Slip(hints.NO_RETIRE, slipped(NoRetire)),
+    Slip(hints.RETIRE_COPY, slipped(RetireLive)),
+    Slip(hints.RETIRE_EARLY, slipped(RetireEarly)),
+    Slip(hints.ADMIT_FIRST, slipped(OldOrder)),
+    Slip(hints.TWICE, slipped(AdmitFirst)),
+    Slip(hints.FIRST_TOKEN, slipped(NoFirstToken)),
+    Slip(hints.HOLD, slipped(NoHold)),
+    Slip(hints.FCFS, slipped(PastRefused, any_refused=True)),
+    Slip(hints.ARRIVAL, slipped(AnyArrival)),
+    Slip(hints.ARRIVAL_STRICT, slipped(StrictArrival)),
+    Slip(hints.MAX_BATCH, slipped(NoCap)),
+    Slip(hints.MAX_BATCH_OFF, slipped(CapPastFull)),
+    Slip(hints.FULL_NOT_REFUSED, slipped(FullRefuses, any_refused=True)),
+    Slip(hints.READMIT, slipped(NoReadmit)),
+    Slip(hints.REFUSAL_TOKENS, slipped(AskPrompt)),
+    Slip(hints.REFUSAL_REMAINING, slipped(AskTokens)),
+    Slip(hints.ASK_ADMIT, slipped(AskNothing)),
+    Slip(hints.COUNT, slipped(NoCount)),
+    Slip(hints.ASK_APPEND, slipped(AppendBlind)),
+    Slip(hints.SKIP, slipped(SkipNobody)),
+    Slip(hints.SKIP_SWAPPED, slipped(SkipPreemptedOnly)),
+    Slip(hints.SELF, slipped(MakeRoomPastSelf)),
+    Slip(hints.USE_PREEMPT, slipped(ByHand)),
+    Slip(hints.USE_PREEMPT, slipped(ByHandCounted)),
+    Slip(hints.NOT_NOTED, slipped(NotNoted)),
 )
-# slips whose refused guest may be any of several (past a refused guest, the first refused or
-# the last; at max_batch, the guest stopped or the one admitted last)
-ANY_REFUSED = {"fcfs", "full_refuses"}

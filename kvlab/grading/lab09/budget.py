@@ -1,161 +1,98 @@
 """09.budget_step: the learner's ``budget_step(scheduler, now)`` serves short scripted days under
 a token budget (``max_num_batched_tokens``, chunked prefill) in an Engine beside an engine running
 kvlab's own budgeted step, compared after every step on Lab 06's state-diff table plus the tokens
-each guest computes (:data:`TABLE`). The lockstep, the replay and the slip matching are 06.step's
-(:mod:`kvlab.grading.lab06.step`, run with :data:`RULES`); only the reference, the slips, the
-days and the table are this lab's.
+each guest computes (:data:`TABLE`). The lockstep, the replay and the slip matching are shared
+with 06.step (:mod:`kvlab.grading.lockstep`, run with :data:`RULES`); only the slips, the days and
+the table are this lab's.
 
 kvlab's step is vLLM v1's: retire, then the running guests in check-in order (a decode costs one
 token, a prompt still being read its next chunk, min(what is left of it, what is left of the
 budget)), preempting when a bed is missing, then, in a step that preempted nobody, the queue
 first come first served while budget is left: each newcomer is asked of the cache for its whole
 prompt and first token, checked in, and given its first chunk (its first token too when the chunk
-ends the prompt). The usual slips (:data:`SLIPS`) are that step with one mistake put in.
+ends the prompt). The usual slips (:data:`SLIPS`) are kvlab's scheduler with one decision
+changed (a subclass overriding one hook), as Lab 06's are.
 """
 
 from __future__ import annotations
 
-import functools
-
 from kvlab.core.block_manager import PagedCache
+from kvlab.grading import lockstep as lockstep_
 from kvlab.grading.lab06 import hints as lab06_hints
-from kvlab.grading.lab06.days import FULL_HOTEL, Day, same_figures, simulated_day
-from kvlab.grading.lab06.days import figures as day_figures
-from kvlab.grading.lab06.step import Rules, _direct, _lockstep
-from kvlab.grading.lab06.step import show_day as _show_day
-from kvlab.grading.lab06.views import STEP, show
+from kvlab.grading.lab06.days import FULL_HOTEL
+from kvlab.grading.lab06.references import AdmitFirst, AnyArrival, NoHold, PastRefused
+from kvlab.grading.lab06.step import STEP_HINTS, STEP_REFERENCE, _direct
 from kvlab.grading.lab09 import hints
+from kvlab.grading.lockstep import Rules, slipped
 from kvlab.grading.registry import exercise
+from kvlab.grading.scheduler_days import Day, same_figures, simulated_day
+from kvlab.grading.scheduler_days import figures as day_figures
+from kvlab.grading.scheduler_views import STEP, show
 from kvlab.grading.slips import Slip
 from kvlab.grading.state_diff import Field, each
 from kvlab.serving import simulate
-from kvlab.serving.scheduler import ScheduledStep, Scheduler, SequenceStatus
+from kvlab.serving.scheduler import Scheduler
 from kvlab.serving.workload import Request, documents_among_chats
-
-RUNNING = SequenceStatus.RUNNING
 
 budget_ex = exercise("09.budget_step", "one step under a token budget: decodes first, then chunks")
 
 
-def slipped_budget_step(
-    scheduler: Scheduler,
-    now: float,
-    *,
-    order: str = "running first",
-    left: str = "what is left",
-    newcomer: str = "chunked",
-    partial: str = "chunk",
-    memory: str = "whole prompt",
-    hold: bool = True,
-    fcfs: bool = True,
-    arrival: str = "<=",
-    spent: str = "stop",
-) -> ScheduledStep:
-    """kvlab's budgeted step as the lab asks for it, with the usual slips as options (the defaults
-    are right): ``order="admit first"`` checks newcomers in before the running guests get their
-    tokens; ``left="whole budget"`` gives every guest up to the whole budget (not what the guests
-    before it left); ``newcomer="whole"`` reads a newcomer's prompt whole; ``partial="skip"``
-    forgets the running guests whose prompt is partly read, ``partial="whole"`` reads the rest of
-    it at once; ``memory="chunk"`` asks the cache for the first chunk only, ``memory="none when
-    chunked"`` does not ask when the prompt is chunked; ``spent="go on"`` does not stop when the
-    budget is spent (a guest is then given a chunk of 0 tokens, a newcomer checked in with it);
-    ``hold``, ``fcfs`` and ``arrival`` are 06.step's (admitting in a step that preempted, past a
-    refused guest, before arrival)."""
-    out = ScheduledStep()
-    budget = scheduler.max_num_batched_tokens
-    out.finished = scheduler.retire()
-
-    def chunk(seq, n):  # given in the lab
-        seq.num_scheduled, seq.samples = n, False
-        out.num_batched_tokens += n
-        out.scheduled.append(seq)
-
-    def decode(seq):  # given in the lab
-        seq.num_scheduled, seq.samples = seq.num_uncomputed, True
-        out.num_batched_tokens += seq.num_scheduled
-        scheduler.cache.append(seq.seq_id)
-        seq.num_generated += 1
-        out.scheduled.append(seq)
-
-    def what_is_left():
-        return budget if left == "whole budget" else budget - out.num_batched_tokens
-
-    def run_running():
-        for seq in list(scheduler.running):
-            room = what_is_left()
-            if room <= 0 and spent == "stop":
-                break
-            if seq.status is not RUNNING or seq in out.scheduled:
-                continue
-            if seq.num_uncomputed > 1 and partial == "skip":
-                continue
-            if seq.num_uncomputed > room and partial != "whole":
-                chunk(seq, room)
-                continue
-            while not scheduler.cache.can_append(seq.seq_id):
-                victim = scheduler.preempt()
-                out.preempted.append(victim)
-                if victim is seq:
-                    break
-            else:
-                decode(seq)
-
-    def admit_arrived():
-        waiting, i = scheduler.waiting, 0
-        while i < len(waiting) and not (hold and out.preempted):
-            seq = waiting[i]
-            if arrival == "<=" and seq.arrival > now:
-                break
-            room = what_is_left()
-            if room <= 0 and spent == "stop":
-                break
-            if scheduler.max_batch is not None and len(scheduler.running) >= scheduler.max_batch:
-                break
-            chunked = seq.num_uncomputed > room and newcomer == "chunked"
-            refusal = None
-            if memory == "whole prompt" or memory == "none when chunked" and not chunked:
-                refusal = scheduler.cache.refusal(seq.num_tokens, seq.remaining)
-            elif memory == "chunk":
-                refusal = scheduler.cache.refusal(min(room, seq.num_tokens), seq.remaining)
-            if refusal is not None:
-                if out.refused is None:
-                    out.refused, out.refusal = seq, refusal
-                if fcfs:
-                    break
-                i += 1
-                continue
-            scheduler.admit(seq)
-            out.admitted.append(seq)
-            if chunked:
-                chunk(seq, room)
-            else:
-                decode(seq)
-
-    if order == "admit first":
-        admit_arrived()
-        run_running()
-    else:
-        run_running()
-        admit_arrived()
-    return out
+class PrefillFirst(AdmitFirst):
+    def serves(self, seq, step) -> bool:  # a newcomer already scheduled is skipped after
+        return super().serves(seq, step) and seq not in step.scheduled
 
 
-def _slip(hint: str, **options) -> Slip:
-    return Slip(hint, functools.partial(slipped_budget_step, **options))
+class WholeBudget(Scheduler):
+    def budget_left(self, step) -> float:  # every guest up to the whole budget
+        return self.token_budget
 
 
+class WholeNewcomer(Scheduler):
+    def start(self, seq, left, step) -> None:  # a newcomer's prompt read whole
+        self._decode(seq, step)
+
+
+class WholePartial(Scheduler):
+    def running_chunk(self, seq, left) -> int:  # the rest of a prompt read at once
+        return seq.num_uncomputed
+
+
+class SkipPartial(Scheduler):
+    def serves(self, seq, step) -> bool:  # forgets the guests whose prompt is partly read
+        return super().serves(seq, step) and seq.num_uncomputed <= 1
+
+
+class AskChunk(Scheduler):
+    def refusal(self, seq, left):  # asks the cache for the first chunk only
+        return self.cache.refusal(min(left, seq.num_tokens), seq.remaining)
+
+
+class AskNoneWhenChunked(Scheduler):
+    def refusal(self, seq, left):  # does not ask when the prompt is chunked
+        return None if seq.num_uncomputed > left else super().refusal(seq, left)
+
+
+class GoOn(Scheduler):
+    def budget_spent(self, left) -> bool:  # chunks of 0 tokens, a newcomer checked in with one
+        return False
+
+
+# kvlab's budgeted step as the slips' table serves it (no decision changed)
+slipped_budget_step = slipped(Scheduler)
+
+# the usual slips: kvlab's budgeted step with one decision changed (Lab 06's for the queue)
 SLIPS = (
-    _slip(hints.PREFILL_FIRST, order="admit first"),
-    _slip(hints.OVER_BUDGET, left="whole budget"),
-    _slip(hints.OVER_BUDGET, newcomer="whole"),
-    _slip(hints.OVER_BUDGET, partial="whole"),
-    _slip(hints.FORGOTTEN, partial="skip"),
-    _slip(hints.MEMORY_CHUNK, memory="chunk"),
-    _slip(hints.MEMORY_CHUNK, memory="none when chunked"),
-    _slip(hints.BUDGET_SPENT, spent="go on"),
-    _slip(lab06_hints.HOLD, hold=False),
-    _slip(lab06_hints.FCFS, fcfs=False),
-    _slip(lab06_hints.ARRIVAL, arrival="any"),
+    Slip(hints.PREFILL_FIRST, slipped(PrefillFirst)),
+    Slip(hints.OVER_BUDGET, slipped(WholeBudget)),
+    Slip(hints.OVER_BUDGET, slipped(WholeNewcomer)),
+    Slip(hints.OVER_BUDGET, slipped(WholePartial)),
+    Slip(hints.FORGOTTEN, slipped(SkipPartial)),
+    Slip(hints.MEMORY_CHUNK, slipped(AskChunk)),
+    Slip(hints.MEMORY_CHUNK, slipped(AskNoneWhenChunked)),
+    Slip(hints.BUDGET_SPENT, slipped(GoOn)),
+    Slip(lab06_hints.HOLD, slipped(NoHold)),
+    Slip(lab06_hints.FCFS, slipped(PastRefused, any_refused=True)),
+    Slip(lab06_hints.ARRIVAL, slipped(AnyArrival)),
 )
 
 
@@ -177,11 +114,9 @@ TABLE = (
     *STEP[6:],
 )
 
+# 06.step's, but for retire (given in the lab), and the steps of a budget
 GUARD = (
-    Scheduler.step,
-    Scheduler.schedule,
-    Scheduler._admit_arrived,
-    Scheduler._make_room,
+    *(f for f in STEP_REFERENCE if f is not Scheduler.retire),
     Scheduler._chunk,
     Scheduler._decode,
 )
@@ -281,8 +216,8 @@ RULES = Rules(
     table=TABLE,
     slips=SLIPS,
     days=DAYS,
+    hints=STEP_HINTS,
     direct=direct,
-    any_refused=frozenset({"fcfs"}),
     module="kvlab.grading.lab09",
     name="budget_step",
 )
@@ -290,11 +225,11 @@ RULES = Rules(
 
 def show_day(budget_step, day: str = "chunks", steps: int | None = None) -> None:
     """Print a day of the 09.budget_step checks step by step, kvlab's step beside yours."""
-    _show_day(budget_step, day, steps, rules=RULES)
+    lockstep_.show_day(budget_step, day, RULES, steps)
 
 
 def lockstep(fn, name: str) -> None:
-    _lockstep(fn, DAYS[name], rules=RULES)
+    lockstep_.lockstep(fn, DAYS[name], RULES)
 
 
 @budget_ex.check("a long prompt is read in chunks that fill what the budget leaves")
