@@ -21,16 +21,31 @@ def tile_scores(q, k, LOW_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def fold_tile(acc, m, denom, scores, v, LOW_PRECISION: tl.constexpr):
-    """(acc, m, denom) with a tile folded in: ``scores`` [rows, tokens] in log2 units (-inf where
-    a row does not see a token) and its values ``v`` [tokens, lanes]; every row must have seen
-    some token by now (its maximum finite)."""
+def fold_scores(m, denom, scores):
+    """The running maximum and sum with a tile's ``scores`` [rows, tokens] folded in (log2
+    units, -inf where a row does not see a token): (m_new, alpha, p, denom), where ``alpha``
+    rescales what the rows held and ``p`` are the tile's unnormalised weights."""
     m_new = tl.maximum(m, tl.max(scores, axis=1))
     alpha = tl.exp2(m - m_new)
     p = tl.exp2(scores - m_new[:, None])
-    denom = denom * alpha + tl.sum(p, axis=1)
+    return m_new, alpha, p, denom * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
+def weighted_values(p, v, LOW_PRECISION: tl.constexpr):
+    """p · v, [rows, lanes]: the weights rounded to the values' dtype (``LOW_PRECISION``) with
+    fp32 accumulation, else in fp32 without TF32."""
     if LOW_PRECISION:
         pv = tl.dot(p.to(v.dtype), v)
     else:
         pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-    return acc * alpha[:, None] + pv, m_new, denom
+    return pv
+
+
+@triton.jit
+def fold_tile(acc, m, denom, scores, v, LOW_PRECISION: tl.constexpr):
+    """(acc, m, denom) with a tile folded in: ``scores`` [rows, tokens] in log2 units (-inf where
+    a row does not see a token) and its values ``v`` [tokens, lanes]; every row must have seen
+    some token by now (its maximum finite)."""
+    m_new, alpha, p, denom = fold_scores(m, denom, scores)
+    return acc * alpha[:, None] + weighted_values(p, v, LOW_PRECISION), m_new, denom

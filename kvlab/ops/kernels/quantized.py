@@ -17,27 +17,15 @@ interpreter on a CPU; older GPUs take int8.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.errors import OutOfResources
 
 from kvlab.ops.attention import check_paged_inputs
-from kvlab.ops.kernels.dtypes import gpu_arch, store_dtype, tensor_core_dtypes
-from kvlab.ops.kernels.sizes import pow2, strides
-from kvlab.ops.kernels.slots import slot_offsets, token_slots
-from kvlab.ops.kernels.tiled import (
-    LOG2E,
-    MAX_SPLITS,
-    _check_option,
-    _multiprocessors,
-    _too_large,
-    launch_config,
-    merge_splits_kernel,
-    plan_splits,
-)
+from kvlab.ops.kernels.dtypes import gpu_arch, tensor_core_dtypes
+from kvlab.ops.kernels.online_softmax import fold_scores, tile_scores, weighted_values
+from kvlab.ops.kernels.slots import load_kv_tile, slot_offsets, token_slots
+from kvlab.ops.kernels.tiled import prepare_decode_launch, store_heads
 
 QUANT_DTYPES = (torch.float8_e4m3fn, torch.int8)
 FP8_MIN_ARCH = 89  # Triton converts fp8 e4m3 on Ada (sm_89) and Hopper (sm_90) on
@@ -88,53 +76,31 @@ def paged_decode_quant_kernel(
             slot_next = token_slots(table, stride_btb, t_next, t_next < t_end, BLOCK_SIZE)
         else:
             slot = token_slots(table, stride_btb, t, tmask, BLOCK_SIZE)
-        kv_mask = tmask[:, None] & dmask[None, :]
-        k_offsets = slot_offsets(
-            slot[:, None], kvh, d[None, :], stride_kb, stride_kt, stride_kh, stride_kd, BLOCK_SIZE
-        )
-        v_offsets = slot_offsets(
-            slot[:, None], kvh, d[None, :], stride_vb, stride_vt, stride_vh, stride_vd, BLOCK_SIZE
-        )
-        k = tl.load(k_ptr + k_offsets, mask=kv_mask, other=0.0)
-        v = tl.load(v_ptr + v_offsets, mask=kv_mask, other=0.0)
+        k, v = load_kv_tile(
+            k_ptr, v_ptr, slot, kvh, d, tmask[:, None] & dmask[None, :],
+            stride_kb, stride_kt, stride_kh, stride_kd, stride_vb, stride_vt, stride_vh, stride_vd,
+            BLOCK_SIZE,
+        )  # fmt: skip
         # each bed's scale label: the same address as its K/V, without the lane
         ks_offsets = slot_offsets(slot, kvh, 0, stride_ksb, stride_kst, stride_ksh, 0, BLOCK_SIZE)
         vs_offsets = slot_offsets(slot, kvh, 0, stride_vsb, stride_vst, stride_vsh, 0, BLOCK_SIZE)
         k_scale = tl.load(ks_ptr + ks_offsets, mask=tmask, other=0.0)
         v_scale = tl.load(vs_ptr + vs_offsets, mask=tmask, other=0.0)
-        if LOW_PRECISION:
-            scores = tl.dot(q, tl.trans(k.to(q_ptr.dtype.element_ty)))
-        else:
-            scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        if LOW_PRECISION:  # widened exactly to q's 16-bit type, for the tensor cores
+            k = k.to(q_ptr.dtype.element_ty)
+            v = v.to(q_ptr.dtype.element_ty)
         # dequantise K after the product: q . (s k) = s (q . k); scores in log2 units
-        scores = scores * (k_scale * scale)[None, :]
+        scores = tile_scores(q, k, LOW_PRECISION) * (k_scale * scale)[None, :]
         scores = tl.where(tmask[None, :], scores, float("-inf"))  # [BLOCK_H, TILE]
-        m_new = tl.maximum(m, tl.max(scores, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        denom = denom * alpha + tl.sum(p, axis=1)
-        weighted = p * v_scale[None, :]  # dequantise V through the softmax weights
-        if LOW_PRECISION:
-            pv = tl.dot(weighted.to(q_ptr.dtype.element_ty), v.to(q_ptr.dtype.element_ty))
-        else:
-            pv = tl.dot(weighted, v.to(tl.float32), input_precision="ieee")
-        acc = acc * alpha[:, None] + pv
-        m = m_new
+        m, alpha, p, denom = fold_scores(m, denom, scores)
+        # dequantise V through the softmax weights
+        acc = acc * alpha[:, None] + weighted_values(p * v_scale[None, :], v, LOW_PRECISION)
         if PREFETCH_TABLE:
             slot = slot_next
-    if SPLIT:
-        row = (seq * num_q_heads + heads) * num_splits + split
-        tl.store(part_acc_ptr + row[:, None] * D_P2 + d[None, :], acc, mask=hmask[:, None])
-        tl.store(part_ml_ptr + row * 2, m, mask=hmask)
-        tl.store(part_ml_ptr + row * 2 + 1, denom, mask=hmask)
-    else:
-        out = acc / denom[:, None]
-        out_offsets = seq * stride_os + heads[:, None] * stride_oh + d[None, :] * stride_od
-        tl.store(
-            out_ptr + out_offsets,
-            out.to(out_ptr.dtype.element_ty),
-            mask=hmask[:, None] & dmask[None, :],
-        )
+    store_heads(
+        acc, m, denom, out_ptr, part_acc_ptr, part_ml_ptr, seq, heads, hmask, d, dmask, split,
+        num_splits, num_q_heads, stride_os, stride_oh, stride_od, D_P2, SPLIT,
+    )  # fmt: skip
 
 
 def check_quantized_inputs(q, k_values, v_values, k_scales, v_scales, block_tables, seq_lens):
@@ -187,51 +153,12 @@ def prepare_paged_decode_quantized(
     """Check, plan and allocate once; return ``run()``, which only launches (as
     :func:`kvlab.ops.kernels.prepare_paged_decode`, whose launch defaults it takes)."""
     check_quantized_inputs(q, k_values, v_values, k_scales, v_scales, block_tables, seq_lens)
-    _check_option("num_splits", num_splits, lambda n: 1 <= n <= MAX_SPLITS, f"1..{MAX_SPLITS}")
-    num_seqs, num_q_heads, head_dim = q.shape
-    num_kv_heads = k_values.shape[2]
-    config = launch_config(
-        head_dim, q.dtype, tile=tile, num_warps=num_warps, num_stages=num_stages,
+    return prepare_decode_launch(
+        paged_decode_quant_kernel, q, (k_values, v_values, k_scales, v_scales), block_tables,
+        seq_lens, low_precision=q.dtype in tensor_core_dtypes(), scale=scale,
+        num_splits=num_splits, tile=tile, num_warps=num_warps, num_stages=num_stages,
         prefetch_table=prefetch_table,
     )  # fmt: skip
-    out = torch.empty(q.shape, dtype=store_dtype(q.dtype), device=q.device)
-    if num_seqs == 0:
-        return lambda: out.to(q.dtype)
-    plan = plan_splits(
-        num_seqs, num_kv_heads, int(seq_lens.max()), config.tile, num_splits,
-        _multiprocessors(q.device),
-    )  # fmt: skip
-    split = plan.num_splits > 1
-    d_p2 = max(16, pow2(head_dim))
-    rows = num_seqs * num_q_heads * plan.num_splits if split else 1
-    part_acc = torch.empty(rows, d_p2, dtype=torch.float32, device=q.device)
-    part_ml = torch.empty(rows, 2, dtype=torch.float32, device=q.device)
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    group = num_q_heads // num_kv_heads
-
-    def run() -> torch.Tensor:
-        try:
-            paged_decode_quant_kernel[(num_seqs, num_kv_heads, plan.num_splits)](
-                q, k_values, v_values, k_scales, v_scales, block_tables, seq_lens, out,
-                part_acc, part_ml,
-                *strides(q, k_values, v_values, k_scales, v_scales, block_tables, out),
-                LOG2E * scale, plan.tokens_per_split, plan.num_splits, num_q_heads,
-                GROUP=group, BLOCK_H=max(16, pow2(group)), BLOCK_SIZE=k_values.shape[1],
-                TILE=config.tile, HEAD_DIM=head_dim, D_P2=d_p2,
-                LOW_PRECISION=q.dtype in tensor_core_dtypes(), SPLIT=split,
-                PREFETCH_TABLE=config.prefetch_table,
-                num_warps=config.num_warps, num_stages=config.num_stages,
-            )  # fmt: skip
-        except OutOfResources as error:
-            raise _too_large(error, config) from None
-        if split:
-            merge_splits_kernel[(num_seqs, num_q_heads)](
-                part_acc, part_ml, out, *strides(out), plan.num_splits, num_q_heads,
-                SPLITS_P2=pow2(plan.num_splits), HEAD_DIM=head_dim, D_P2=d_p2,
-            )  # fmt: skip
-        return out.to(q.dtype)
-
-    return run
 
 
 def paged_decode_quantized_ref(

@@ -129,6 +129,20 @@ def paged_decode_tiled_kernel(
         acc, m, denom = fold_tile(acc, m, denom, scores, v, LOW_PRECISION)
         if PREFETCH_TABLE:
             slot = slot_next
+    store_heads(
+        acc, m, denom, out_ptr, part_acc_ptr, part_ml_ptr, seq, heads, hmask, d, dmask, split,
+        num_splits, num_q_heads, stride_os, stride_oh, stride_od, D_P2, SPLIT,
+    )  # fmt: skip
+
+
+@triton.jit
+def store_heads(
+    acc, m, denom, out_ptr, part_acc_ptr, part_ml_ptr, seq, heads, hmask, d, dmask, split,
+    num_splits, num_q_heads, stride_os, stride_oh, stride_od,
+    D_P2: tl.constexpr, SPLIT: tl.constexpr,
+):  # fmt: skip
+    """A program's result for its group of query heads: the slice's partial output with its max
+    and sum for ``merge_splits_kernel`` (``SPLIT``), else the output itself."""
     if SPLIT:
         row = (seq * num_q_heads + heads) * num_splits + split  # [BLOCK_H]
         tl.store(part_acc_ptr + row[:, None] * D_P2 + d[None, :], acc, mask=hmask[:, None])
@@ -295,9 +309,25 @@ def prepare_paged_decode(
     does not pay each step and a benchmark must not time. Each ``run()`` writes the same output
     tensor and returns it. Arguments as for :func:`paged_decode_attention`."""
     check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens)
+    low_precision = q.dtype == k_cache.dtype == v_cache.dtype and q.dtype in tensor_core_dtypes()
+    return prepare_decode_launch(
+        paged_decode_tiled_kernel, q, (k_cache, v_cache), block_tables, seq_lens,
+        low_precision=low_precision, scale=scale, num_splits=num_splits, tile=tile,
+        num_warps=num_warps, num_stages=num_stages, prefetch_table=prefetch_table,
+    )  # fmt: skip
+
+
+def prepare_decode_launch(
+    kernel, q, caches, block_tables, seq_lens, *, low_precision, scale=None, num_splits=None,
+    tile=None, num_warps=None, num_stages=None, prefetch_table=None,
+):  # fmt: skip
+    """Plan and allocate once for a decode kernel of this module's shape (program (sequence, KV
+    head, split), split-K merged by ``merge_splits_kernel``) and return ``run()``. ``caches``:
+    the tensors the kernel reads beside q, K's first (``[num_blocks, block_size, kv_heads,
+    ...]``); they and their strides are passed in that order. The inputs are checked already."""
     _check_option("num_splits", num_splits, lambda n: 1 <= n <= MAX_SPLITS, f"1..{MAX_SPLITS}")
     num_seqs, num_q_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
+    _, block_size, num_kv_heads = caches[0].shape[:3]
     config = launch_config(
         head_dim, q.dtype, tile=tile, num_warps=num_warps, num_stages=num_stages,
         prefetch_table=prefetch_table,
@@ -316,15 +346,14 @@ def prepare_paged_decode(
     part_ml = torch.empty(rows, 2, dtype=torch.float32, device=q.device)
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     group = num_q_heads // num_kv_heads
-    low_precision = q.dtype == k_cache.dtype == v_cache.dtype and q.dtype in tensor_core_dtypes()
 
     def run() -> torch.Tensor:
         try:
-            paged_decode_tiled_kernel[(num_seqs, num_kv_heads, plan.num_splits)](
-                q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_ml,
-                *strides(q, k_cache, v_cache, block_tables, out),
+            kernel[(num_seqs, num_kv_heads, plan.num_splits)](
+                q, *caches, block_tables, seq_lens, out, part_acc, part_ml,
+                *strides(q, *caches, block_tables, out),
                 LOG2E * scale, plan.tokens_per_split, plan.num_splits, num_q_heads,
-                GROUP=group, BLOCK_H=max(16, pow2(group)), BLOCK_SIZE=k_cache.shape[1],
+                GROUP=group, BLOCK_H=max(16, pow2(group)), BLOCK_SIZE=block_size,
                 TILE=config.tile, HEAD_DIM=head_dim, D_P2=d_p2,
                 LOW_PRECISION=low_precision, SPLIT=split, PREFETCH_TABLE=config.prefetch_table,
                 num_warps=config.num_warps, num_stages=config.num_stages,
