@@ -9,6 +9,7 @@ import functools
 from kvlab.core.block_manager import PagedCache
 from kvlab.grading.scheduler_days import (  # noqa: F401 (Day and its kin, by their old path)
     DAY_FIGURES,
+    FULL_HOTEL,
     Day,
     figures,
     same_figures,
@@ -35,15 +36,6 @@ def _simulated_day() -> Day:
     """``DAY`` as simulate() serves it."""
     return simulated_day("simulate", DAY, DAY_SETUP, DAY_TEXT)
 
-
-# the full hotel's guests: (name, prompt, answer, arrival), on 6 rooms of 4 beds
-FULL_HOTEL = (
-    ("ann", 5, 4, 0.0),
-    ("ben", 2, 6, 0.0),
-    ("cat", 7, 3, 1.0),
-    ("dan", 3, 3, 1.0),
-    ("eve", 9, 2, 1.0),
-)
 
 DAYS = {
     day.name: day

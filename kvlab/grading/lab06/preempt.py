@@ -15,11 +15,11 @@ from kvlab.grading.expect import CheckFailed, short
 from kvlab.grading.lab06 import hints
 from kvlab.grading.lab06.days import DAY, DAY_SETUP, DAY_TEXT, figures, same_figures
 from kvlab.grading.lab06.references import VICTIM_SLIPS
-from kvlab.grading.lab06.views import error_slip
 from kvlab.grading.own_code import HANDOVER, call_own
 from kvlab.grading.registry import exercise
 from kvlab.grading.scheduler_views import GUEST, cache_diff, ids, scheduler_text, show, state_text
 from kvlab.grading.state_diff import Field, each, first_difference, read
+from kvlab.grading.step_rules import error_slip
 from kvlab.serving import simulate
 from kvlab.serving.scheduler import Scheduler, Sequence, SequenceStatus
 
