@@ -13,7 +13,7 @@ import functools
 
 from kvlab.grading import lockstep
 from kvlab.grading.lab06 import hints
-from kvlab.grading.lab06.days import DAY, DAY_SETUP, DAY_TEXT, DAYS, Day, figures, same_figures
+from kvlab.grading.lab06.days import DAY, DAY_SETUP, DAY_TEXT, DAYS, figures, same_figures
 from kvlab.grading.lab06.references import STEP_SLIPS
 from kvlab.grading.lockstep import Captured, Rules
 from kvlab.grading.registry import exercise
@@ -36,10 +36,7 @@ LAB06 = Rules(
 )
 
 
-def _lockstep(fn, day: Day, replay: bool = True, rules: Rules = LAB06) -> None:
-    lockstep.lockstep(fn, day, rules, replay)
-
-
+_lockstep = functools.partial(lockstep.lockstep, rules=LAB06)
 departure = functools.partial(lockstep.departure, rules=LAB06)
 captured = functools.partial(Captured, rules=LAB06)
 
