@@ -9,7 +9,7 @@ hints. What Lab 09's step shares is :mod:`kvlab.grading.lockstep`, :mod:`~kvlab.
 
 from kvlab.grading.expect import CheckFailed
 from kvlab.grading.lab06 import preempt, references, step
-from kvlab.grading.lab06.days import DAY, DAY_SETUP, DAY_TEXT, DAYS, Day
+from kvlab.grading.lab06.days import DAY, DAY_SETUP, DAY_TEXT, DAYS
 from kvlab.grading.lab06.hints import *  # noqa: F403 (the hints, by name, for the tests)
 from kvlab.grading.lab06.preempt import judge_preempt, preempt_ex
 from kvlab.grading.lab06.references import STEP_SLIPS, VICTIM_SLIPS, slipped, slipped_step
@@ -32,7 +32,6 @@ __all__ = [
     "STEP_SLIPS",
     "VICTIM_SLIPS",
     "CheckFailed",
-    "Day",
     "judge_preempt",
     "preempt_ex",
     "references",

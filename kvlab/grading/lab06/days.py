@@ -7,14 +7,7 @@ from __future__ import annotations
 import functools
 
 from kvlab.core.block_manager import PagedCache
-from kvlab.grading.scheduler_days import (  # noqa: F401 (Day and its kin, by their old path)
-    DAY_FIGURES,
-    FULL_HOTEL,
-    Day,
-    figures,
-    same_figures,
-    simulated_day,
-)
+from kvlab.grading.scheduler_days import FULL_HOTEL, Day, simulated_day
 from kvlab.serving import make_cache
 from kvlab.serving.workload import Request, sharegpt_like
 
@@ -30,11 +23,6 @@ DAY_TEXT = (
     "(kvlab.grading.lab06.DAY), served by simulate(DAY, cache='paged', kv_capacity_tokens=256, "
     "max_seq_len=256, block_size=8)"
 )
-
-
-def _simulated_day() -> Day:
-    """``DAY`` as simulate() serves it."""
-    return simulated_day("simulate", DAY, DAY_SETUP, DAY_TEXT)
 
 
 DAYS = {
@@ -102,6 +90,6 @@ DAYS = {
                 ("eve", 2, 2, 1.0),
             ),
         ),
-        _simulated_day(),
+        simulated_day("simulate", DAY, DAY_SETUP, DAY_TEXT),  # DAY as simulate() serves it
     )
 }

@@ -14,10 +14,11 @@ from kvlab.grading import slips
 from kvlab.grading.blame import explain_exception, learner_frames, raised
 from kvlab.grading.expect import CheckFailed, short
 from kvlab.grading.lab06 import hints
-from kvlab.grading.lab06.days import DAY, DAY_SETUP, DAY_TEXT, figures, same_figures
+from kvlab.grading.lab06.days import DAY, DAY_SETUP, DAY_TEXT
 from kvlab.grading.lab06.references import VICTIM_SLIPS
 from kvlab.grading.own_code import HANDOVER, call_own
 from kvlab.grading.registry import exercise
+from kvlab.grading.scheduler_days import figures, same_figures
 from kvlab.grading.scheduler_views import GUEST, cache_diff, ids, scheduler_text, show, state_text
 from kvlab.grading.state_diff import Field, each, first_difference, read
 from kvlab.grading.step_rules import error_slip

@@ -13,10 +13,11 @@ import functools
 
 from kvlab.grading import lockstep
 from kvlab.grading.lab06 import hints
-from kvlab.grading.lab06.days import DAY, DAY_SETUP, DAY_TEXT, DAYS, figures, same_figures
+from kvlab.grading.lab06.days import DAY, DAY_SETUP, DAY_TEXT, DAYS
 from kvlab.grading.lab06.references import STEP_SLIPS
 from kvlab.grading.lockstep import Captured, Rules
 from kvlab.grading.registry import exercise
+from kvlab.grading.scheduler_days import figures, same_figures
 from kvlab.grading.scheduler_views import STEP
 from kvlab.grading.step_rules import STEP_HINTS, STEP_REFERENCE, direct
 from kvlab.serving import simulate
