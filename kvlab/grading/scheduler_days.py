@@ -15,6 +15,15 @@ from kvlab.serving.scheduler import Sequence
 
 DAY_FIGURES = ("recompute_tokens", "swapped_tokens")
 
+# the full hotel's guests (name, prompt, answer, arrival), on 6 rooms of 4 beds (Labs 06, 09)
+FULL_HOTEL = (
+    ("ann", 5, 4, 0.0),
+    ("ben", 2, 6, 0.0),
+    ("cat", 7, 3, 1.0),
+    ("dan", 3, 3, 1.0),
+    ("eve", 9, 2, 1.0),
+)
+
 
 def figures(result) -> dict:
     return {**result.summary(), **{f: getattr(result, f) for f in DAY_FIGURES}}

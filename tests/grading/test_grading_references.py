@@ -18,8 +18,8 @@ from kvlab.grading.expect import CheckFailed
 from kvlab.grading.lab00 import step_with
 from kvlab.grading.lab03 import _reference_beds
 from kvlab.grading.lab06 import judge_preempt, slipped_step
-from kvlab.grading.lab06.views import STEP
 from kvlab.grading.lab07 import CachedBlock, cached_prefix, reference_take
+from kvlab.grading.scheduler_views import STEP
 from kvlab.grading.state_diff import read
 from kvlab.ops.attention import TinyAttention, paged_decode_attention_ref
 from kvlab.ops.testing import close, make_case

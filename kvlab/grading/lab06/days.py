@@ -7,13 +7,7 @@ from __future__ import annotations
 import functools
 
 from kvlab.core.block_manager import PagedCache
-from kvlab.grading.scheduler_days import (  # noqa: F401 (Day and its kin, by their old path)
-    DAY_FIGURES,
-    Day,
-    figures,
-    same_figures,
-    simulated_day,
-)
+from kvlab.grading.scheduler_days import FULL_HOTEL, Day, simulated_day
 from kvlab.serving import make_cache
 from kvlab.serving.workload import Request, sharegpt_like
 
@@ -30,20 +24,6 @@ DAY_TEXT = (
     "max_seq_len=256, block_size=8)"
 )
 
-
-def _simulated_day() -> Day:
-    """``DAY`` as simulate() serves it."""
-    return simulated_day("simulate", DAY, DAY_SETUP, DAY_TEXT)
-
-
-# the full hotel's guests: (name, prompt, answer, arrival), on 6 rooms of 4 beds
-FULL_HOTEL = (
-    ("ann", 5, 4, 0.0),
-    ("ben", 2, 6, 0.0),
-    ("cat", 7, 3, 1.0),
-    ("dan", 3, 3, 1.0),
-    ("eve", 9, 2, 1.0),
-)
 
 DAYS = {
     day.name: day
@@ -110,6 +90,6 @@ DAYS = {
                 ("eve", 2, 2, 1.0),
             ),
         ),
-        _simulated_day(),
+        simulated_day("simulate", DAY, DAY_SETUP, DAY_TEXT),  # DAY as simulate() serves it
     )
 }

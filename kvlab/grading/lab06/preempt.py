@@ -6,6 +6,7 @@ every other guest, the counts kvlab keeps itself) name the first difference and 
 from __future__ import annotations
 
 import copy
+import functools
 from collections import deque
 
 from kvlab.core.block_manager import PagedCache
@@ -13,13 +14,14 @@ from kvlab.grading import slips
 from kvlab.grading.blame import explain_exception, learner_frames, raised
 from kvlab.grading.expect import CheckFailed, short
 from kvlab.grading.lab06 import hints
-from kvlab.grading.lab06.days import DAY, DAY_SETUP, DAY_TEXT, figures, same_figures
+from kvlab.grading.lab06.days import DAY, DAY_SETUP, DAY_TEXT
 from kvlab.grading.lab06.references import VICTIM_SLIPS
-from kvlab.grading.lab06.views import error_slip
 from kvlab.grading.own_code import HANDOVER, call_own
 from kvlab.grading.registry import exercise
+from kvlab.grading.scheduler_days import figures, same_figures
 from kvlab.grading.scheduler_views import GUEST, cache_diff, ids, scheduler_text, show, state_text
 from kvlab.grading.state_diff import Field, each, first_difference, read
+from kvlab.grading.step_rules import error_slip
 from kvlab.serving import simulate
 from kvlab.serving.scheduler import Scheduler, Sequence, SequenceStatus
 
@@ -154,18 +156,12 @@ def judge_preempt(fn, scheduler: Scheduler, where: str, replay: str | None = Non
         raise raised(error, error_slip(error), input=where, replay=replay)
     expected = Scheduler.preempt(reference)
     victim = expected.seq_id
-    if not isinstance(scheduler.running, list):
-        fail(
-            "scheduler.running must stay a list",
-            got=short(scheduler.running),
-            hint=hints.NOT_A_LIST,
-        )
-    if not isinstance(scheduler.waiting, deque):
-        fail(
-            "scheduler.waiting must stay a deque",
-            got=short(scheduler.waiting),
-            hint=hints.NOT_A_DEQUE,
-        )
+    for name, kind, hint in (
+        ("running", list, hints.NOT_A_LIST),
+        ("waiting", deque, hints.NOT_A_DEQUE),
+    ):
+        if not isinstance(held := getattr(scheduler, name), kind):
+            fail(f"scheduler.{name} must stay a {kind.__name__}", got=short(held), hint=hint)
 
     now = read(SCHEDULER, scheduler)
     removed, chosen = _who_left(running, now, waiting_before, value)
@@ -272,16 +268,14 @@ def _busy(fn, mode: str) -> None:
     judge_preempt(fn, s, scheduler_text(s))
 
 
-@preempt_ex.check(
-    "recompute: the guest checked in last leaves, their rooms are freed, they wait first in line"
-)
-def _recompute(fn):
-    _busy(fn, "recompute")
-
-
-@preempt_ex.check("swap: the same guest leaves, with their K and V kept (num_computed stays)")
-def _swap(fn):
-    _busy(fn, "swap")
+for mode, name in (
+    (
+        "recompute",
+        "recompute: the guest checked in last leaves, their rooms are freed, they wait first in line",
+    ),
+    ("swap", "swap: the same guest leaves, with their K and V kept (num_computed stays)"),
+):
+    preempt_ex.check(name)(functools.partial(_busy, mode=mode))
 
 
 @preempt_ex.check("every guest asked to leave in turn, then once more with nobody in the hotel")

@@ -1,13 +1,13 @@
-"""Lab 06's slipped references: kvlab's :class:`~kvlab.serving.scheduler.Scheduler` with one
-decision of a step changed (a subclass overriding one hook), and the tables of slips the checks
-try. A slip's answer is a step function ``(scheduler, now)`` (:class:`kvlab.grading.lockstep.slipped`), as the learner's
-is, so it serves a day in the same engine."""
+"""Lab 06's slips: kvlab's :class:`~kvlab.serving.scheduler.Scheduler` with one decision of a step
+changed (a subclass overriding one hook, :func:`variant`), served as a step function ``(scheduler,
+now)`` (:class:`kvlab.grading.lockstep.slipped`), as the learner's is, in the same engine."""
 
 from __future__ import annotations
 
 from kvlab.grading.lab06 import hints
 from kvlab.grading.lockstep import slipped
 from kvlab.grading.slips import Slip
+from kvlab.grading.step_rules import AdmitFirst, AnyArrival, NoHold, PastRefused
 from kvlab.serving.scheduler import Scheduler, Sequence, SequenceStatus
 
 WAITING, RUNNING, PREEMPTED, SWAPPED, FINISHED = SequenceStatus
@@ -20,160 +20,83 @@ VICTIM_SLIPS = (
 )
 
 
-# --- where retiring goes, and the order of a step ---------------------------------------------
+RETIRE, SERVE, ADMIT = Scheduler.PHASES  # the order of kvlab's step
 
 
-class RetireAfterDecode(Scheduler):
-    PHASES = ("_serve_running", "_retire_done", "_admit_arrived")
+def variant(name: str, **hook) -> type[Scheduler]:
+    """kvlab's Scheduler with one hook (a method, or PHASES: the order of a step) changed."""
+    return type(name, (Scheduler,), hook)
 
 
-class RetireLast(Scheduler):
-    PHASES = ("_serve_running", "_admit_arrived", "_retire_done")
+def step_slip(mistake: str, answer: str | type, any_refused: bool = False, **hook) -> Slip:
+    """A slip of the step: ``answer``, or the variant of that name with ``hook`` changed."""
+    answer = variant(answer, **hook) if isinstance(answer, str) else answer
+    return Slip(mistake, slipped(answer, any_refused=any_refused))
 
 
-class NoRetire(Scheduler):
-    PHASES = ("_serve_running", "_admit_arrived")
+def _retire_live(self) -> list[Sequence]:  # walks the list finish() removes the guest from
+    done = []
+    for seq in self.running:
+        if self.done(seq):
+            self.finish(seq)
+            done.append(seq)
+    return done
 
 
-class RetireLive(Scheduler):
-    def retire(self) -> list[Sequence]:  # walks the list finish() removes the guest from
-        done = []
-        for seq in self.running:
-            if self.done(seq):
-                self.finish(seq)
-                done.append(seq)
-        return done
+def _cap_past_full(self, seq, step) -> bool:
+    return self.max_batch is not None and len(self.running) > self.max_batch
 
 
-class RetireEarly(Scheduler):
-    def done(self, seq: Sequence) -> bool:
-        return seq.num_generated == seq.output_len - 1
+def _only_new(self, seq, now) -> bool:  # a guest back after a preemption stops the queue
+    return Scheduler.arrived(self, seq, now) and seq.status is WAITING
 
 
-class AdmitFirst(Scheduler):
-    PHASES = ("_retire_done", "_admit_arrived", "_serve_running")
+def _full_refuses(self, seq, step) -> bool:
+    full = Scheduler.batch_full(self, seq, step)
+    if full:
+        step.refused = seq
+    return full
 
 
-class NoFirstToken(Scheduler):
-    def start(self, seq, left, step) -> None:
-        pass
+def _no_count(self, seq, step) -> None:
+    Scheduler._decode(self, seq, step)
+    seq.num_generated -= 1  # as if num_generated += 1 were left out
+
+
+def _note_past_self(self, victim, seq, step) -> bool:  # goes on for a guest that left
+    step.preempted.append(victim)
+    return False
+
+
+def _by_hand(self) -> Sequence:  # as recompute does, whatever scheduler.preemption says
+    victim = self.running.pop()
+    self.cache.release(victim.seq_id)
+    victim.num_computed = 0
+    victim.status = PREEMPTED
+    self.waiting.appendleft(victim)
+    return victim
+
+
+def _by_hand_counted(self) -> Sequence:
+    victim = _by_hand(self)
+    self.num_preemptions += 1
+    return victim
+
+
+NoFirstToken = variant("NoFirstToken", start=lambda s, seq, left, step: None)
+ByHand = variant("ByHand", preempt=_by_hand)
+SkipNobody = variant("SkipNobody", serves=lambda s, seq, step: True)
+SkipPreemptedOnly = variant(
+    "SkipPreemptedOnly", serves=lambda s, seq, step: seq.status is not PREEMPTED
+)
 
 
 class OldOrder(AdmitFirst, NoFirstToken):
     """Admit (no first token), then decode everyone: kvlab's order before vLLM's."""
 
 
-# --- admitting ----------------------------------------------------------------------------------
-
-
-class NoHold(Scheduler):
-    def admits(self, step) -> bool:
-        return self.batching == "continuous" or not self.running
-
-
-class PastRefused(Scheduler):
-    def stops_queue(self, seq) -> bool:
-        return False
-
-
-class AnyArrival(Scheduler):
-    def arrived(self, seq, now) -> bool:
-        return True
-
-
-class StrictArrival(Scheduler):
-    def arrived(self, seq, now) -> bool:
-        return seq.arrival < now
-
-
-class NoReadmit(Scheduler):
-    def arrived(self, seq, now) -> bool:  # a guest back after a preemption stops the queue
-        return super().arrived(seq, now) and seq.status is WAITING
-
-
-class NoCap(Scheduler):
-    def batch_full(self, seq, step) -> bool:
-        return False
-
-
-class CapPastFull(Scheduler):
-    def batch_full(self, seq, step) -> bool:
-        return self.max_batch is not None and len(self.running) > self.max_batch
-
-
-class FullRefuses(Scheduler):
-    def batch_full(self, seq, step) -> bool:
-        full = super().batch_full(seq, step)
-        if full:
-            step.refused = seq
-        return full
-
-
-class AskPrompt(Scheduler):
-    def refusal(self, seq, left):
-        return self.cache.refusal(seq.prompt_len, seq.remaining)
-
-
-class AskTokens(Scheduler):
-    def refusal(self, seq, left):
-        return self.cache.refusal(seq.num_tokens)
-
-
-class AskNothing(Scheduler):
-    def refusal(self, seq, left):
-        return None
-
-
-# --- decoding -------------------------------------------------------------------------------------
-
-
-class NoCount(Scheduler):
-    def _decode(self, seq, step) -> None:
-        super()._decode(seq, step)
-        seq.num_generated -= 1  # as if num_generated += 1 were left out
-
-
-class AppendBlind(Scheduler):
-    def _make_room(self, seq, step) -> None:  # appends without asking can_append
-        self._decode(seq, step)
-
-
-class SkipNobody(Scheduler):
-    def serves(self, seq, step) -> bool:
-        return True
-
-
-class SkipPreemptedOnly(Scheduler):
-    def serves(self, seq, step) -> bool:
-        return seq.status is not PREEMPTED
-
-
-class MakeRoomPastSelf(Scheduler):
-    def note_preempted(self, victim, seq, step) -> bool:  # goes on for a guest that left
-        step.preempted.append(victim)
-        return False
-
-
-class NotNoted(Scheduler):
-    def note_preempted(self, victim, seq, step) -> bool:
-        return victim is seq
-
-
-class ByHand(Scheduler):
-    def preempt(self) -> Sequence:  # as recompute does, whatever scheduler.preemption says
-        victim = self.running.pop()
-        self.cache.release(victim.seq_id)
-        victim.num_computed = 0
-        victim.status = PREEMPTED
-        self.waiting.appendleft(victim)
-        return victim
-
-
 class ByHandCounted(ByHand):
-    def preempt(self) -> Sequence:
-        victim = super().preempt()
-        self.num_preemptions += 1
-        return victim
+    preempt = _by_hand_counted
 
 
 # kvlab's step as the slips' table serves it (no decision changed): what the checks compare with
@@ -181,31 +104,41 @@ slipped_step = slipped(Scheduler)
 
 # the usual slips of a step: each is kvlab's step with that one mistake put in
 STEP_SLIPS = (
-    Slip(hints.RETIRE_AT_START, slipped(RetireAfterDecode)),
-    Slip(hints.RETIRE_AT_START, slipped(RetireLast)),
-    Slip(hints.NO_RETIRE, slipped(NoRetire)),
-    Slip(hints.RETIRE_COPY, slipped(RetireLive)),
-    Slip(hints.RETIRE_EARLY, slipped(RetireEarly)),
-    Slip(hints.ADMIT_FIRST, slipped(OldOrder)),
-    Slip(hints.TWICE, slipped(AdmitFirst)),
-    Slip(hints.FIRST_TOKEN, slipped(NoFirstToken)),
-    Slip(hints.HOLD, slipped(NoHold)),
-    Slip(hints.FCFS, slipped(PastRefused, any_refused=True)),
-    Slip(hints.ARRIVAL, slipped(AnyArrival)),
-    Slip(hints.ARRIVAL_STRICT, slipped(StrictArrival)),
-    Slip(hints.MAX_BATCH, slipped(NoCap)),
-    Slip(hints.MAX_BATCH_OFF, slipped(CapPastFull)),
-    Slip(hints.FULL_NOT_REFUSED, slipped(FullRefuses, any_refused=True)),
-    Slip(hints.READMIT, slipped(NoReadmit)),
-    Slip(hints.REFUSAL_TOKENS, slipped(AskPrompt)),
-    Slip(hints.REFUSAL_REMAINING, slipped(AskTokens)),
-    Slip(hints.ASK_ADMIT, slipped(AskNothing)),
-    Slip(hints.COUNT, slipped(NoCount)),
-    Slip(hints.ASK_APPEND, slipped(AppendBlind)),
-    Slip(hints.SKIP, slipped(SkipNobody)),
-    Slip(hints.SKIP_SWAPPED, slipped(SkipPreemptedOnly)),
-    Slip(hints.SELF, slipped(MakeRoomPastSelf)),
-    Slip(hints.USE_PREEMPT, slipped(ByHand)),
-    Slip(hints.USE_PREEMPT, slipped(ByHandCounted)),
-    Slip(hints.NOT_NOTED, slipped(NotNoted)),
+    step_slip(hints.RETIRE_AT_START, "RetireAfterDecode", PHASES=(SERVE, RETIRE, ADMIT)),
+    step_slip(hints.RETIRE_AT_START, "RetireLast", PHASES=(SERVE, ADMIT, RETIRE)),
+    step_slip(hints.NO_RETIRE, "NoRetire", PHASES=(SERVE, ADMIT)),
+    step_slip(hints.RETIRE_COPY, "RetireLive", retire=_retire_live),
+    step_slip(
+        hints.RETIRE_EARLY, "RetireEarly", done=lambda s, q: q.num_generated == q.output_len - 1
+    ),
+    step_slip(hints.ADMIT_FIRST, OldOrder),
+    step_slip(hints.TWICE, AdmitFirst),
+    step_slip(hints.FIRST_TOKEN, NoFirstToken),
+    step_slip(hints.HOLD, NoHold),
+    step_slip(hints.FCFS, PastRefused, any_refused=True),
+    step_slip(hints.ARRIVAL, AnyArrival),
+    step_slip(hints.ARRIVAL_STRICT, "StrictArrival", arrived=lambda s, q, now: q.arrival < now),
+    step_slip(hints.MAX_BATCH, "NoCap", batch_full=lambda s, q, step: False),
+    step_slip(hints.MAX_BATCH_OFF, "CapPastFull", batch_full=_cap_past_full),
+    step_slip(hints.FULL_NOT_REFUSED, "FullRefuses", any_refused=True, batch_full=_full_refuses),
+    step_slip(hints.READMIT, "NoReadmit", arrived=_only_new),
+    step_slip(
+        hints.REFUSAL_TOKENS,
+        "AskPrompt",
+        refusal=lambda s, q, left: s.cache.refusal(q.prompt_len, q.remaining),
+    ),
+    step_slip(
+        hints.REFUSAL_REMAINING,
+        "AskTokens",
+        refusal=lambda s, q, left: s.cache.refusal(q.num_tokens),
+    ),
+    step_slip(hints.ASK_ADMIT, "AskNothing", refusal=lambda s, q, left: None),
+    step_slip(hints.COUNT, "NoCount", _decode=_no_count),
+    step_slip(hints.ASK_APPEND, "AppendBlind", _make_room=lambda s, q, step: s._decode(q, step)),
+    step_slip(hints.SKIP, SkipNobody),
+    step_slip(hints.SKIP_SWAPPED, SkipPreemptedOnly),
+    step_slip(hints.SELF, "MakeRoomPastSelf", note_preempted=_note_past_self),
+    step_slip(hints.USE_PREEMPT, ByHand),
+    step_slip(hints.USE_PREEMPT, ByHandCounted),
+    step_slip(hints.NOT_NOTED, "NotNoted", note_preempted=lambda s, victim, q, step: victim is q),
 )

@@ -18,18 +18,24 @@ from __future__ import annotations
 
 from kvlab.core.block_manager import PagedCache
 from kvlab.grading import lockstep as lockstep_
-from kvlab.grading.lab06 import hints as lab06_hints
-from kvlab.grading.lab06.days import FULL_HOTEL
-from kvlab.grading.lab06.references import AdmitFirst, AnyArrival, NoHold, PastRefused
-from kvlab.grading.lab06.step import STEP_HINTS, STEP_REFERENCE, _direct
 from kvlab.grading.lab09 import hints
 from kvlab.grading.lockstep import Rules, slipped
 from kvlab.grading.registry import exercise
-from kvlab.grading.scheduler_days import Day, same_figures, simulated_day
+from kvlab.grading.scheduler_days import FULL_HOTEL, Day, same_figures, simulated_day
 from kvlab.grading.scheduler_days import figures as day_figures
 from kvlab.grading.scheduler_views import STEP, show
 from kvlab.grading.slips import Slip
 from kvlab.grading.state_diff import Field, each
+from kvlab.grading.step_hints import ARRIVAL, FCFS, HOLD
+from kvlab.grading.step_rules import (
+    STEP_HINTS,
+    STEP_REFERENCE,
+    AdmitFirst,
+    AnyArrival,
+    NoHold,
+    PastRefused,
+)
+from kvlab.grading.step_rules import direct as step_direct
 from kvlab.serving import simulate
 from kvlab.serving.scheduler import Scheduler
 from kvlab.serving.workload import Request, documents_among_chats
@@ -90,9 +96,9 @@ SLIPS = (
     Slip(hints.MEMORY_CHUNK, slipped(AskChunk)),
     Slip(hints.MEMORY_CHUNK, slipped(AskNoneWhenChunked)),
     Slip(hints.BUDGET_SPENT, slipped(GoOn)),
-    Slip(lab06_hints.HOLD, slipped(NoHold)),
-    Slip(lab06_hints.FCFS, slipped(PastRefused, any_refused=True)),
-    Slip(lab06_hints.ARRIVAL, slipped(AnyArrival)),
+    Slip(HOLD, slipped(NoHold)),
+    Slip(FCFS, slipped(PastRefused, any_refused=True)),
+    Slip(ARRIVAL, slipped(AnyArrival)),
 )
 
 
@@ -130,7 +136,7 @@ def direct(day: Day, mine, expected: dict, queue: list) -> str | None:
             return hints.OVER_BUDGET
     if any(entry.endswith(":0") for entry in got[TABLE[7].name]):
         return hints.BUDGET_SPENT
-    return _direct(day, mine, expected, queue)
+    return step_direct(day, mine, expected, queue)
 
 
 # the lab's day, shrunk: chats with long documents among them, at a tenth of their length
