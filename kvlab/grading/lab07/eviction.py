@@ -46,14 +46,6 @@ def _queue_text(queue, hashes) -> str:
     return f"[{shown}{more}]"
 
 
-def _hotel_text(queue, cached, hashes) -> str:
-    cached_rooms = sorted(hashes)
-    return (
-        f"free_queue {_queue_text(queue, hashes)} (front first, * = holds a cached block), "
-        f"cached rooms {card_text(cached_rooms)}"
-    )
-
-
 def _take_error_slip(error, queue, hashes) -> str | None:
     if isinstance(error, KeyError) and queue and error.args and error.args[0] == queue[0]:
         return hints.KEYED_BY_HASH if queue[0] in hashes else hints.NOT_CACHED
@@ -108,25 +100,55 @@ TAKEN = (
 )
 
 
-def _take(fn, queue: list, cached: dict, hashes: dict) -> tuple:
-    return call_own(fn, queue, cached, hashes, guard=KVLAB_CODE, task=EVICT_TASK)
+def _refusal(got, error) -> tuple[str, str]:
+    """What an empty queue's take_block did instead of raising OutOfBlocks, and its hint."""
+    if error is None:
+        return (
+            f"no error, returned {short(got)}",
+            hints.EMPTY_NONE if got is None else hints.EMPTY_VALUE,
+        )
+    hint = hints.EMPTY if isinstance(error, IndexError) else "raise OutOfBlocks here"
+    return explain_exception(error)[0], hint
 
 
 def _expect_take(fn, queue: list, cached: dict, hashes: dict, story: str, replay=None):
     """Call ``fn`` on the three structures (changed in place, as the caller's) and compare them
-    and the room returned with the rule's. Returns the room."""
-    where = f"{story}: {_hotel_text(queue, cached, hashes)}"
+    and the room returned with the rule's; an empty queue is refused (OutOfBlocks, a
+    MemoryError) and nothing changes. Returns the room (None when refused)."""
+    where = (
+        f"{story}: free_queue {_queue_text(queue, hashes)} (front first, * = holds a cached "
+        f"block), cached rooms {card_text(sorted(hashes))}"
+    )
     before = (list(queue), dict(cached), dict(hashes))
     want = copy.deepcopy(before)
-    expected = reference_take(*want)
 
     def fail(message, **details):
         raise CheckFailed(message, input=where, replay=replay, **details)
 
-    got, error = _take(fn, queue, cached, hashes)
+    got, error = call_own(fn, queue, cached, hashes, guard=KVLAB_CODE, task=EVICT_TASK)
+    if not before[0]:
+        if not isinstance(error, MemoryError):
+            seen, hint = _refusal(got, error)
+            fail(
+                "no room is free: take_block is refused",
+                expected="OutOfBlocks (a MemoryError)",
+                got=seen,
+                hint=hint,
+            )
+        if (queue, cached, hashes) == before:
+            return None
+        hint = "check that free_queue is not empty before changing anything"
+        fail(
+            "a refused call must change nothing",
+            expected=_maps_text(*before[1:]),
+            got=_maps_text(cached, hashes),
+            hint=hint,
+        )
     if error is not None:
-        hint = _take_error_slip(error, before[0], before[2])
-        raise raised(error, hint, input=where, replay=replay)
+        raise raised(
+            error, _take_error_slip(error, before[0], before[2]), input=where, replay=replay
+        )
+    expected = reference_take(*want)
     if not room_number(got):
         fail(
             "take_block returns the room number it took",
@@ -135,46 +157,13 @@ def _expect_take(fn, queue: list, cached: dict, hashes: dict, story: str, replay
             hint=_room_type_slip(got, expected),
         )
     if got != expected:
-        slip = slips.first(slips.matching(TAKE_SLIPS, got, before, expected))
-        hint = slips.hint(slip)
+        hint = slips.hint(slips.first(slips.matching(TAKE_SLIPS, got, before, expected)))
         fail("the wrong room was handed out", expected=str(expected), got=str(got), hint=hint)
     context = dict(room=expected, fn=fn, before=before)
     d = first_difference(TAKEN, read(TAKEN, *want), read(TAKEN, queue, cached, hashes), **context)
     if d is not None:
-        shown, seen = d.shown
-        fail(d.message, expected=shown, got=seen, hint=d.hint)
+        fail(d.message, expected=d.shown[0], got=d.shown[1], hint=d.hint)
     return got
-
-
-def _expect_refused(fn, queue: list, cached: dict, hashes: dict, story: str, replay=None):
-    """An empty queue: OutOfBlocks (a MemoryError), nothing changed."""
-    where = f"{story}: {_hotel_text(queue, cached, hashes)}"
-    before = (list(queue), dict(cached), dict(hashes))
-    got, error = _take(fn, queue, cached, hashes)
-    if not isinstance(error, MemoryError):
-        if error is None:
-            got_text = f"no error, returned {short(got)}"
-            hint = hints.EMPTY_NONE if got is None else hints.EMPTY_VALUE
-        else:
-            got_text = explain_exception(error)[0]
-            hint = hints.EMPTY if isinstance(error, IndexError) else "raise OutOfBlocks here"
-        raise CheckFailed(
-            "no room is free: take_block is refused",
-            input=where,
-            replay=replay,
-            expected="OutOfBlocks (a MemoryError)",
-            got=got_text,
-            hint=hint,
-        )
-    if (queue, cached, hashes) != before:
-        raise CheckFailed(
-            "a refused call must change nothing",
-            input=where,
-            replay=replay,
-            expected=_maps_text(*before[1:]),
-            got=_maps_text(cached, hashes),
-            hint="check that free_queue is not empty before changing anything",
-        )
 
 
 def _takes(fn, rooms: dict, queue: list, stories) -> None:
@@ -182,7 +171,7 @@ def _takes(fn, rooms: dict, queue: list, stories) -> None:
     the queue is empty)."""
     cached, hashes = {h: b for b, h in rooms.items()}, dict(rooms)
     for story in stories:
-        (_expect_take if queue else _expect_refused)(fn, queue, cached, hashes, story)
+        _expect_take(fn, queue, cached, hashes, story)
 
 
 CARD = [5, 2, 7, 0]  # a guest's key card: 16 tokens in 4 full rooms, all cached
@@ -226,13 +215,10 @@ for _name, _take_case in TAKES.items():
 
 
 DAY_SEED, DAY_STEPS = 9, 300
-
-
-def _day_replay(fn, seed: int, steps: int) -> str:
-    return (
-        f"random.Random({seed}), step {steps}: `from kvlab.grading.lab07 import random_day; "
-        f"random_day({getattr(fn, '__name__', 'take_block')}, steps={steps})` prints every step"
-    )
+DAY_REPLAY = (
+    "random.Random({seed}), step {step}: `from kvlab.grading.lab07 import random_day; "
+    "random_day({fn}, steps={step})` prints every step"
+)
 
 
 def random_day(fn, steps: int = DAY_STEPS, seed: int = DAY_SEED, echo: bool = True):
@@ -243,27 +229,22 @@ def random_day(fn, steps: int = DAY_STEPS, seed: int = DAY_SEED, echo: bool = Tr
     rng = random.Random(seed)
     queue, cached, hashes = list(range(12)), {}, {}
     guests: list[list[int]] = []  # each guest's rooms
-    step = 0
-
-    def say(text):
-        if echo:
-            print(text)
-
     try:
         for step in range(1, steps + 1):
             roll = rng.random()
-            replay = _day_replay(fn, seed, step)
             if roll < 0.55:
-                story = f"step {step} of a random day, taking a room"
-                if not queue:
-                    say(f"{step}: take_block with the queue empty")
-                    _expect_refused(fn, queue, cached, hashes, story, replay)
-                    continue
-                say(f"{step}: take_block from {_queue_text(queue, hashes)}")
-                room = _expect_take(fn, queue, cached, hashes, story, replay)
-                if guests and rng.random() < 0.6:
+                took = f"from {_queue_text(queue, hashes)}" if queue else "with the queue empty"
+                if echo:
+                    print(f"{step}: take_block {took}")
+                replay = DAY_REPLAY.format(
+                    seed=seed, step=step, fn=getattr(fn, "__name__", "take_block")
+                )
+                room = _expect_take(
+                    fn, queue, cached, hashes, f"step {step} of a random day, taking a room", replay
+                )
+                if room is not None and guests and rng.random() < 0.6:
                     rng.choice(guests).append(room)
-                else:
+                elif room is not None:
                     guests.append([room])
             elif roll < 0.85 and guests:
                 card = guests.pop(rng.randrange(len(guests)))
@@ -273,14 +254,14 @@ def random_day(fn, steps: int = DAY_STEPS, seed: int = DAY_SEED, echo: bool = Tr
                     if h not in cached and room not in hashes:  # a reused room keeps its hash
                         cached[h], hashes[room] = room, h
                 queue.extend(reversed(card))
-                say(f"{step}: a guest with key card {card} checks out ({full} rooms full)")
-            else:
-                hit = [b for b in queue if b in hashes]
-                if hit:
-                    room = rng.choice(hit)
-                    queue.remove(room)
-                    guests.append([room])
-                    say(f"{step}: a new prompt reuses cached room {room}")
+                if echo:
+                    print(f"{step}: a guest with key card {card} checks out ({full} rooms full)")
+            elif hit := [b for b in queue if b in hashes]:
+                room = rng.choice(hit)
+                queue.remove(room)
+                guests.append([room])
+                if echo:
+                    print(f"{step}: a new prompt reuses cached room {room}")
     except CheckFailed as failure:
         if not echo:
             raise
