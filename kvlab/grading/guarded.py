@@ -56,7 +56,7 @@ class GuardedLaunch:
     """One launch of the learner's kernel on guarded copies of ``args``: ``got`` (a view of the
     guarded output, shaped as ``args[0]``) and ``strays``, the output's guard values the kernel
     changed. ``launch(fn, *args, out=)`` runs the kernel; the tensors named in ``inputs`` (the
-    first arguments) are guarded with NaN, or 0 for those in ``zero_guards``; ``pad`` is wider
+    first arguments) are guarded with NaN, or 0 for those in ``zero_guards`` and integer ones; ``pad`` is wider
     than any stray reaches."""
 
     def __init__(
@@ -73,7 +73,8 @@ class GuardedLaunch:
         head_dim = args[0].shape[-1]
         guarded_inputs = []
         for name, t in zip(inputs, args, strict=False):
-            fill = 0.0 if name in zero_guards else math.nan
+            nan_free = name in zero_guards or not t.dtype.is_floating_point  # int8 has no NaN
+            fill = 0.0 if nan_free else math.nan
             guarded_inputs.append(guarded(t, pad, fill, row=pow2(head_dim))[0])
         out, self.buffer = guarded(torch.empty_like(args[0]), pad, OUT_GUARD)
         _bits(out).fill_(UNWRITTEN_BITS[args[0].dtype])
@@ -91,17 +92,20 @@ class GuardedLaunch:
         return tuple(int(i) for i in nothing.nonzero()[0]) if nothing.any() else None
 
     def input_read_outside(self) -> str | None:
-        """The input whose NaN guards reached the answer: launched again with that input's
-        guards holding 0, the answer has fewer NaN (None: none did, or a launch raised)."""
+        """The input whose NaN guards reached the answer (None: none did, or a launch raised)."""
+        return next((name for name in self.inputs if self.read_outside(name)), None)
+
+    def read_outside(self, *names: str) -> bool:
+        """Whether the NaN guards of the inputs ``names`` reached the answer: launched again with
+        their guards holding 0, the answer has fewer NaN (False where a launch raises)."""
         nans = int(self.got.isnan().sum())
-        for name in self.inputs if nans else ():
-            try:
-                again = self._again((name,)).got
-            except Exception:
-                return None
-            if int(again.isnan().sum()) < nans:
-                return name
-        return None
+        if not nans:
+            return False
+        try:
+            again = self._again(names).got
+        except Exception:
+            return False
+        return int(again.isnan().sum()) < nans
 
     def stray_report(self) -> str:
         """Where the kernel stored outside the output."""

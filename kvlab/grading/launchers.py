@@ -42,13 +42,14 @@ def run_isolated(launch, timeout: float):
         return None, f"it crashed its process ({crash.how})"
 
 
-def launch_decode_isolated(fn, *args, timeout: float = 60.0):
+def launch_decode_isolated(fn, *args, timeout: float = 60.0, launcher=launch_paged_decode):
     """Lab 05: ``launch_paged_decode(fn, *args)`` for a notebook cell: ``(output, None)``, or
-    ``(None, what went wrong)`` when it raised, crashed or ran past ``timeout`` seconds."""
+    ``(None, what went wrong)`` when it raised, crashed or ran past ``timeout`` seconds. Lab 11
+    passes ``launcher=launch_paged_decode_quantized``."""
 
     def launch():
         try:
-            return launch_paged_decode(fn, *args), None
+            return launcher(fn, *args), None
         except Exception as error:
             return None, f"it raised {explain_exception(error)[0]}"
 

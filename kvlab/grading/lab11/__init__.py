@@ -4,6 +4,7 @@
 against a shadow of every room), :mod:`.latent` ``11.latent`` (attention over an MLA latent
 cache with the up-projections absorbed, against the expanded per-head K/V), :mod:`.quantize`
 ``11.quantize`` (K and V stored in fp8 or int8 with a scale per token and KV head),
+:mod:`.dequant` ``11.dequant`` (Lab 05's kernel reading those labels beside its beds),
 :mod:`.hybrid` ``11.hybrid`` (a hybrid model's layers grouped and paged as vLLM v1 does, and
 what one request reserves), :mod:`.hints` the hints.
 """
@@ -17,7 +18,10 @@ from kvlab.grading.lab11 import latent
 from kvlab.grading.lab11 import quantize
 
 # isort: split
+from kvlab.grading.lab11 import dequant
+
+# isort: split
 from kvlab.grading.lab11 import hybrid
 from kvlab.grading.lab11.hints import *  # noqa: F403 (the hints, by name, for the tests)
 
-__all__ = ["hybrid", "latent", "quantize", "window"]
+__all__ = ["dequant", "hybrid", "latent", "quantize", "window"]

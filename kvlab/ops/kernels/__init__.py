@@ -24,7 +24,11 @@ from kvlab.ops.kernels.quantized import (
     paged_decode_quant_kernel,
     prepare_paged_decode_quantized,
 )
-from kvlab.ops.kernels.room_by_room import launch_paged_decode, paged_decode_kernel
+from kvlab.ops.kernels.room_by_room import (
+    launch_paged_decode,
+    launch_paged_decode_quantized,
+    paged_decode_kernel,
+)
 from kvlab.ops.kernels.tiled import (
     LAUNCH_DEFAULTS,
     LaunchConfig,
@@ -49,6 +53,7 @@ __all__ = [
     "choose_splits",
     "launch_config",
     "launch_paged_decode",
+    "launch_paged_decode_quantized",
     "merge_splits_kernel",
     "paged_decode_attention",
     "paged_decode_attention_quantized",

@@ -14,6 +14,7 @@ import triton.language as tl
 
 from kvlab.ops.attention import check_paged_inputs
 from kvlab.ops.kernels.dtypes import store_dtype
+from kvlab.ops.kernels.quantized import check_quantized_inputs
 from kvlab.ops.kernels.sizes import check_block_size, pow2, strides
 
 
@@ -97,6 +98,27 @@ def launch_paged_decode(
     interpreter), so CPU and GPU give the same bits.
     """
     check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens)
+    return _launch(kernel, q, (k_cache, v_cache), block_tables, seq_lens, scale, out)
+
+
+def launch_paged_decode_quantized(
+    kernel, q, k_values, v_values, k_scales, v_scales, block_tables, seq_lens, *, scale=None,
+    out=None,
+):  # fmt: skip
+    """Lab 11: as :func:`launch_paged_decode`, for a kernel that also takes the scales (its
+    arguments ``ks_ptr, vs_ptr`` after ``v_ptr``, their strides ``stride_ksb, stride_kst,
+    stride_ksh, stride_vsb, stride_vst, stride_vsh`` after V's): 8-bit K/V
+    ``[num_blocks, block_size, kv_heads, head_dim]`` and fp32 scales ``[num_blocks, block_size,
+    kv_heads]`` (:func:`kvlab.ops.quant.quantize_cache` makes them)."""
+    check_quantized_inputs(q, k_values, v_values, k_scales, v_scales, block_tables, seq_lens)
+    caches = (k_values, v_values, k_scales, v_scales)
+    return _launch(kernel, q, caches, block_tables, seq_lens, scale, out)
+
+
+def _launch(kernel, q, caches, block_tables, seq_lens, scale, out):
+    """Launch ``kernel`` with q, the caches, the key cards, the lengths and out, then all their
+    strides in that order, the scale and the sizes."""
+    k_cache = caches[0]
     check_block_size(k_cache.shape[1])
     num_seqs, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -111,8 +133,8 @@ def launch_paged_decode(
         )
     if num_seqs > 0:
         kernel[(num_seqs, num_kv_heads)](
-            q, k_cache, v_cache, block_tables, seq_lens, out,
-            *strides(q, k_cache, v_cache, block_tables, out),
+            q, *caches, block_tables, seq_lens, out,
+            *strides(q, *caches, block_tables, out),
             scale,
             GROUP=group, GROUP_P2=pow2(group), BLOCK_SIZE=k_cache.shape[1],
             HEAD_DIM=head_dim, D_P2=pow2(head_dim),
