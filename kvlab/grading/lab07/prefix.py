@@ -18,12 +18,14 @@ from kvlab.grading.blame import raised
 from kvlab.grading.expect import CheckFailed, call_without_mutation, plural, short
 from kvlab.grading.key_cards import card_text, room_number
 from kvlab.grading.lab07 import hints
+from kvlab.grading.lab07 import references as ref
 from kvlab.grading.lab07.references import (
     KVLAB_CODE,
     CachedBlock,
     cache_prompt,
     cached_prefix,
     chain_hashes,
+    slipped,
 )
 from kvlab.grading.own_code import call_own
 from kvlab.grading.registry import exercise
@@ -175,45 +177,37 @@ CHAIN, STOP, CONFIRM, WHICH, SLICE = (
 )
 
 
-def _slip(how: dict, hint: str, cause: str, case: str) -> Slip:
-    answer = functools.partial(cached_prefix, **how)
+def _slip(answer, hint: str, cause: str, case: str) -> Slip:
     return Slip(hint, answer, cause, case=lambda: CASES[case]()[1:])
 
 
 PREFIX_SLIPS = [
-    _slip(dict(overlap=True), hints.OVERLAP, SLICE, "next block"),
-    _slip(dict(chained="root"), hints.UNCHAINED, CHAIN, "chain"),
-    _slip(dict(chained="root", confirm_parent=False), hints.UNCHAINED, CHAIN, "chain"),
-    _slip(dict(chained="key"), hints.UNCHAINED, CHAIN, "chain"),
-    _slip(dict(stop=False), hints.NO_STOP, STOP, "hole"),
-    _slip(dict(stop=False, parent_on_miss=False), hints.NO_STOP, STOP, "skip"),
-    _slip(dict(confirm_parent=False), hints.NO_PARENT_CONFIRM, CONFIRM, "parents collide"),
-    _slip(
-        dict(confirm_tokens=False, confirm_parent=False),
-        hints.NO_CONFIRM,
-        CONFIRM,
-        "tokens collide",
-    ),
-    _slip(dict(confirm_tokens=False), hints.NO_CONFIRM, CONFIRM, "tokens collide"),
-    _slip(dict(blocks="covers_last"), hints.COVERS_LAST, WHICH, "exact"),
-    _slip(dict(blocks="partial"), hints.PARTIAL, WHICH, "half block"),
-    _slip(dict(blocks="drops_one"), hints.DROPS_ONE, WHICH, "past the end"),
+    _slip(slipped(ref.Overlap), hints.OVERLAP, SLICE, "next block"),
+    _slip(slipped(ref.Unchained), hints.UNCHAINED, CHAIN, "chain"),
+    _slip(slipped(ref.Unchained, ref.TokensOnly), hints.UNCHAINED, CHAIN, "chain"),
+    _slip(slipped(ref.Keyed), hints.UNCHAINED, CHAIN, "chain"),
+    _slip(slipped(ref.NoStopFollowed), hints.NO_STOP, STOP, "hole"),
+    _slip(slipped(ref.NoStop), hints.NO_STOP, STOP, "skip"),
+    _slip(slipped(kind=ref.TokensOnly), hints.NO_PARENT_CONFIRM, CONFIRM, "parents collide"),
+    _slip(slipped(kind=ref.Trusted), hints.NO_CONFIRM, CONFIRM, "tokens collide"),
+    _slip(slipped(kind=ref.ParentOnly), hints.NO_CONFIRM, CONFIRM, "tokens collide"),
+    _slip(slipped(ref.CoversLast), hints.COVERS_LAST, WHICH, "exact"),
+    _slip(slipped(ref.Partial), hints.PARTIAL, WHICH, "half block"),
+    _slip(slipped(ref.DropsOne), hints.DROPS_ONE, WHICH, "past the end"),
 ]
 
 
 def _prefix_slip(fn, got, token_ids, block_size, cached) -> tuple[str | None, str | None]:
     """(hint, cause) for a wrong answer that a usual slip gives on this input and on its own
-    case, else (None, None)."""
+    case (the first in the table's order), else (None, None)."""
     args = (token_ids, block_size, cached)
     right = cached_prefix(*args)
-    for slip in slips.matching(PREFIX_SLIPS, got, args, right):
-        if slips.confirmed(slip, fn):
-            hint = slip.hint
-            if slip.answer.keywords.get("chained") == "root" and stores_attribute(
-                fn, "parent_hash"
-            ):
-                hint = hints.PARENT_HASH  # `parent = entry.parent_hash`: the parent stays ROOT_HASH
-            return hint, slip.cause
+    found = (s for s in slips.matching(PREFIX_SLIPS, got, args, right) if slips.confirmed(s, fn))
+    if (slip := slips.first(found)) is not None:
+        kept = slip.answer.keywords["cache"] is ref.Unchained and stores_attribute(
+            fn, "parent_hash"
+        )
+        return (hints.PARENT_HASH if kept else slip.hint), slip.cause  # the parent stays ROOT_HASH
     if got and got == chain_hashes(token_ids, block_size, len(got)):
         return hints.RETURN_HASHES, hints.RETURN_HASHES
     if got == [] and right:
