@@ -45,6 +45,7 @@ DID = {
     OTHER: "the key card changed otherwise",
 }
 
+PAIR = "(src, dst): the shared room, the new room"
 # (what append_slot should do, what it did): the copy-on-write slip that shows
 ACTION_SLIPS = {
     (NEW, COPY): hints.FULL_SHARED,  # a full room copied because it is shared
@@ -82,8 +83,7 @@ def _pair(value):
 @probing
 def _copies_held_once(cls) -> bool:
     """Whether append_slot replaces a partly filled room only this guest holds."""
-    m = cls(8, 4)
-    m.allocate("probe", 1)
+    play(m := cls(8, 4), "allocate probe 1")
     before = list(m.block_table("probe"))
     return m.append_slot("probe") is not None or list(m.block_table("probe")) != before
 
@@ -91,9 +91,7 @@ def _copies_held_once(cls) -> bool:
 def _shared_copy(cls):
     """4 rooms of 4 beds: 'a' checks in with 2 tokens, 'b' forks it and appends (a move to a
     copy). ``(manager, b's key card before)``."""
-    m = cls(4, 4)
-    m.allocate("a", 2)
-    m.fork("a", "b")
+    play(m := cls(4, 4), "allocate a 2", "fork a b")
     before = list(m.block_table("b"))
     m.append_slot("b")
     return m, before
@@ -126,8 +124,7 @@ def _copies_with_room_free(cls) -> bool:
 def _pairs_full_alone(cls) -> bool:
     """Whether append_slot returns a pair when a full room only this guest holds gets a new
     room after it (so a pair for a full shared room is the same slip)."""
-    m = cls(8, 4)
-    m.allocate("probe", 4)
+    play(m := cls(8, 4), "allocate probe 4")
     return _pair(m.append_slot("probe")) is not None
 
 
@@ -297,11 +294,7 @@ class _Judge(KeyCardJudge):
             )
         if want != COPY or (pair == (src, dst) and isinstance(moved, tuple)):
             return
-        what = (
-            "the tuple (src, dst)"
-            if pair == (src, dst)
-            else "(src, dst): the shared room, the new room"
-        )
+        what = "the tuple (src, dst)" if pair == (src, dst) else PAIR
         hint = {(src, dst): hints.RETURN_TUPLE, (dst, src): hints.SWAPPED}.get(pair)
         hint = hints.RETURN_PAIR if moved is None else hint
         message = f"after a move to a copy append_slot returns {what}"
@@ -337,10 +330,8 @@ SCENES = {
     "after a fork two guests share every room; the first to write into the shared last room "
     "moves to a copy and gets (old room, new room)": (
         16,
-        "allocate prompt 6",
-        "fork prompt sample",
-        "append sample",  # moves to a copy of the half-full room
-        "append prompt",  # now alone in the old room: in place
+        *("allocate prompt 6", "fork prompt sample"),
+        *("append sample", "append prompt"),  # a copy of the half-full room; then alone: in place
         *["append sample", "append prompt"] * 3,
     ),
     "a full shared room is not copied: the next token goes to a new room and the full room "
@@ -353,32 +344,22 @@ SCENES = {
     "when all three check out": (
         16,
         *("allocate prompt 5", "fork prompt s1", "fork prompt s2"),
-        "append s1",  # the shared room goes from 3 key cards to 2
-        "append s2",  # … and to 1
-        "append prompt",  # alone now: in place
-        "fork s1 s1b",  # a beam of a beam
-        "append s1b",
+        *("append s1", "append s2", "append prompt"),  # on 3 key cards, 2, then alone: in place
+        *("fork s1 s1b", "append s1b"),  # a beam of a beam
         *("free s1", "free s2", "free prompt", "free s1b"),
     ),
     "append_slot refuses without changing anything when it needs a room and none is free (a "
     "full last room, a shared last room), and for an unknown id": (
         3,
-        "allocate a 4",  # one full room
-        "allocate b 6",  # two rooms, the last with empty beds: the hotel is full
-        "fork b c",
+        *("allocate a 4", "allocate b 6", "fork b c"),  # a full room; two, one with empty beds
         ("refused_append", "a", "the last room of 'a' is full and no room is free"),
         ("refused_append", "c", "the last room of 'c' is shared and no room is free for the copy"),
         ("refused_unknown", "append_slot"),
-        "free a",
-        "append c",  # the copy gets the room 'a' gave back
-        "append b",  # alone again in the old room: in place, with no room free
+        *("free a", "append c", "append b"),  # the copy in the room 'a' gave back; b in place
     ),
 }
 for _name, (_rooms, *_steps) in SCENES.items():
     cow.check(_name)(lambda cls, rooms=_rooms, steps=_steps: play(_Judge(cls, rooms, 4), *steps))
-
-
-EVENING_SEED, EVENING_STEPS = 7, 300
 
 
 def _evening_call(judge, rng, step: int) -> None:
@@ -402,13 +383,9 @@ def _evening_call(judge, rng, step: int) -> None:
         judge.free(rng.choice(seqs))
 
 
+EVENING = "check-ins, forks, tokens (refused when no room is free) and check-outs"
 beam_evening = evening_of(
-    _Judge,
-    _evening_call,
-    run="kvlab.grading.lab07.beam_evening",
-    steps=EVENING_STEPS,
-    seed=EVENING_SEED,
-    what="check-ins, forks, tokens (refused when no room is free) and check-outs",
+    _Judge, _evening_call, run="kvlab.grading.lab07.beam_evening", steps=300, seed=7, what=EVENING
 )
 
 
