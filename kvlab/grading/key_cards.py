@@ -132,6 +132,17 @@ class KeyCardJudge(ClassDriver):
         """Every key card but ``seq``'s (a call for ``seq`` leaves them as they are)."""
         return {s: t for s, t in self.tables().items() if s != seq}
 
+    def others_kept(self, method: str, before: dict, now: dict, hint: str | None = None) -> None:
+        """A call of ``method`` left the other guests' key cards (``before`` it) as they were."""
+        if now != before:
+            changed = [s for s in before if now.get(s) != before[s]]
+            self.fail(
+                f"{method} changed another guest's key card",
+                hint,
+                expected=", ".join(f"{s!r}: {card_text(before[s])}" for s in changed),
+                got=", ".join(f"{s!r}: {card_text(now.get(s))}" for s in changed),
+            )
+
     def counts(self) -> dict:
         return {s: self.obj.num_tokens(s) for s in self.reference.seq_ids}
 
