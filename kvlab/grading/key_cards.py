@@ -15,6 +15,7 @@ printed.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import numbers
 import random
@@ -320,6 +321,18 @@ def print_failure(failure: CheckFailed) -> None:
     print("\n".join(shown))
 
 
+@contextlib.contextmanager
+def echoed(echo: bool):
+    """A run a learner replays in a cell: with ``echo`` a failure's report is printed, below the
+    calls printed as they were made, instead of raised."""
+    try:
+        yield
+    except CheckFailed as failure:
+        if not echo:
+            raise
+        print_failure(failure)
+
+
 def _evening_replay(run: str, cls, seed: int, steps: int, calls: int) -> str:
     module, name = run.rsplit(".", 1)
     return (
@@ -337,15 +350,11 @@ def evening(judge_type, cls, call, *, run: str, steps: int, seed: int, echo: boo
     judge, or None when ``cls`` cannot be built."""
     rng = random.Random(seed)
     judge = None
-    try:
+    with echoed(echo):
         judge = judge_type(cls, 24, 3, echo=echo)
         for step in range(steps):
             judge.transcript.replay = functools.partial(_evening_replay, run, cls, seed, step + 1)
             call(judge, rng, step)
-    except CheckFailed as failure:
-        if not echo:
-            raise
-        print_failure(failure)
     return judge
 
 
