@@ -194,12 +194,10 @@ class _Judge(KeyCardJudge):
         if self.last is None or not isinstance(got, numbers.Integral):
             return None
         did, *rooms = self.last
-        wrong = (
-            h
-            for at, dids, ok, h in REF_SLIPS
-            if rooms[at] == block and did in dids and ok(want, got)
-        )
-        return next(wrong, None)
+        for at, dids, wrong, hint in REF_SLIPS:
+            if rooms[at] == block and did in dids and wrong(want, got):
+                return hint
+        return None
 
     def count_slip(self, method, before, after, rooms) -> str | None:
         if method != "append_slot" or before is None:
@@ -278,12 +276,8 @@ class _Judge(KeyCardJudge):
             if want == NEW and pair is not None:  # a pair for a full room
                 alone = holders == 1 or _pairs_full_alone(self.cls)
                 hint = hints.FULL_PAIR if alone else hints.FULL_SHARED
-            self.fail(
-                "nothing was copied: append_slot returns None",
-                hint,
-                expected="None",
-                got=short(moved),
-            )
+            message = "nothing was copied: append_slot returns None"
+            self.fail(message, hint, expected="None", got=short(moved))
         if want != COPY or (pair == (src, dst) and isinstance(moved, tuple)):
             return
         what = "the tuple (src, dst)" if pair == (src, dst) else PAIR

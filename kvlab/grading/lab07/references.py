@@ -51,13 +51,15 @@ def _root(parent, tokens):
     return hash_block_tokens(ROOT_HASH, tokens)
 
 
-# the lookup's usual slips, each kvlab's with one decision changed (see prefix.PREFIX_SLIPS)
+# the lookup's usual slips, each kvlab's with one decision changed (see prefix.PREFIX_SLIPS):
+# _follows(self, hash, block, parent_hash, parent), _block_limit(self, token_ids), ...
 Overlap = variant("Overlap", _block_tokens=lambda self, t, i: tuple(t[i : i + self.block_size]))
 Unchained = variant("Unchained", _follows=lambda self, h, b, ph, p: None if b is None else (ph, p))
 Keyed = functools.partial(HashChainCache, hash_fn=_root)  # hashed alone, looked up after its key
 NoStop = variant("NoStop", _follows=lambda self, h, b, ph, p: (ph, p) if b is None else (h, b))
 NoStopFollowed = variant(
-    "NoStopFollowed", _follows=lambda self, h, b, ph, p: (h, b or self.pool.block_of(h))
+    "NoStopFollowed",
+    _follows=lambda self, h, b, ph, p: (h, self.pool.block_of(h) if b is None else b),
 )
 CoversLast = variant("CoversLast", _block_limit=lambda self, t: len(t) // self.block_size)
 Partial = variant("Partial", _block_limit=lambda self, t: -(-len(t) // self.block_size))
