@@ -1,11 +1,7 @@
-"""07.copy_on_write: the learner's block manager with reference counts (``append_slot`` theirs)
-driven beside kvlab's ``BlockManager`` and judged on invariants, never on room numbers: key cards
-of ceil(tokens / block_size) rooms, shared where kvlab's guests share theirs, each ref_count the
-number of key cards holding the room. What each ``append_slot`` did to the key card (a new room,
-the last room replaced by a copy, nothing), what it returned and the ref counts it left name the
-usual slips (``ACTION_SLIPS``, ``REF_SLIPS``); probes on a fresh manager confirm those the call
-itself cannot show (a shared room freed, a shared room written in place only when none is free).
-"""
+"""07.copy_on_write: the learner's manager with reference counts beside kvlab's ``BlockManager``,
+judged on invariants, never room numbers (key cards shared where kvlab's are, each ref_count the
+key cards holding the room). What an ``append_slot`` did to the key card, returned and left in the
+ref counts names the usual slips; probes on a fresh manager confirm what one call cannot show."""
 
 from __future__ import annotations
 
@@ -89,8 +85,7 @@ def _copies_held_once(cls) -> bool:
 
 
 def _shared_copy(cls):
-    """4 rooms of 4 beds: 'a' checks in with 2 tokens, 'b' forks it and appends (a move to a
-    copy). ``(manager, b's key card before)``."""
+    """'a' with 2 tokens, forked by 'b', which appends: ``(manager, b's key card before)``."""
     play(m := cls(4, 4), "allocate a 2", "fork a b")
     before = list(m.block_table("b"))
     m.append_slot("b")
@@ -99,8 +94,7 @@ def _shared_copy(cls):
 
 @probing
 def _frees_shared_room(cls) -> bool:
-    """Whether append_slot, moving to a copy, frees the shared room another guest holds: later
-    check-ins are handed it."""
+    """Whether append_slot, moving to a copy, frees the shared room (later check-ins get it)."""
     m, _ = _shared_copy(cls)
     held = set(m.block_table("a"))
     for i in range(4):  # more check-ins than free rooms: the last is refused
@@ -122,15 +116,13 @@ def _copies_with_room_free(cls) -> bool:
 
 @probing
 def _pairs_full_alone(cls) -> bool:
-    """Whether append_slot returns a pair when a full room only this guest holds gets a new
-    room after it (so a pair for a full shared room is the same slip)."""
+    """Whether append_slot returns a pair for a full room held alone (a full shared room too)."""
     play(m := cls(8, 4), "allocate probe 4")
     return _pair(m.append_slot("probe")) is not None
 
 
 class _Judge(KeyCardJudge):
-    """Calls on the learner's manager and the same calls on kvlab's, with kvlab's invariants
-    checked after each one (see the module's docstring)."""
+    """The learner's manager beside kvlab's, checked after each call (see the module's)."""
 
     guarded = KVLAB_CODE
     task = "sharing and copying the rooms"
@@ -156,8 +148,7 @@ class _Judge(KeyCardJudge):
 
     # --- the invariants besides the key cards' own (KeyCardJudge.check) ----------------------
     def check_sharing(self, tables: dict) -> None:
-        """The guests share the same entries of their key cards as kvlab's guests do, and each
-        room's ref_count is the number of key cards holding it."""
+        """The guests share the entries kvlab's guests share; ref_count = key cards holding it."""
         seen: dict = {}  # (0, kvlab's room) or (1, the learner's) -> (the other's, seq, entry)
         for seq, table in tables.items():
             for entry, rooms in enumerate(zip(self.reference.block_table(seq), table, strict=True)):
@@ -226,8 +217,7 @@ class _Judge(KeyCardJudge):
         self.check("free")
 
     def want(self, seq) -> tuple[str, int]:
-        """What append_slot should do for ``seq`` (from kvlab's manager), and how many key cards
-        hold its last room."""
+        """What append_slot should do for ``seq`` (as kvlab's), and the holders of its last room."""
         ref = self.reference
         holders = ref.ref_count(ref.block_table(seq)[-1])
         full = ref.num_tokens(seq) % self.block_size == 0

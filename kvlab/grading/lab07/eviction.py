@@ -1,9 +1,6 @@
-"""07.eviction: ``take_block(free_queue, cached, block_hashes)`` compared with vLLM's rule (the
-front of the queue, strictly; a cached room there forgets its hash in both maps): the room it
-returned names a wrong choice (``references.TAKE_SLIPS``), and what it left in the three
-structures, compared on the state-diff table ``TAKEN``, the rest. A rebound ``free_queue`` and
-one never shortened answer alike and are told apart by the learner's bytecode.
-"""
+"""07.eviction: ``take_block`` against vLLM's rule (the front of the queue, strictly, forgetting
+its hash in both maps): the room returned names a wrong choice (``TAKE_SLIPS``), what it left the
+state-diff table ``TAKEN``; a rebound ``free_queue`` and one never shortened, by the bytecode."""
 
 from __future__ import annotations
 
@@ -112,9 +109,8 @@ def _refusal(got, error) -> tuple[str, str]:
 
 
 def _expect_take(fn, queue: list, cached: dict, hashes: dict, story: str, replay=None):
-    """Call ``fn`` on the three structures (changed in place, as the caller's) and compare them
-    and the room returned with the rule's; an empty queue is refused (OutOfBlocks, a
-    MemoryError) and nothing changes. Returns the room (None when refused)."""
+    """``fn``'s take (in place, as the caller's) against the rule's; an empty queue is refused
+    (OutOfBlocks) and nothing changes. Returns the room (None when refused)."""
     where = (
         f"{story}: free_queue {_queue_text(queue, hashes)} (front first, * = holds a cached "
         f"block), cached rooms {card_text(sorted(hashes))}"
@@ -151,8 +147,7 @@ def _expect_take(fn, queue: list, cached: dict, hashes: dict, story: str, replay
 
 
 def _takes(fn, rooms: dict, queue: list, stories) -> None:
-    """One take per story from ``queue``, the cached rooms given as room -> hash (refused once
-    the queue is empty)."""
+    """One take per story from ``queue``, the cached ``rooms`` given as room -> hash."""
     cached, hashes = {h: b for b, h in rooms.items()}, dict(rooms)
     for story in stories:
         _expect_take(fn, queue, cached, hashes, story)
@@ -206,10 +201,9 @@ DAY_REPLAY = (
 
 
 def random_day(fn, steps: int = DAY_STEPS, seed: int = DAY_SEED, echo: bool = True):
-    """The check's random day on ``fn``: 12 rooms; rooms are taken (``fn``), guests check out
-    (their rooms join the queue last room first, their full blocks cached), and cache hits take
-    cached rooms out of the middle of the queue, drawn from ``random.Random(seed)``. With
-    ``echo`` it prints every step and, at the first wrong answer, the check's report."""
+    """The check's random day on ``fn`` (12 rooms, ``random.Random(seed)``): rooms taken, guests
+    checking out (last room first, full blocks cached), cached rooms reused from the middle of
+    the queue. With ``echo`` it prints every step and the first failure's report."""
     rng = random.Random(seed)
     queue, cached, hashes = list(range(12)), {}, {}
     guests: list[list[int]] = []  # each guest's rooms

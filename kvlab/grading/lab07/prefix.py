@@ -1,9 +1,6 @@
-"""07.cached_prefix: ``longest_cached_prefix(token_ids, block_size, cached)`` against kvlab's
-lookup (:func:`references.cached_prefix`). A wrong answer is named when a usual slip (kvlab's
-lookup with one decision changed, ``PREFIX_SLIPS``) gives it on the same input and on the case
-built so that only that slip goes wrong there (``CASES``). Two slips that answer alike everywhere
-are told apart by the learner's bytecode: ``parent = hit.parent_hash`` never advances the parent.
-"""
+"""07.cached_prefix: ``longest_cached_prefix`` against kvlab's lookup. A wrong answer is named
+when a usual slip (``PREFIX_SLIPS``) gives it here and on the case where only that slip goes wrong
+(``CASES``); ``parent = hit.parent_hash``, alike everywhere to no chain, is read in the bytecode."""
 
 from __future__ import annotations
 
@@ -62,8 +59,7 @@ def _expect_prefix(fn, token_ids, block_size: int, cached: dict, story: str, rep
 
 
 def _case(story: str, query, *earlier, size: int = 4, planted=None, evicted=()):
-    """(story, query, size, cached): the ``earlier`` prompts' full blocks cached, each prompt
-    with the rooms its blocks not cached yet take, less the keys ``evicted``, plus ``planted``."""
+    """(story, query, size, cached): ``earlier`` (prompt, rooms) cached, less ``evicted``."""
     cached: dict = {}
     for tokens, rooms in earlier:
         cache_prompt(cached, list(tokens), size, iter(rooms))
@@ -176,8 +172,7 @@ PREFIX_SLIPS = [
 
 
 def _prefix_slip(fn, got, token_ids, block_size, cached) -> tuple[str | None, str | None]:
-    """(hint, cause) for a wrong answer that a usual slip gives on this input and on its own
-    case (the first in the table's order), else (None, None)."""
+    """(hint, cause) of the first slip giving ``got`` here and on its own case, or (None, None)."""
     args = (token_ids, block_size, cached)
     right = cached_prefix(*args)
     found = (s for s in slips.matching(PREFIX_SLIPS, got, args, right) if slips.confirmed(s, fn))
@@ -223,9 +218,8 @@ PREFIX_SEED, PREFIX_CASES = 5, 200
 
 
 def random_prompt(case: int, seed: int = PREFIX_SEED) -> tuple[list[int], int, dict]:
-    """Case ``case`` of the check's random prompts: ``(token_ids, block_size, cached)``. Earlier
-    prompts built on two shared openings (a system prompt) are cached, some entries evicted, and
-    now and then an entry planted under a colliding hash."""
+    """The check's random prompt ``case``, ``(token_ids, block_size, cached)``: earlier prompts on
+    two shared openings cached, some evicted, now and then an entry under a colliding hash."""
     rng = random.Random(seed * 10_000 + case)
     size = rng.choice([1, 2, 4, 16])
     vocab = rng.choice([3, 50])

@@ -1,7 +1,5 @@
-"""Lab 07's references on the lab's plain structures: ``cached_prefix`` is kvlab's
-:class:`~kvlab.core.prefix_cache.hash_chain.HashChainCache` looking up a ``cached`` dict, its usual
-slips a subclass of it (or of the pool) with one hook changed; ``reference_take`` is the pool's
-take; and kvlab's own code, which a learner's must not hand the work to."""
+"""Lab 07's rules on its plain structures: ``cached_prefix`` is kvlab's ``HashChainCache`` on the
+lab's ``cached`` dict, each usual slip a subclass (of it or the pool) with one hook changed."""
 
 from __future__ import annotations
 
@@ -19,8 +17,8 @@ KVLAB_CODE = methods_of(BlockManager, BlockPool, HashChainCache)  # calling one 
 
 
 def plain_pool(cached: dict, kind: type[BlockPool] = BlockPool) -> BlockPool:
-    """The lab's ``cached`` (hash -> CachedBlock) as a pool of kvlab's: a block for each hash, a
-    cached block's parent the block of its parent_hash (one not cached: a block no lookup finds)."""
+    """The lab's ``cached`` as kvlab's pool: a block per hash, its parent the block of its
+    parent_hash (one not cached is a block no lookup finds)."""
     pool, by_hash = kind(1), {}
 
     def block_of(key):
@@ -36,8 +34,7 @@ def plain_pool(cached: dict, kind: type[BlockPool] = BlockPool) -> BlockPool:
 
 
 def cached_prefix(token_ids, block_size: int, cached: dict, cache=HashChainCache, **pool):
-    """The rooms of the longest cached prefix, as kvlab's cache (``cache``, on a ``plain_pool``
-    of ``pool``'s ``kind``) finds them."""
+    """The rooms of the longest cached prefix, as ``cache`` finds them on a ``plain_pool``."""
     found = cache(plain_pool(cached, **pool), block_size).match(token_ids).blocks
     return [block.block_id for block in found]
 
@@ -85,8 +82,7 @@ def chain_hashes(token_ids, block_size: int, count: int) -> list[int]:
 
 
 def cache_prompt(cached: dict, token_ids, block_size: int, room_ids) -> list[int]:
-    """Put every full block of a finished guest's tokens in ``cached`` (rooms from ``room_ids``,
-    an iterator; a block already cached keeps its room). Returns the rooms, in order."""
+    """Cache a finished guest's full blocks, new ones in rooms from ``room_ids``: its rooms."""
     keys = chain_hashes(token_ids, block_size, len(token_ids) // block_size)
     for i, key in enumerate(keys):
         block = tuple(token_ids[i * block_size : (i + 1) * block_size])
