@@ -47,31 +47,32 @@ class HashChainCache:
     def match(self, token_ids: Sequence[int]) -> PrefixMatch:
         """The blocks of the longest cached prefix, and their hashes (``end``). The last token is
         never covered: a prompt of k full blocks reuses at most k - 1."""
-        lookup, hash_fn = self.pool.lookup, self.hash_fn
+        size, lookup, hash_fn = self.block_size, self.pool.lookup, self.hash_fn
+        follows = self._follows  # the hooks, looked up once
         blocks, hashes = [], []
         parent_hash, parent = ROOT_HASH, None
-        for i in range(self._block_limit(token_ids)):
-            tokens = self._block_tokens(token_ids, i)
+        for start in self._block_starts(token_ids):
+            tokens = tuple(token_ids[start : start + size])
             block_hash = hash_fn(parent_hash, tokens)
             block = lookup(block_hash, tokens, parent)
             if block is not None:
                 blocks.append(block)
                 hashes.append(block_hash)
-            follows = self._follows(block_hash, block, parent_hash, parent)
-            if follows is None:
+            after = follows(block_hash, block, parent_hash, parent)
+            if after is None:
                 break
-            parent_hash, parent = follows
+            parent_hash, parent = after
         return PrefixMatch(blocks, hashes)
 
-    # the lookup's three decisions, one hook each (Lab 07's usual slips override one)
+    # the lookup's decisions, one hook each (Lab 07's usual slips override one)
+    def _block_starts(self, token_ids: Sequence[int]) -> range:
+        """Where the blocks a match looks up start: block i at i * block_size."""
+        return range(0, self._block_limit(token_ids) * self.block_size, self.block_size)
+
     def _block_limit(self, token_ids: Sequence[int]) -> int:
         """Blocks a match may cover: never the one holding the prompt's last token, which the
         engine computes in any case to get the first answer token."""
         return (len(token_ids) - 1) // self.block_size
-
-    def _block_tokens(self, token_ids: Sequence[int], i: int) -> tuple:
-        """The tokens of the prompt's block ``i``."""
-        return tuple(token_ids[i * self.block_size : (i + 1) * self.block_size])
 
     def _follows(self, block_hash, block: Block | None, parent_hash, parent):
         """What the next block is looked up after, ``(hash, block)``, once this one was (``block``:

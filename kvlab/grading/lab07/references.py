@@ -50,7 +50,7 @@ def _root(parent, tokens):
 
 # the lookup's usual slips, each kvlab's with one decision changed (see prefix.PREFIX_SLIPS):
 # _follows(self, hash, block, parent_hash, parent), _block_limit(self, token_ids), ...
-Overlap = variant("Overlap", _block_tokens=lambda self, t, i: tuple(t[i : i + self.block_size]))
+Overlap = variant("Overlap", _block_starts=lambda self, t: range(self._block_limit(t)))
 Unchained = variant("Unchained", _follows=lambda self, h, b, ph, p: None if b is None else (ph, p))
 Keyed = functools.partial(HashChainCache, hash_fn=_root)  # hashed alone, looked up after its key
 NoStop = variant("NoStop", _follows=lambda self, h, b, ph, p: (ph, p) if b is None else (h, b))
