@@ -195,11 +195,14 @@ class BlockPool:
         or None. The hash only finds a candidate; its tokens and its parent confirm it, so a
         hash collision can never share another prefix's K/V."""
         block = self.cached.get(block_hash)
-        if block is None or block.token_ids != token_ids or block.parent is not parent:
-            return None
-        if parent is not None and block.parent_epoch != parent.epoch:
-            return None
-        return block
+        return block if block is not None and self.confirms(block, token_ids, parent) else None
+
+    def confirms(self, block: Block, token_ids: tuple, parent) -> bool:
+        """Whether a candidate found by its hash holds ``token_ids`` right after ``parent``, as it
+        held them when it was cached (a hook: Lab 07's usual slips skip a confirmation)."""
+        if block.token_ids != token_ids or block.parent is not parent:
+            return False
+        return parent is None or block.parent_epoch == parent.epoch
 
     def share(self, blocks: Iterable[Block]) -> None:
         """One more block table holds each block (a fork, or a cache hit on a free block)."""

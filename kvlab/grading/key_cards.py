@@ -15,6 +15,7 @@ printed.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import numbers
 import random
@@ -131,6 +132,17 @@ class KeyCardJudge(ClassDriver):
     def others(self, seq) -> dict:
         """Every key card but ``seq``'s (a call for ``seq`` leaves them as they are)."""
         return {s: t for s, t in self.tables().items() if s != seq}
+
+    def others_kept(self, method: str, before: dict, now: dict, hint: str | None = None) -> None:
+        """A call of ``method`` left the other guests' key cards (``before`` it) as they were."""
+        if now != before:
+            changed = [s for s in before if now.get(s) != before[s]]
+            self.fail(
+                f"{method} changed another guest's key card",
+                hint,
+                expected=", ".join(f"{s!r}: {card_text(before[s])}" for s in changed),
+                got=", ".join(f"{s!r}: {card_text(now.get(s))}" for s in changed),
+            )
 
     def counts(self) -> dict:
         return {s: self.obj.num_tokens(s) for s in self.reference.seq_ids}
@@ -309,6 +321,18 @@ def print_failure(failure: CheckFailed) -> None:
     print("\n".join(shown))
 
 
+@contextlib.contextmanager
+def echoed(echo: bool):
+    """A run a learner replays in a cell: with ``echo`` a failure's report is printed, below the
+    calls printed as they were made, instead of raised."""
+    try:
+        yield
+    except CheckFailed as failure:
+        if not echo:
+            raise
+        print_failure(failure)
+
+
 def _evening_replay(run: str, cls, seed: int, steps: int, calls: int) -> str:
     module, name = run.rsplit(".", 1)
     return (
@@ -326,15 +350,11 @@ def evening(judge_type, cls, call, *, run: str, steps: int, seed: int, echo: boo
     judge, or None when ``cls`` cannot be built."""
     rng = random.Random(seed)
     judge = None
-    try:
+    with echoed(echo):
         judge = judge_type(cls, 24, 3, echo=echo)
         for step in range(steps):
             judge.transcript.replay = functools.partial(_evening_replay, run, cls, seed, step + 1)
             call(judge, rng, step)
-    except CheckFailed as failure:
-        if not echo:
-            raise
-        print_failure(failure)
     return judge
 
 

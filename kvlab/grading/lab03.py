@@ -224,8 +224,7 @@ class _Judge(KeyCardJudge):
                 got=short(moved),
                 hint="end append_slot without a return value",
             )
-        if self.others(seq) != others:
-            self.fail("append_slot changed another guest's key card")
+        self.others_kept("append_slot", others, self.others(seq))
 
     def free(self, seq) -> None:
         before = self.obj.num_free_blocks

@@ -6,19 +6,23 @@ grader's reference and kvlab's public API on random inputs and compares what the
 """
 
 import dataclasses
+import functools
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab.core.block_manager import BlockManager
 from kvlab.core.block_pool import ROOT_HASH, BlockPool, hash_block_tokens
+from kvlab.core.prefix_cache.hash_chain import HashChainCache
 from kvlab.grading.attention_twins import attend_beds, attend_read, attend_room_by_room
 from kvlab.grading.expect import CheckFailed
 from kvlab.grading.lab00 import step_with
 from kvlab.grading.lab03 import _reference_beds
 from kvlab.grading.lab06 import judge_preempt, slipped_step
 from kvlab.grading.lab07 import CachedBlock, cached_prefix, reference_take
+from kvlab.grading.lab07 import prefix as lab07_prefix
 from kvlab.grading.scheduler_views import STEP
 from kvlab.grading.state_diff import read
 from kvlab.ops.attention import TinyAttention, paged_decode_attention_ref
@@ -163,6 +167,28 @@ def test_cached_prefix_without_a_slip_is_kvlabs_prefix_cache(case):
     manager.allocate("query", query)
     shared = manager.num_cached_tokens("query") // size
     assert cached_prefix(query, size, cached) == manager.block_table("query")[:shared]
+
+
+def _hooks(variant, base) -> set[str]:
+    """The hooks of kvlab's ``base`` that ``variant`` (a subclass, or a partial of it) changes."""
+    if isinstance(variant, functools.partial):
+        return set(variant.keywords)  # a parameter of kvlab's class
+    mro = [c for c in variant.__mro__ if c is not base and issubclass(c, base)]
+    return {n for c in mro for n in vars(c) if not n.startswith("__") and hasattr(base, n)}
+
+
+@pytest.mark.parametrize("slip", lab07_prefix.PREFIX_SLIPS, ids=lambda s: s.hint[:30])
+def test_every_cached_prefix_slip_is_kvlabs_lookup_with_one_decision_changed(slip):
+    """Each slip is kvlab's HashChainCache and BlockPool with one hook (or parameter) changed,
+    or two such slips put together, and nothing of its own besides."""
+    cache, kind = slip.answer.keywords["cache"], slip.answer.keywords["kind"]
+    changed = [_hooks(cache, HashChainCache), _hooks(kind, BlockPool)]
+    assert [len(c) for c in changed] in ([1, 0], [0, 1], [1, 1]), changed
+    slipped = [
+        c for c in (cache, kind) if isinstance(c, type) and c not in (HashChainCache, BlockPool)
+    ]
+    own = [n for c in slipped for n in vars(c)]
+    assert not {n for n in own if not n.startswith("__")} - set().union(*changed)
 
 
 @settings(max_examples=200)

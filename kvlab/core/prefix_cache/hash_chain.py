@@ -48,18 +48,37 @@ class HashChainCache:
         """The blocks of the longest cached prefix, and their hashes (``end``). The last token is
         never covered: a prompt of k full blocks reuses at most k - 1."""
         size, lookup, hash_fn = self.block_size, self.pool.lookup, self.hash_fn
+        follows = self._follows  # the hooks, looked up once
         blocks, hashes = [], []
         parent_hash, parent = ROOT_HASH, None
-        for start in range(0, len(token_ids) - 1 - (len(token_ids) - 1) % size, size):
+        for start in self._block_starts(token_ids):
             tokens = tuple(token_ids[start : start + size])
             block_hash = hash_fn(parent_hash, tokens)
             block = lookup(block_hash, tokens, parent)
-            if block is None:
+            if block is not None:
+                blocks.append(block)
+                hashes.append(block_hash)
+            after = follows(block_hash, block, parent_hash, parent)
+            if after is None:
                 break
-            blocks.append(block)
-            hashes.append(block_hash)
-            parent_hash, parent = block_hash, block
+            parent_hash, parent = after
         return PrefixMatch(blocks, hashes)
+
+    # the lookup's decisions, one hook each (Lab 07's usual slips override one)
+    def _block_starts(self, token_ids: Sequence[int]) -> range:
+        """Where the blocks a match looks up start: block i at i * block_size."""
+        return range(0, self._block_limit(token_ids) * self.block_size, self.block_size)
+
+    def _block_limit(self, token_ids: Sequence[int]) -> int:
+        """Blocks a match may cover: never the one holding the prompt's last token, which the
+        engine computes in any case to get the first answer token."""
+        return (len(token_ids) - 1) // self.block_size
+
+    def _follows(self, block_hash, block: Block | None, parent_hash, parent):
+        """What the next block is looked up after, ``(hash, block)``, once this one was (``block``:
+        None for a miss); None stops at the first miss: the blocks after it follow K/V that are not
+        in the cache."""
+        return None if block is None else (block_hash, block)
 
     def start(self, match: PrefixMatch, num_tokens: int) -> ChainState:
         self.queries += num_tokens

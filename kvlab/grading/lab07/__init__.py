@@ -1,9 +1,5 @@
-"""Checks for Lab 07: shared rooms, copy-on-write, prefix caching and eviction.
-
-:mod:`.cow`, :mod:`.prefix` and :mod:`.eviction` are the three exercises' checks,
-:mod:`.references` the rules on the lab's plain structures (and the slipped ones), :mod:`.hints`
-the hints.
-"""
+"""Checks for Lab 07: shared rooms and copy-on-write (:mod:`.cow`), prefix caching (:mod:`.prefix`)
+and eviction (:mod:`.eviction`), on kvlab's rules (:mod:`.references`), with :mod:`.hints`."""
 
 from kvlab.grading.lab07 import cow, prefix  # the exercises register in the lab's order
 

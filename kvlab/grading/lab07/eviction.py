@@ -1,9 +1,6 @@
-"""07.eviction: ``take_block(free_queue, cached, block_hashes)`` compared with vLLM's rule (the
-front of the queue, strictly; a cached room there forgets its hash in both maps): the room it
-returned names a wrong choice (``references.TAKE_SLIPS``), and what it left in the three
-structures, compared on the state-diff table ``TAKEN``, the rest. A rebound ``free_queue`` and
-one never shortened answer alike and are told apart by the learner's bytecode.
-"""
+"""07.eviction: ``take_block`` against vLLM's rule (the front of the queue, strictly, forgetting
+its hash in both maps): the room returned names a wrong choice (``TAKE_SLIPS``), what it left the
+state-diff table ``TAKEN``; a rebound ``free_queue`` and one never shortened, by the bytecode."""
 
 from __future__ import annotations
 
@@ -14,7 +11,7 @@ import random
 from kvlab.grading import slips
 from kvlab.grading.blame import explain_exception, raised
 from kvlab.grading.expect import CheckFailed, short
-from kvlab.grading.key_cards import card_text, print_failure, room_number
+from kvlab.grading.key_cards import card_text, echoed, room_number
 from kvlab.grading.lab07 import hints
 from kvlab.grading.lab07.references import KVLAB_CODE, TAKE_SLIPS, chain_hashes, reference_take
 from kvlab.grading.own_code import call_own
@@ -24,6 +21,8 @@ from kvlab.grading.state_diff import Field, each, first_difference, read
 
 evict = exercise("07.eviction", "which room to hand out")
 EVICT_TASK = "choosing and evicting the room"
+REFUSED = "no room is free: take_block is refused", "OutOfBlocks (a MemoryError)"
+REFUSE_FIRST = "check that free_queue is not empty before changing anything"
 
 
 def _room_type_slip(got, expected: int) -> str | None:
@@ -103,18 +102,15 @@ TAKEN = (
 def _refusal(got, error) -> tuple[str, str]:
     """What an empty queue's take_block did instead of raising OutOfBlocks, and its hint."""
     if error is None:
-        return (
-            f"no error, returned {short(got)}",
-            hints.EMPTY_NONE if got is None else hints.EMPTY_VALUE,
-        )
+        hint = hints.EMPTY_NONE if got is None else hints.EMPTY_VALUE
+        return f"no error, returned {short(got)}", hint
     hint = hints.EMPTY if isinstance(error, IndexError) else "raise OutOfBlocks here"
     return explain_exception(error)[0], hint
 
 
 def _expect_take(fn, queue: list, cached: dict, hashes: dict, story: str, replay=None):
-    """Call ``fn`` on the three structures (changed in place, as the caller's) and compare them
-    and the room returned with the rule's; an empty queue is refused (OutOfBlocks, a
-    MemoryError) and nothing changes. Returns the room (None when refused)."""
+    """``fn``'s take (in place, as the caller's) against the rule's; an empty queue is refused
+    (OutOfBlocks) and nothing changes. Returns the room (None when refused)."""
     where = (
         f"{story}: free_queue {_queue_text(queue, hashes)} (front first, * = holds a cached "
         f"block), cached rooms {card_text(sorted(hashes))}"
@@ -122,53 +118,36 @@ def _expect_take(fn, queue: list, cached: dict, hashes: dict, story: str, replay
     before = (list(queue), dict(cached), dict(hashes))
     want = copy.deepcopy(before)
 
-    def fail(message, **details):
-        raise CheckFailed(message, input=where, replay=replay, **details)
+    def fail(why, expected, got, hint=None):
+        raise CheckFailed(why, input=where, replay=replay, expected=expected, got=got, hint=hint)
 
     got, error = call_own(fn, queue, cached, hashes, guard=KVLAB_CODE, task=EVICT_TASK)
+    if not before[0] and not isinstance(error, MemoryError):
+        fail(*REFUSED, *_refusal(got, error))
+    if not before[0] and (queue, cached, hashes) != before:
+        changed = _maps_text(cached, hashes)
+        fail("a refused call must change nothing", _maps_text(*before[1:]), changed, REFUSE_FIRST)
     if not before[0]:
-        if not isinstance(error, MemoryError):
-            seen, hint = _refusal(got, error)
-            fail(
-                "no room is free: take_block is refused",
-                expected="OutOfBlocks (a MemoryError)",
-                got=seen,
-                hint=hint,
-            )
-        if (queue, cached, hashes) == before:
-            return None
-        hint = "check that free_queue is not empty before changing anything"
-        fail(
-            "a refused call must change nothing",
-            expected=_maps_text(*before[1:]),
-            got=_maps_text(cached, hashes),
-            hint=hint,
-        )
+        return None
     if error is not None:
-        raise raised(
-            error, _take_error_slip(error, before[0], before[2]), input=where, replay=replay
-        )
+        slip = _take_error_slip(error, before[0], before[2])
+        raise raised(error, slip, input=where, replay=replay)
     expected = reference_take(*want)
     if not room_number(got):
-        fail(
-            "take_block returns the room number it took",
-            expected=str(expected),
-            got=short(got),
-            hint=_room_type_slip(got, expected),
-        )
+        hint = _room_type_slip(got, expected)
+        fail("take_block returns the room number it took", str(expected), short(got), hint)
     if got != expected:
         hint = slips.hint(slips.first(slips.matching(TAKE_SLIPS, got, before, expected)))
-        fail("the wrong room was handed out", expected=str(expected), got=str(got), hint=hint)
+        fail("the wrong room was handed out", str(expected), str(got), hint)
     context = dict(room=expected, fn=fn, before=before)
     d = first_difference(TAKEN, read(TAKEN, *want), read(TAKEN, queue, cached, hashes), **context)
     if d is not None:
-        fail(d.message, expected=d.shown[0], got=d.shown[1], hint=d.hint)
+        fail(d.message, *d.shown, d.hint)
     return got
 
 
 def _takes(fn, rooms: dict, queue: list, stories) -> None:
-    """One take per story from ``queue``, the cached rooms given as room -> hash (refused once
-    the queue is empty)."""
+    """One take per story from ``queue``, the cached ``rooms`` given as room -> hash."""
     cached, hashes = {h: b for b, h in rooms.items()}, dict(rooms)
     for story in stories:
         _expect_take(fn, queue, cached, hashes, story)
@@ -222,26 +201,23 @@ DAY_REPLAY = (
 
 
 def random_day(fn, steps: int = DAY_STEPS, seed: int = DAY_SEED, echo: bool = True):
-    """The check's random day on ``fn``: 12 rooms; rooms are taken (``fn``), guests check out
-    (their rooms join the queue last room first, their full blocks cached), and cache hits take
-    cached rooms out of the middle of the queue, drawn from ``random.Random(seed)``. With
-    ``echo`` it prints every step and, at the first wrong answer, the check's report."""
+    """The check's random day on ``fn`` (12 rooms, ``random.Random(seed)``): rooms taken, guests
+    checking out (last room first, full blocks cached), cached rooms reused from the middle of
+    the queue. With ``echo`` it prints every step and the first failure's report."""
     rng = random.Random(seed)
     queue, cached, hashes = list(range(12)), {}, {}
     guests: list[list[int]] = []  # each guest's rooms
-    try:
+    say = print if echo else lambda text: None
+    name = getattr(fn, "__name__", "take_block")
+    with echoed(echo):
         for step in range(1, steps + 1):
             roll = rng.random()
             if roll < 0.55:
                 took = f"from {_queue_text(queue, hashes)}" if queue else "with the queue empty"
-                if echo:
-                    print(f"{step}: take_block {took}")
-                replay = DAY_REPLAY.format(
-                    seed=seed, step=step, fn=getattr(fn, "__name__", "take_block")
-                )
-                room = _expect_take(
-                    fn, queue, cached, hashes, f"step {step} of a random day, taking a room", replay
-                )
+                say(f"{step}: take_block {took}")
+                replay = DAY_REPLAY.format(seed=seed, step=step, fn=name)
+                story = f"step {step} of a random day, taking a room"
+                room = _expect_take(fn, queue, cached, hashes, story, replay)
                 if room is not None and guests and rng.random() < 0.6:
                     rng.choice(guests).append(room)
                 elif room is not None:
@@ -254,18 +230,12 @@ def random_day(fn, steps: int = DAY_STEPS, seed: int = DAY_SEED, echo: bool = Tr
                     if h not in cached and room not in hashes:  # a reused room keeps its hash
                         cached[h], hashes[room] = room, h
                 queue.extend(reversed(card))
-                if echo:
-                    print(f"{step}: a guest with key card {card} checks out ({full} rooms full)")
+                say(f"{step}: a guest with key card {card} checks out ({full} rooms full)")
             elif hit := [b for b in queue if b in hashes]:
                 room = rng.choice(hit)
                 queue.remove(room)
                 guests.append([room])
-                if echo:
-                    print(f"{step}: a new prompt reuses cached room {room}")
-    except CheckFailed as failure:
-        if not echo:
-            raise
-        print_failure(failure)
+                say(f"{step}: a new prompt reuses cached room {room}")
 
 
 @evict.check("a random day: 300 rooms taken, guests checking out, cached rooms reused")

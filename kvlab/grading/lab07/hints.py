@@ -196,14 +196,11 @@ EMPTY = (
     "raise OutOfBlocks when free_queue is empty, before taking anything (pop(0) of an empty list "
     "raises IndexError)"
 )
-EMPTY_NONE = (
-    "an empty queue must raise OutOfBlocks (kvlab.core.block_manager.OutOfBlocks), not return None: "
+_EMPTY_RETURNS = (  # an empty queue's take_block returned something: {} says what
+    "an empty queue must raise OutOfBlocks (kvlab.core.block_manager.OutOfBlocks), not return {}: "
     "`if not free_queue: raise OutOfBlocks(...)` before taking anything"
 )
-EMPTY_VALUE = (
-    "an empty queue must raise OutOfBlocks (kvlab.core.block_manager.OutOfBlocks), not return a value: "
-    "`if not free_queue: raise OutOfBlocks(...)` before taking anything"
-)
+EMPTY_NONE, EMPTY_VALUE = _EMPTY_RETURNS.format("None"), _EMPTY_RETURNS.format("a value")
 RETURN_ROOM = "return the room number you took"
 RETURN_HASH = (
     "return the room number (the block you took), not its hash: block_hashes[block] is the key "

@@ -1,11 +1,6 @@
-"""07.cached_prefix: ``longest_cached_prefix(token_ids, block_size, cached)`` compared with the
-rule the lab states (chained hashes, stop at the first miss, a hit confirmed by tokens and parent,
-full blocks only, the last token never covered). A wrong answer is named when a usual slip (the
-rule with one mistake, ``PREFIX_SLIPS``) gives it on the same input and the learner's code also
-gives that slip's answer on a case built so that only that slip goes wrong there (the checks'
-own cases, ``CASES``). Two slips give the same answers on every input and are told apart by the
-learner's bytecode: ``parent = hit.parent_hash`` from a parent never advanced.
-"""
+"""07.cached_prefix: ``longest_cached_prefix`` against kvlab's lookup. A wrong answer is named
+when a usual slip (``PREFIX_SLIPS``) gives it here and on the case where only that slip goes wrong
+(``CASES``); ``parent = hit.parent_hash``, alike everywhere to no chain, is read in the bytecode."""
 
 from __future__ import annotations
 
@@ -18,72 +13,53 @@ from kvlab.grading.blame import raised
 from kvlab.grading.expect import CheckFailed, call_without_mutation, plural, short
 from kvlab.grading.key_cards import card_text, room_number
 from kvlab.grading.lab07 import hints
-from kvlab.grading.lab07.references import (
-    KVLAB_CODE,
-    CachedBlock,
-    cache_prompt,
-    cached_prefix,
-    chain_hashes,
-)
+from kvlab.grading.lab07 import references as ref
+from kvlab.grading.lab07.references import CachedBlock, cache_prompt, cached_prefix, chain_hashes
 from kvlab.grading.own_code import call_own
 from kvlab.grading.registry import exercise
 from kvlab.grading.slips import Slip, quietly, stores_attribute
 
 prefix = exercise("07.cached_prefix", "the longest cached prefix")
-PREFIX_TASK = "finding the cached rooms"
+UNCHANGED = functools.partial(call_without_mutation, names=("token_ids", "block_size", "cached"))
+_call = functools.partial(
+    call_own, guard=ref.KVLAB_CODE, task="finding the cached rooms", run=UNCHANGED
+)
 
 
 def _prompt_text(token_ids) -> str:
     text = str(list(token_ids))
-    if len(text) > 70:
-        text = text[:68].rsplit(",", 1)[0] + ", …]"
+    text = text if len(text) <= 70 else text[:68].rsplit(",", 1)[0] + ", …]"
     return f"{text} ({plural(len(token_ids), 'token')})"
 
 
 def _expect_prefix(fn, token_ids, block_size: int, cached: dict, story: str, replay=None):
     where = f"{story}; longest_cached_prefix({_prompt_text(token_ids)}, {block_size}, cached)"
-    expected = cached_prefix(token_ids, block_size, cached)
-    got, error = call_own(
-        fn,
-        list(token_ids),
-        block_size,
-        cached,
-        guard=KVLAB_CODE,
-        task=PREFIX_TASK,
-        where=where,
-        replay=replay,
-        run=functools.partial(call_without_mutation, names=("token_ids", "block_size", "cached")),
-    )
+    expected, cause = cached_prefix(token_ids, block_size, cached), None
+    got, error = _call(fn, list(token_ids), block_size, cached, where=where, replay=replay)
     if error is not None:
         raise raised(error, input=where, replay=replay) from None
-
-    def fail(message, **details):
-        raise CheckFailed(
-            message, input=where, replay=replay, expected=card_text(expected), **details
-        )
-
     if not isinstance(got, list):
         hint = hints.RETURN_LIST if got is None or isinstance(got, (tuple, int)) else None
-        fail("longest_cached_prefix returns a list", got=short(got), hint=hint)
-    if not all(room_number(room) for room in got):
+        message, shown = "longest_cached_prefix returns a list", short(got)
+    elif not all(map(room_number, got)):
         entries = bool(got) and all(hasattr(room, "block_id") for room in got)
         text = [str(room) for room in expected] == [str(room).strip() for room in got]
-        fail(
-            "longest_cached_prefix returns room numbers (ints)",
-            got=short(got, 90),
-            hint=hints.RETURN_IDS if entries else hints.RETURN_ID_TEXT if text else None,
-        )
-    if got != expected:
+        hint = hints.RETURN_IDS if entries else hints.RETURN_ID_TEXT if text else None
+        message, shown = "longest_cached_prefix returns room numbers (ints)", short(got, 90)
+    elif got != expected:
         hint, cause = _prefix_slip(fn, got, token_ids, block_size, cached)
-        fail("wrong rooms", got=card_text(got), hint=hint, cause=cause)
+        message, shown = "wrong rooms", card_text(got)
+    else:
+        return
+    at = {"input": where, "replay": replay, "expected": card_text(expected)}
+    raise CheckFailed(message, got=shown, hint=hint, cause=cause, **at)
 
 
 # --- the cases the checks try, by name (the slips' probes are among them) --------------------
 
 
 def _case(story: str, query, *earlier, size: int = 4, planted=None, evicted=()):
-    """(story, query, size, cached): the ``earlier`` prompts' full blocks cached, each prompt
-    with the rooms its blocks not cached yet take, less the keys ``evicted``, plus ``planted``."""
+    """(story, query, size, cached): ``earlier`` (prompt, rooms) cached, less ``evicted``."""
     cached: dict = {}
     for tokens, rooms in earlier:
         cache_prompt(cached, list(tokens), size, iter(rooms))
@@ -175,45 +151,36 @@ CHAIN, STOP, CONFIRM, WHICH, SLICE = (
 )
 
 
-def _slip(how: dict, hint: str, cause: str, case: str) -> Slip:
-    answer = functools.partial(cached_prefix, **how)
+def _slip(answer, hint: str, cause: str, case: str) -> Slip:
     return Slip(hint, answer, cause, case=lambda: CASES[case]()[1:])
 
 
 PREFIX_SLIPS = [
-    _slip(dict(overlap=True), hints.OVERLAP, SLICE, "next block"),
-    _slip(dict(chained="root"), hints.UNCHAINED, CHAIN, "chain"),
-    _slip(dict(chained="root", confirm_parent=False), hints.UNCHAINED, CHAIN, "chain"),
-    _slip(dict(chained="key"), hints.UNCHAINED, CHAIN, "chain"),
-    _slip(dict(stop=False), hints.NO_STOP, STOP, "hole"),
-    _slip(dict(stop=False, parent_on_miss=False), hints.NO_STOP, STOP, "skip"),
-    _slip(dict(confirm_parent=False), hints.NO_PARENT_CONFIRM, CONFIRM, "parents collide"),
-    _slip(
-        dict(confirm_tokens=False, confirm_parent=False),
-        hints.NO_CONFIRM,
-        CONFIRM,
-        "tokens collide",
-    ),
-    _slip(dict(confirm_tokens=False), hints.NO_CONFIRM, CONFIRM, "tokens collide"),
-    _slip(dict(blocks="covers_last"), hints.COVERS_LAST, WHICH, "exact"),
-    _slip(dict(blocks="partial"), hints.PARTIAL, WHICH, "half block"),
-    _slip(dict(blocks="drops_one"), hints.DROPS_ONE, WHICH, "past the end"),
+    _slip(ref.slipped(ref.Overlap), hints.OVERLAP, SLICE, "next block"),
+    _slip(ref.slipped(ref.Unchained), hints.UNCHAINED, CHAIN, "chain"),
+    _slip(ref.slipped(ref.Unchained, ref.TokensOnly), hints.UNCHAINED, CHAIN, "chain"),
+    _slip(ref.slipped(ref.Keyed), hints.UNCHAINED, CHAIN, "chain"),
+    _slip(ref.slipped(ref.NoStopFollowed), hints.NO_STOP, STOP, "hole"),
+    _slip(ref.slipped(ref.NoStop), hints.NO_STOP, STOP, "skip"),
+    _slip(ref.slipped(kind=ref.TokensOnly), hints.NO_PARENT_CONFIRM, CONFIRM, "parents collide"),
+    _slip(ref.slipped(kind=ref.Trusted), hints.NO_CONFIRM, CONFIRM, "tokens collide"),
+    _slip(ref.slipped(kind=ref.ParentOnly), hints.NO_CONFIRM, CONFIRM, "tokens collide"),
+    _slip(ref.slipped(ref.CoversLast), hints.COVERS_LAST, WHICH, "exact"),
+    _slip(ref.slipped(ref.Partial), hints.PARTIAL, WHICH, "half block"),
+    _slip(ref.slipped(ref.DropsOne), hints.DROPS_ONE, WHICH, "past the end"),
 ]
 
 
 def _prefix_slip(fn, got, token_ids, block_size, cached) -> tuple[str | None, str | None]:
-    """(hint, cause) for a wrong answer that a usual slip gives on this input and on its own
-    case, else (None, None)."""
+    """(hint, cause) of the first slip giving ``got`` here and on its own case, or (None, None)."""
     args = (token_ids, block_size, cached)
     right = cached_prefix(*args)
-    for slip in slips.matching(PREFIX_SLIPS, got, args, right):
-        if slips.confirmed(slip, fn):
-            hint = slip.hint
-            if slip.answer.keywords.get("chained") == "root" and stores_attribute(
-                fn, "parent_hash"
-            ):
-                hint = hints.PARENT_HASH  # `parent = entry.parent_hash`: the parent stays ROOT_HASH
-            return hint, slip.cause
+    found = (s for s in slips.matching(PREFIX_SLIPS, got, args, right) if slips.confirmed(s, fn))
+    if (slip := slips.first(found)) is not None:
+        hint = slip.hint
+        if slip.answer.keywords["cache"] is ref.Unchained and stores_attribute(fn, "parent_hash"):
+            hint = hints.PARENT_HASH  # `parent = hit.parent_hash`: the parent stays ROOT_HASH
+        return hint, slip.cause
     if got and got == chain_hashes(token_ids, block_size, len(got)):
         return hints.RETURN_HASHES, hints.RETURN_HASHES
     if got == [] and right:
@@ -251,9 +218,8 @@ PREFIX_SEED, PREFIX_CASES = 5, 200
 
 
 def random_prompt(case: int, seed: int = PREFIX_SEED) -> tuple[list[int], int, dict]:
-    """Case ``case`` of the check's random prompts: ``(token_ids, block_size, cached)``. Earlier
-    prompts built on two shared openings (a system prompt) are cached, some entries evicted, and
-    now and then an entry planted under a colliding hash."""
+    """The check's random prompt ``case``, ``(token_ids, block_size, cached)``: earlier prompts on
+    two shared openings cached, some evicted, now and then an entry under a colliding hash."""
     rng = random.Random(seed * 10_000 + case)
     size = rng.choice([1, 2, 4, 16])
     vocab = rng.choice([3, 50])
@@ -282,10 +248,8 @@ def random_prompt(case: int, seed: int = PREFIX_SEED) -> tuple[list[int], int, d
         keys = chain_hashes(query, size, i + 1)
         parent = keys[i - 1] if i else ROOT_HASH
         block = tuple(query[i * size : (i + 1) * size])
-        if rng.random() < 0.5:
-            cached[keys[i]] = CachedBlock(next(rooms), parent, tuple(tokens(size)))
-        else:
-            cached[keys[i]] = CachedBlock(next(rooms), parent + 1, block)
+        block, parent = (tuple(tokens(size)), parent) if rng.random() < 0.5 else (block, parent + 1)
+        cached[keys[i]] = CachedBlock(next(rooms), parent, block)  # other tokens, or parent
     return query, size, cached
 
 

@@ -1,65 +1,76 @@
-"""Lab 07's references: the rules the exercises ask for, written on the lab's plain structures
-(``cached_prefix`` with the usual slips as options, ``reference_take``), and kvlab's own code a
-learner's must not hand the work to."""
+"""Lab 07's rules on its plain structures: ``cached_prefix`` is kvlab's ``HashChainCache`` on the
+lab's ``cached`` dict, each usual slip a subclass (of it or the pool) with one hook changed."""
 
 from __future__ import annotations
 
+import functools
+
 from kvlab.core.block_manager import BlockManager
-from kvlab.core.block_pool import ROOT_HASH, BlockPool, hash_block_tokens
+from kvlab.core.block_pool import ROOT_HASH, Block, BlockPool, hash_block_tokens
+from kvlab.core.prefix_cache.hash_chain import HashChainCache
 from kvlab.grading.given import CachedBlock
 from kvlab.grading.lab07 import hints
 from kvlab.grading.own_code import methods_of
 from kvlab.grading.slips import Slip
 
-KVLAB_CODE = methods_of(BlockManager, BlockPool)  # calling one is handing the work over
+KVLAB_CODE = methods_of(BlockManager, BlockPool, HashChainCache)  # calling one hands the work over
 
 
-def cached_prefix(
-    token_ids,
-    block_size: int,
-    cached: dict,
-    *,
-    chained: str = "yes",
-    stop: bool = True,
-    parent_on_miss: bool = True,
-    confirm_tokens: bool = True,
-    confirm_parent: bool = True,
-    blocks: str = "right",
-    overlap: bool = False,
-) -> list[int]:
-    """The lab's rule (with the defaults), or one of its usual slips. ``chained``: "yes" (the
-    rule), "root" (every block hashed with ROOT_HASH as its parent), "key" (hashed with
-    ROOT_HASH, while the parent a hit is confirmed with follows those keys). ``overlap``: block
-    i is ``token_ids[i : i + block_size]``."""
-    n = len(token_ids)
-    count = {
-        "right": (n - 1) // block_size,
-        "covers_last": n // block_size,
-        "partial": -(-n // block_size),
-        "drops_one": n // block_size - 1,
-    }[blocks]
-    hits, parent = [], ROOT_HASH
-    for i in range(max(count, 0)):
-        start = i if overlap else i * block_size
-        block = tuple(token_ids[start : start + block_size])
-        key_parent = parent if chained == "yes" else ROOT_HASH
-        key = hash_block_tokens(key_parent, block)
-        entry = cached.get(key)
-        hit = (
-            entry is not None
-            and (not confirm_tokens or tuple(entry.token_ids) == block)
-            and (
-                not confirm_parent
-                or entry.parent_hash == (parent if chained == "key" else key_parent)
-            )
-        )
-        if hit:
-            hits.append(entry.block_id)
-        elif stop:
-            break
-        if (hit or parent_on_miss) and chained != "root":
-            parent = key
-    return hits
+def plain_pool(cached: dict, kind: type[BlockPool] = BlockPool) -> BlockPool:
+    """The lab's ``cached`` as kvlab's pool: a block per hash, its parent the block of its
+    parent_hash (one not cached is a block no lookup finds)."""
+    pool, by_hash = kind(1), {}
+
+    def block_of(key):
+        return None if key == ROOT_HASH else by_hash.setdefault(key, Block(-1))
+
+    for key, entry in cached.items():
+        block = block_of(key)
+        block.block_id, block.block_hash = entry.block_id, key
+        block.token_ids, block.parent = tuple(entry.token_ids), block_of(entry.parent_hash)
+        pool.cached[key] = block
+    pool.block_of = block_of
+    return pool
+
+
+def cached_prefix(token_ids, block_size: int, cached: dict, cache=HashChainCache, **pool):
+    """The rooms of the longest cached prefix, as ``cache`` finds them on a ``plain_pool``."""
+    found = cache(plain_pool(cached, **pool), block_size).match(token_ids).blocks
+    return [block.block_id for block in found]
+
+
+def variant(name: str, base: type = HashChainCache, **hook) -> type:
+    """kvlab's ``base`` with one hook changed: a usual slip."""
+    return type(name, (base,), hook)
+
+
+def _root(parent, tokens):
+    return hash_block_tokens(ROOT_HASH, tokens)
+
+
+# the lookup's usual slips, each kvlab's with one decision changed (see prefix.PREFIX_SLIPS):
+# _follows(self, hash, block, parent_hash, parent), _block_limit(self, token_ids), ...
+Overlap = variant("Overlap", _block_starts=lambda self, t: range(self._block_limit(t)))
+Unchained = variant("Unchained", _follows=lambda self, h, b, ph, p: None if b is None else (ph, p))
+Keyed = functools.partial(HashChainCache, hash_fn=_root)  # hashed alone, looked up after its key
+NoStop = variant("NoStop", _follows=lambda self, h, b, ph, p: (ph, p) if b is None else (h, b))
+NoStopFollowed = variant(
+    "NoStopFollowed",
+    _follows=lambda self, h, b, ph, p: (h, self.pool.block_of(h) if b is None else b),
+)
+CoversLast = variant("CoversLast", _block_limit=lambda self, t: len(t) // self.block_size)
+Partial = variant("Partial", _block_limit=lambda self, t: -(-len(t) // self.block_size))
+DropsOne = variant("DropsOne", _block_limit=lambda self, t: len(t) // self.block_size - 1)
+TokensOnly = variant("TokensOnly", BlockPool, confirms=lambda s, b, t, p: b.token_ids == t)
+ParentOnly = variant(
+    "ParentOnly", BlockPool, confirms=lambda s, b, t, p: BlockPool.confirms(s, b, b.token_ids, p)
+)
+Trusted = variant("Trusted", BlockPool, confirms=lambda s, b, t, p: True)
+
+
+def slipped(cache=HashChainCache, kind=BlockPool):
+    """``cached_prefix`` with a slipped cache and pool (``token_ids, block_size, cached``)."""
+    return functools.partial(cached_prefix, cache=cache, kind=kind)
 
 
 def chain_hashes(token_ids, block_size: int, count: int) -> list[int]:
@@ -71,17 +82,13 @@ def chain_hashes(token_ids, block_size: int, count: int) -> list[int]:
 
 
 def cache_prompt(cached: dict, token_ids, block_size: int, room_ids) -> list[int]:
-    """Put every full block of a finished guest's tokens in ``cached`` (rooms from ``room_ids``,
-    an iterator; a block already cached keeps its room). Returns the rooms, in order."""
-    rooms, parent = [], ROOT_HASH
-    for i in range(len(token_ids) // block_size):
+    """Cache a finished guest's full blocks, new ones in rooms from ``room_ids``: its rooms."""
+    keys = chain_hashes(token_ids, block_size, len(token_ids) // block_size)
+    for i, key in enumerate(keys):
         block = tuple(token_ids[i * block_size : (i + 1) * block_size])
-        key = hash_block_tokens(parent, block)
         if key not in cached:
-            cached[key] = CachedBlock(next(room_ids), parent, block)
-        rooms.append(cached[key].block_id)
-        parent = key
-    return rooms
+            cached[key] = CachedBlock(next(room_ids), keys[i - 1] if i else ROOT_HASH, block)
+    return [cached[key].block_id for key in keys]
 
 
 def reference_take(free_queue: list, cached: dict, block_hashes: dict) -> int:
