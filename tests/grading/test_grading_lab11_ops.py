@@ -172,6 +172,27 @@ QUANTIZE_SLIPS = [
         "torch.where(amax > 0, amax / top, torch.ones_like(amax)) => amax / top",
         quantize.ZERO_DIVIDE,
     ),
+    ("if scale is None: => if True:", quantize.GIVEN_IGNORED),
+    (
+        "x.float().abs().amax(dim=-1) => x.float().abs().amax(dim=(-2, -1)) && "
+        "torch.full(x.shape[:-1], => torch.full(x.shape[:-2], && "
+        "scales[..., None] => scales[..., None, None]",
+        quantize.PER_TOKEN,
+    ),
+    (
+        "x.float().abs().amax(dim=-1) => "
+        "x.float().abs().amax(dim=(-2, -1))[:, None].expand(x.shape[:-1])",
+        quantize.PER_TOKEN,
+    ),
+    (
+        "x.float().abs().amax(dim=-1) => x.float().abs().amax(dim=(0, -1)) && "
+        "torch.full(x.shape[:-1], => torch.full(x.shape[-2:-1],",
+        quantize.PER_HEAD,
+    ),
+    (
+        "x.float().abs().amax(dim=-1) => x.float().abs().amax(dim=(0, -1)).expand(x.shape[:-1])",
+        quantize.PER_HEAD,
+    ),
 ]
 
 

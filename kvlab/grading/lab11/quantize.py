@@ -34,6 +34,16 @@ PER_TENSOR = (
     "axis) gets its own, from its own largest magnitude: x.abs().amax(dim=-1) / the format's max, "
     "scales of shape x.shape[:-1]"
 )
+PER_TOKEN = (
+    "one scale per token, over all its KV heads: each KV head's vector gets its own (the heads "
+    "differ in size), from the largest magnitude over the last axis only, x.abs().amax(dim=-1), "
+    "scales of shape x.shape[:-1]"
+)
+PER_HEAD = (
+    "one scale per KV head, over all the tokens: each token's vector gets its own (a token "
+    "written later must not change the scale of those stored), x.abs().amax(dim=-1), scales of "
+    "shape x.shape[:-1]"
+)
 WRONG_AXIS = (
     "the largest magnitude was taken over the tokens: take it over each vector's elements, the "
     "last axis (head_dim), so that scales has shape x.shape[:-1] (tokens, kv_heads)"
@@ -67,6 +77,11 @@ ZERO_DIVIDE = (
     "0 a positive scale (1, say: any scale stores zeros), e.g. torch.where(amax > 0, amax / max, "
     "1.0)"
 )
+GIVEN_IGNORED = (
+    "the given scale was not used: each vector got a scale of its own. With scale given (one "
+    "per tensor, as vLLM's plain fp8 keeps), every vector's scale is that number, scales = "
+    "torch.full(x.shape[:-1], scale), and what lies beyond max x scale saturates"
+)
 SCALES_FP32 = (
     "keep the scales in float32 (a scale in bf16 loses 3 digits): .float() before dividing"
 )
@@ -75,23 +90,35 @@ SCALES_FP32 = (
 # --- what the slips compute: kvlab's steps with one decision changed -----------------------------
 
 
+# the vectors one scale is taken over, by ``per``: each vector; the whole tensor; a token's
+# vectors over its KV heads; a KV head's vectors over the tokens
+_OVER = {
+    "vector": lambda x: x,
+    "tensor": lambda x: x.reshape(1, -1),
+    "tensor, expanded": lambda x: x.reshape(1, -1),
+    "token": lambda x: x.flatten(-2)[..., None, :],
+    "head": lambda x: x.movedim(-2, 0).reshape(x.shape[-2], -1),
+}
+
+
 def slipped(x, fmt, scale=None, *, per="vector", signed=False, invert=False, fmt_max=None,
             clamp=True, rounding="nearest", guard=True):  # fmt: skip
-    """kvlab's quantize with one decision changed: one scale for the tensor (``per="tensor"``,
-    returned as a 0-d tensor; ``"tensor, expanded"``: one per vector, all alike), the largest
-    element rather than magnitude (``signed``), the scale inverted (values still x / (amax /
-    max)), the other format's max, no clamp, truncation, no guard for a zero vector."""
+    """kvlab's quantize with one decision changed: the vectors a scale is taken over (``per``,
+    see :data:`_OVER`; ``"tensor"`` returned as a 0-d tensor, the others one per vector), the
+    largest element rather than magnitude (``signed``), the scale inverted (values still x /
+    (amax / max)), the other format's max, no clamp, truncation, no guard for a zero vector."""
     fmt = quant.quant_format(fmt)
     if scale is not None:
         s = torch.as_tensor(scale, dtype=torch.float32).expand(x.shape[:-1]).clone()
         return quant.to_format(x, s, fmt, clamp=clamp, rounding=rounding), s
-    amax = x.float().amax(dim=-1) if signed else quant.vector_amax(x)
-    if per != "vector":
-        amax = quant.vector_amax(x.reshape(1, -1))[0]
+    over = _OVER[per](x)
+    amax = over.float().amax(dim=-1) if signed else quant.vector_amax(over)
+    if per.startswith("tensor"):
+        amax = amax[0]
     limit = quant.quant_format(fmt if fmt_max is None else fmt_max)
     s = quant.scales_for(amax, limit) if guard else amax / limit.max
     values = quant.to_format(x, s.expand(x.shape[:-1]), fmt, clamp=clamp, rounding=rounding)
-    if per == "tensor, expanded":
+    if per != "tensor":
         s = s.expand(x.shape[:-1]).clone()
     return values, (1 / s if invert else s)
 
@@ -99,12 +126,15 @@ def slipped(x, fmt, scale=None, *, per="vector", signed=False, invert=False, fmt
 SLIPS = (
     Slip(PER_TENSOR, lambda x, f, s=None: slipped(x, f, s, per="tensor")),
     Slip(PER_TENSOR, lambda x, f, s=None: slipped(x, f, s, per="tensor, expanded")),
+    Slip(PER_TOKEN, lambda x, f, s=None: slipped(x, f, s, per="token")),
+    Slip(PER_HEAD, lambda x, f, s=None: slipped(x, f, s, per="head")),
     Slip(NO_ABS, lambda x, f, s=None: slipped(x, f, s, signed=True)),
     Slip(INVERTED, lambda x, f, s=None: slipped(x, f, s, invert=True)),
     Slip(OTHER_MAX, lambda x, f, s=None: slipped(x, f, s, fmt_max=quant.quant_format(f).other)),
     Slip(NO_CLAMP, lambda x, f, s=None: slipped(x, f, s, clamp=False)),
     Slip(TRUNCATED, lambda x, f, s=None: slipped(x, f, s, rounding="toward zero")),
     Slip(ZERO_DIVIDE, lambda x, f, s=None: slipped(x, f, s, guard=False)),
+    Slip(GIVEN_IGNORED, lambda x, f, s=None: slipped(x, f)),
 )
 
 
@@ -174,7 +204,10 @@ def _judge(x, fmt, scale, got):
             None,
         )
     if scales.shape != x.shape[:-1]:
-        hint = {x.shape[1:]: WRONG_AXIS, (*x.shape[:-1], 1): KEEPDIM}.get(scales.shape)
+        shapes = ((x.shape[1:], WRONG_AXIS), ((*x.shape[:-1], 1), KEEPDIM),
+                  (x.shape[:-2], PER_TOKEN), (x.shape[-2:-1], PER_HEAD))  # fmt: skip
+        named = {h for shape, h in shapes if tuple(scales.shape) == tuple(shape)}
+        hint = named.pop() if len(named) == 1 else None
         return (
             "one scale per vector: scales has shape x.shape[:-1]",
             str(tuple(x.shape[:-1])),
@@ -188,6 +221,9 @@ def _judge(x, fmt, scale, got):
     if not bool((s > 0).all() & s.isfinite().all()):
         bad = s[~((s > 0) & s.isfinite())][0].item()
         return "every scale is positive and finite", "scale > 0", f"a scale of {bad}", None
+    if scale is not None and not torch.allclose(s, torch.full_like(s, scale), rtol=1e-6, atol=0):
+        bad = s[(s - scale).abs() > 1e-6 * scale][0].item()
+        return "a given scale is every vector's scale", f"{scale:g} for each", f"{bad:.4g}", None
     xs = x.float()[judged]
     if scale is not None:  # saturated: the round trip gives back x clamped to the scale's range
         xs = torch.maximum(torch.minimum(xs, fmt.max * s[:, None]), -fmt.max * s[:, None])
