@@ -197,6 +197,9 @@ HYBRID_SLIPS = [
                          "reserved += groups * per => reserved += groups * per\n        real += per * n * page",
                          "reserved * page * group_size => real"]),
     (checks.NOT_ALIGNED, ["16 * -(-state // (16 * token)) => -(-state // token)"]),
+    (checks.RATIO_EDGE, [f"{RULE} => group_size = most if most <= 1.5 * fewest else fewest"]),
+    (checks.ONE_PAGE_A_BLOCK, ["reserved * page * group_size => reserved * page"]),
+    (checks.ONCE_PER_KIND, ["reserved += groups * per => reserved += per"]),
 ]  # fmt: skip
 
 

@@ -57,6 +57,11 @@ RATIO_MIN = (
     "fewer than 1.5 times as many: then vLLM takes the most layers (less padding), e.g. 13 "
     "and 12 layers make groups of 13, not 12 + 12 + 1"
 )
+RATIO_EDGE = (
+    "exactly 1.5 times as many layers took the most: vLLM's test is strict, the commonest kind "
+    "must have fewer than 1.5 times the fewest (max < 1.5 x min), so 8 and 12 layers make groups "
+    "of 8, not 12"
+)
 ONE_GROUP_PER_KIND = (
     "each kind of layer became one group: vLLM's groups all have the same number of layer "
     "slots, the fewest layers any kind has (unless the commonest has under 1.5 times as "
@@ -82,6 +87,16 @@ NO_PADDING = (
     "the bytes counted the real layers only: every block of the pool is page_bytes x "
     "group_size, padding slots included (a group of 8 real layers in slots for 10 still takes "
     "10 pages a block), so bytes_reserved = blocks_reserved x page_bytes x group_size"
+)
+ONE_PAGE_A_BLOCK = (
+    "the bytes counted one page a block: a pool block is one page for each of a group's "
+    "layer slots, page_bytes x group_size bytes, so bytes_reserved = blocks_reserved x "
+    "page_bytes x group_size"
+)
+ONCE_PER_KIND = (
+    "each kind's blocks were counted once: a kind of n layers is cdiv(n, group_size) groups, "
+    "each a key card of its own that reserves its kind's blocks, so a kind reserves its "
+    "groups x spec.blocks_reserved(...)"
 )
 NOT_ALIGNED = (
     "the attention block grew to just hold the state: vLLM rounds it to a multiple of 16 "

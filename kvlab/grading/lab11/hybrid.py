@@ -113,17 +113,34 @@ def _no_padding(layer_groups, max_model_len, max_num_batched_tokens, block_size=
     return _answer(layout, layout.blocks_reserved(max_model_len, max_num_batched_tokens), real)
 
 
+def _one_page_a_block(layer_groups, max_model_len, max_num_batched_tokens, block_size=16):
+    layout = kv_cache_layout(layer_groups, block_size=block_size)
+    blocks = layout.blocks_reserved(max_model_len, max_num_batched_tokens)
+    return _answer(layout, blocks, blocks * layout.page_bytes)
+
+
+def _once_per_kind(layer_groups, max_model_len, max_num_batched_tokens, block_size=16):
+    layout = kv_cache_layout(layer_groups, block_size=block_size)
+    kinds = {g.spec: g for g in layout.groups}.values()  # one group of each kind
+    return _answer(
+        layout, sum(g.blocks_reserved(max_model_len, max_num_batched_tokens) for g in kinds)
+    )
+
+
 def _rule(**rules):
     return lambda *args: reference(*args, **rules)
 
 
 SLIPS = (
     Slip(hints.RATIO_MIN, _rule(group_size_ratio=1)),
+    Slip(hints.RATIO_EDGE, _rule(group_size_ratio=1.5 + 1e-9)),  # 12 < 8 x 1.5: "<=" for "<"
     Slip(hints.ONE_GROUP_PER_KIND, _rule(group_size_ratio=float("inf"))),
     Slip(hints.WINDOW_AS_FULL, _window_as_full),
     Slip(hints.WINDOW_ONE_TOKEN, _one_token),
     Slip(hints.NO_EXTRA_BLOCK, _no_extra_block),
     Slip(hints.NO_PADDING, _no_padding),
+    Slip(hints.ONE_PAGE_A_BLOCK, _one_page_a_block),
+    Slip(hints.ONCE_PER_KIND, _once_per_kind),
     Slip(hints.NOT_ALIGNED, _rule(block_alignment=1)),
 )
 
@@ -132,9 +149,11 @@ SLIPS = (
 
 NEAR_EQUAL = (LayerGroup(FullAttentionSpec(8, 128), 13), LayerGroup(
     SlidingWindowSpec(8, 128, window=2048), 12))  # fmt: skip
+AT_RATIO = (LayerGroup(FullAttentionSpec(8, 128), 8), LayerGroup(
+    SlidingWindowSpec(8, 128, window=1024), 12))  # fmt: skip
 HALF_HEADS = (LayerGroup(FullAttentionSpec(8, 128), 4), LayerGroup(
     SlidingWindowSpec(4, 128, window=512), 20))  # fmt: skip
-MADE_UP = {"13 full + 12 window layers": NEAR_EQUAL,
+MADE_UP = {"13 full + 12 window layers": NEAR_EQUAL, "8 full + 12 window layers": AT_RATIO,
            "4 full layers of 8 KV heads + 20 window layers of 4": HALF_HEADS}  # fmt: skip
 
 
@@ -149,7 +168,8 @@ CASES = {
     "gpt-oss": [("gpt-oss-20b", 131_072, 8_192, 16), ("gpt-oss-120b", 131_072, 2_048, 16)],
     "gemma": [("Gemma-3-27B", 131_072, 8_192, 16), ("Gemma-3-27B", 32_768, 512, 16),
               ("Gemma-3-27B", 800, 2_048, 16)],
-    "ratio": [("13 full + 12 window layers", 65_536, 4_096, 16)],
+    "ratio": [("13 full + 12 window layers", 65_536, 4_096, 16),
+              ("8 full + 12 window layers", 32_768, 2_048, 16)],
     "nemotron": [("Nemotron-H-8B", 8_192, 8_192, 16), ("Nemotron-H-8B", 131_072, 2_048, 16)],
     "qwen35": [("Qwen3.5-9B", 262_144, 8_192, 16), ("Qwen3.5-9B", 4_096, 2_048, 64)],
     "pages": [("4 full layers of 8 KV heads + 20 window layers of 4", 16_384, 1_024, 16)],
@@ -230,7 +250,7 @@ _check("dense", "a dense model: one group of all its layers (Llama-3.1-8B)")
 _check("mistral", "every layer a window of 4,096 (Mistral-7B-v0.1): one group")
 _check("gpt-oss", "gpt-oss: window and full layers 1 : 1, groups of 12 (20b) and 18 (120b)")
 _check("gemma", "Gemma-3-27B: 10 full and 52 window layers, groups of 10 with padding")
-_check("ratio", "13 full and 12 window layers: the 1.5 rule takes groups of 13")
+_check("ratio", "the 1.5 rule: 13 full and 12 window layers make groups of 13, 8 and 12 of 8")
 _check("nemotron", "Nemotron-H-8B: Mamba2 states grow the attention block")
 _check("qwen35", "Qwen3.5-9B: Gated-DeltaNet states beside full attention")
 _check("pages", "a window with half the KV heads: its block holds twice the tokens")
