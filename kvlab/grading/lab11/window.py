@@ -15,6 +15,7 @@ exactly as the learner's step did, and the probe days too (:func:`slipped_hotel`
 from __future__ import annotations
 
 import functools
+import itertools
 import random
 from dataclasses import dataclass
 
@@ -44,6 +45,7 @@ REFERENCES = (
     KVCacheSpec.blocks_held,
 )
 TASK = "handing back the rooms the window has left"
+FREE_TAKES = "free takes a list"  # SteppedWindowManager's TypeError for free(room)
 
 
 # --- kvlab's step and its slips: the window manager with one hook changed ---------------------
@@ -94,6 +96,17 @@ class _NullAgain(SlidingWindowManager):
         return False
 
 
+class _UpFromZero(SlidingWindowManager):
+    def _skipped(self, seq_id, num_computed):  # walked up from place 0 to the first null
+        table = self.tables[seq_id][: self._skip_end(num_computed)]
+        return list(itertools.takewhile(lambda b: not self._handed_back(b), table))[::-1]
+
+
+class _OneAStep(SlidingWindowManager):
+    def _skipped(self, seq_id, num_computed):
+        return super()._skipped(seq_id, num_computed)[:1]
+
+
 SLIPPED = (
     (hints.TOO_MANY, _TooMany),
     (hints.ROUNDED_UP, _RoundedUp),
@@ -104,6 +117,8 @@ SLIPPED = (
     (hints.KEPT_ON_CARD, _KeptOnCard),
     (hints.NOT_FREED, _NotFreed),
     (hints.NULL_AGAIN, _NullAgain),
+    (hints.UP_FROM_ZERO, _UpFromZero),
+    (hints.ONE_A_STEP, _OneAStep),
 )
 
 
@@ -339,7 +354,10 @@ def diagnose(fn, d: Day) -> str | None:
     found = slips.matching(SLIPS, got, (d,), reference_day(d))
     probes = [(DAYS[name],) for name in PROBES if DAYS[name] != d]
     found = slips.told_apart(found, answer, probes, reference_day, always=True)
-    return slips.hint(slips.only(found))
+    hint = slips.hint(slips.only(found))
+    if hint == hints.KEPT_ON_CARD and slips.rebinds_argument(fn, 0):
+        return hints.REBOUND  # the nulls went into a new list the hotel never sees
+    return hint
 
 
 # --- judging one day -------------------------------------------------------------------------
@@ -406,11 +424,11 @@ def expect_day(fn, d: Day) -> None:
     where = {"replay": d.replay}
     rooms: dict = {}  # (guest, group, place) -> the room first seen there
 
-    def fail(i, message, hotel=None, card=None, **details):
+    def fail(i, message, hotel=None, card=None, hint=None, **details):
         raise CheckFailed(
             message,
             input=d.describe(i, now),
-            hint=diagnose(fn, d),
+            hint=hint or diagnose(fn, d),
             **where,
             **(details if card is None else _card_details(hotel, *card)),
         )
@@ -429,7 +447,9 @@ def expect_day(fn, d: Day) -> None:
         want = right[k] if k < len(right) else None
         k += 1
         if error is not None:
-            fail(i, f"the day stopped: {type(error).__name__}: {error}", got="an error")
+            one_room = isinstance(error, TypeError) and str(error).startswith(FREE_TAKES)
+            hint = hints.FREE_A_LIST if one_room else None
+            fail(i, f"the day stopped: {type(error).__name__}: {error}", got="an error", hint=hint)
         n_of = {seq: hotel.num_tokens(seq) for seq in hotel.seq_ids}
         for (seq, cards), (_, wanted) in zip(snap.cards, want.cards, strict=True):
             for group, (got, exp) in enumerate(zip(cards, wanted, strict=True)):
