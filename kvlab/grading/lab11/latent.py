@@ -44,6 +44,14 @@ SCALE_LATENT = (
     "stays the expanded key's, 1/sqrt(nope + rope)"
 )
 NO_SCALE = "no softmax scale: multiply the scores by 1/sqrt(nope + rope)"
+SCALE_INVERTED = (
+    "the scores were multiplied by sqrt(nope + rope): the softmax scale divides by it, "
+    "scores * (1 / sqrt(nope + rope))"
+)
+ROPE_UNSCALED = (
+    "only the latent part of the score was scaled: the scale multiplies the whole score, "
+    "(q_lat . c + q_pe . k_pe) / sqrt(nope + rope), the rotated part too"
+)
 NO_ROPE = (
     "the rope part was left out of the scores: each head's score is q_lat . c plus q_pe . k_pe, "
     "where k_pe is the last rope elements of each cached vector (shared by every head)"
@@ -83,11 +91,12 @@ LOW_PRECISION = (
 # --- what the slips compute: kvlab's steps with one decision changed -----------------------------
 
 
-def absorbed(*case, scale=None, rope=True, rope_first=False, uk=None, uv=None, over=-1):
+def absorbed(*case, scale=None, rope=True, rope_first=False, rope_scaled=True, uk=None, uv=None,
+             over=-1):  # fmt: skip
     """The absorbed attention on ``case`` built from :mod:`kvlab.ops.mla`'s steps, fp32, with one
-    decision changed: ``scale``, the rope part (dropped, or read from the front), the weight
-    that makes the query (``uk``) or the values (``uv``) of ``(w_uk, w_uv)``, the softmax's
-    axis. None where the change does not fit the case's shapes."""
+    decision changed: ``scale``, the rope part (dropped, read from the front, or left out of the
+    scale), the weight that makes the query (``uk``) or the values (``uv``) of ``(w_uk, w_uv)``,
+    the softmax's axis. None where the change does not fit the case's shapes."""
     q_nope, q_pe, latent, w_uk, w_uv = (t.float() for t in case)
     rank, width = w_uk.shape[2], latent.shape[1]
     if rope_first:
@@ -98,11 +107,11 @@ def absorbed(*case, scale=None, rope=True, rope_first=False, uk=None, uv=None, o
     w_v = w_uv if uv is None else uv(w_uk, w_uv)
     if w_q.shape != w_uk.shape or w_v.shape[0::2] != w_uv.shape[0::2]:
         return None
-    scores = mla.absorb_query(q_nope, w_q) @ c.T
-    if rope:
-        scores = scores + q_pe @ k_pe.T
     scale = mla.default_scale(q_nope, q_pe) if scale is None else scale(q_nope, q_pe, rank)
-    o_lat = (scores * scale).softmax(dim=over) @ c
+    scores = mla.absorb_query(q_nope, w_q) @ c.T * scale
+    if rope:
+        scores = scores + q_pe @ k_pe.T * (scale if rope_scaled else 1.0)
+    o_lat = scores.softmax(dim=over) @ c
     return mla.up_project(o_lat, w_v)
 
 
@@ -124,7 +133,12 @@ SLIPS = (
     ),
     Slip(SCALE_LATENT, lambda *c: absorbed(*c, scale=lambda qn, qp, r: 1 / math.sqrt(r))),
     Slip(NO_SCALE, lambda *c: absorbed(*c, scale=lambda qn, qp, r: 1.0)),
+    Slip(
+        SCALE_INVERTED,
+        lambda *c: absorbed(*c, scale=lambda qn, qp, r: math.sqrt(qn.shape[1] + qp.shape[1])),
+    ),
     Slip(NO_ROPE, lambda *c: absorbed(*c, rope=False)),
+    Slip(ROPE_UNSCALED, lambda *c: absorbed(*c, rope_scaled=False)),
     Slip(ROPE_FIRST, lambda *c: absorbed(*c, rope_first=True)),
     Slip(UK_TRANSPOSED, lambda *c: absorbed(*c, uk=lambda uk, uv: _transposed(uk))),
     Slip(UV_TRANSPOSED, lambda *c: absorbed(*c, uv=lambda uk, uv: _transposed(uv))),
