@@ -173,17 +173,18 @@ def make_vectors(tokens=5, kv_heads=2, head_dim=16, seed=0, spread=0, dtype=torc
 
 
 def _describe(fmt, scale, args) -> str:
-    x = make_vectors(**args)
-    given = "" if scale is None else f", scale={scale} given"
-    extra = []
-    if args.get("spread"):
-        extra.append(f"magnitudes 1e-{args['spread']} .. 1e{args['spread']}")
-    if args.get("zero") is not None:
-        extra.append(f"x[{args['zero'][0]}, {args['zero'][1]}] all zeros")
-    if args.get("nan") is not None:
-        extra.append(f"a NaN in x[{args['nan'][0]}, {args['nan'][1]}]")
+    x, spread, zero, nan = (
+        make_vectors(**args),
+        args.get("spread"),
+        args.get("zero"),
+        args.get("nan"),
+    )
+    extra = [f"magnitudes 1e-{spread} .. 1e{spread}"] if spread else []
+    extra += [f"x[{zero[0]}, {zero[1]}] all zeros"] if zero is not None else []
+    extra += [f"a NaN in x[{nan[0]}, {nan[1]}]"] if nan is not None else []
     kind = "" if x.dtype == torch.float32 else f" {x.dtype}"
     more = f" ({', '.join(extra)})" if extra else ""
+    given = "" if scale is None else f", scale={scale} given"
     return f"quantize(x{kind} of shape {tuple(x.shape)}{more}, {fmt!r}{given})"
 
 
@@ -197,23 +198,15 @@ def _judge(x, fmt, scale, got):
     if not isinstance(values, torch.Tensor) or not isinstance(scales, torch.Tensor):
         return "values and scales are tensors", "(Tensor, Tensor)", short(got), None
     if values.dtype != fmt.dtype or values.shape != x.shape:
-        return (
-            "values are x's shape in the format's dtype",
-            f"{tuple(x.shape)}, {fmt.dtype}",
-            f"{tuple(values.shape)}, {values.dtype}",
-            None,
-        )
+        want, shown = f"{tuple(x.shape)}, {fmt.dtype}", f"{tuple(values.shape)}, {values.dtype}"
+        return "values are x's shape in the format's dtype", want, shown, None
     if scales.shape != x.shape[:-1]:
         shapes = ((x.shape[1:], WRONG_AXIS), ((*x.shape[:-1], 1), KEEPDIM),
                   (x.shape[:-2], PER_TOKEN), (x.shape[-2:-1], PER_HEAD))  # fmt: skip
         named = {h for shape, h in shapes if tuple(scales.shape) == tuple(shape)}
+        want, shown = str(tuple(x.shape[:-1])), str(tuple(scales.shape))
         hint = named.pop() if len(named) == 1 else None
-        return (
-            "one scale per vector: scales has shape x.shape[:-1]",
-            str(tuple(x.shape[:-1])),
-            str(tuple(scales.shape)),
-            hint,
-        )
+        return "one scale per vector: scales has shape x.shape[:-1]", want, shown, hint
     if scales.dtype != torch.float32:
         return "scales are float32", "torch.float32", str(scales.dtype), SCALES_FP32
     judged = ~x.float().isnan().any(dim=-1)
@@ -229,26 +222,19 @@ def _judge(x, fmt, scale, got):
         xs = torch.maximum(torch.minimum(xs, fmt.max * s[:, None]), -fmt.max * s[:, None])
     back = values.float()[judged] * s[:, None]
     bound = quant.error_bound(xs, s, fmt)
-    off = (back - xs).abs() > bound
-    off = off | back.isnan()
+    off = ((back - xs).abs() > bound) | back.isnan()
     if off.any():
         i = int(off.any(dim=-1).nonzero()[0])
-        return (
-            "values * scales do not give x back within the format's rounding",
-            f"{xs[i][:4].tolist()} … (within {bound[i].max().item():.3g})",
-            f"{back[i][:4].tolist()} …",
-            None,
-        )
+        j, at = int(off[i].nonzero()[0]), ", ".join(map(str, judged.nonzero()[i].tolist()))
+        want = f"x[{at}, {j}] = {xs[i, j]:.4g} back, within ±{bound[i, j]:.3g}"
+        shown = f"{back[i, j]:.4g} (values[{at}, {j}] * scales[{at}])"
+        return "values * scales do not give x back within the format's rounding", want, shown, None
     top = values.float()[judged].abs().amax(dim=-1)
     used = (xs.abs().amax(dim=-1) == 0) | (top == fmt.max)
     if scale is None and not bool(used.all()):
         i = int((~used).nonzero()[0])
-        return (
-            f"the largest element of each vector is stored as ±{fmt.max:g} (the whole range)",
-            f"{fmt.max:g}",
-            f"{top[i].item():g}",
-            None,
-        )
+        message = f"the largest element of each vector is stored as ±{fmt.max:g} (the whole range)"
+        return message, f"{fmt.max:g}", f"{top[i].item():g}", None
     return None
 
 
