@@ -51,75 +51,31 @@ FREE_TAKES = "free takes a list"  # SteppedWindowManager's TypeError for free(ro
 # --- kvlab's step and its slips: the window manager with one hook changed ---------------------
 
 
-class _TooMany(SlidingWindowManager):
-    def _skip_end(self, num_computed):
-        return super()._skip_end(num_computed) + 1
+def _slip(hint: str, name: str, **hook) -> tuple[str, type[SlidingWindowManager]]:
+    """A row: the hint, and kvlab's window manager with one hook (one decision) changed."""
+    return hint, type(name, (SlidingWindowManager,), hook)
 
 
-class _RoundedUp(SlidingWindowManager):
-    def _skip_end(self, num_computed):
-        return cdiv(self.spec.first_needed(num_computed), self.block_size)
-
-
-class _TooFew(SlidingWindowManager):
-    def _skip_end(self, num_computed):
-        return super()._skip_end(num_computed) - 1
-
-
-class _EdgeLate(SlidingWindowManager):
-    def _skip_end(self, num_computed):  # the window read as starting one token before
-        return self.spec.first_needed(max(0, num_computed - 1)) // self.block_size
-
-
-class _EdgeEarly(SlidingWindowManager):
-    def _skip_end(self, num_computed):  # the window read as starting one token after
-        return self.spec.first_needed(num_computed + 1) // self.block_size
-
-
-class _Deleted(SlidingWindowManager):
-    def _stand_in(self, table, end, count):
-        del table[end - count : end]
-
-
-class _KeptOnCard(SlidingWindowManager):
-    def _stand_in(self, table, end, count):
-        pass
-
-
-class _NotFreed(SlidingWindowManager):
-    def _give_back(self, skipped):
-        pass
-
-
-class _NullAgain(SlidingWindowManager):
-    def _handed_back(self, block):
-        return False
-
-
-class _UpFromZero(SlidingWindowManager):
-    def _skipped(self, seq_id, num_computed):  # walked up from place 0 to the first null
-        table = self.tables[seq_id][: self._skip_end(num_computed)]
-        return list(itertools.takewhile(lambda b: not self._handed_back(b), table))[::-1]
-
-
-class _OneAStep(SlidingWindowManager):
-    def _skipped(self, seq_id, num_computed):
-        return super()._skipped(seq_id, num_computed)[:1]
-
-
+Ref = SlidingWindowManager  # kvlab's step, whose hooks the slips change
 SLIPPED = (
-    (hints.TOO_MANY, _TooMany),
-    (hints.ROUNDED_UP, _RoundedUp),
-    (hints.TOO_FEW, _TooFew),
-    (hints.EDGE_LATE, _EdgeLate),
-    (hints.EDGE_EARLY, _EdgeEarly),
-    (hints.DELETED, _Deleted),
-    (hints.KEPT_ON_CARD, _KeptOnCard),
-    (hints.NOT_FREED, _NotFreed),
-    (hints.NULL_AGAIN, _NullAgain),
-    (hints.UP_FROM_ZERO, _UpFromZero),
-    (hints.ONE_A_STEP, _OneAStep),
-)
+    _slip(hints.TOO_MANY, "TooMany", _skip_end=lambda m, n: Ref._skip_end(m, n) + 1),
+    _slip(hints.ROUNDED_UP, "RoundedUp",
+          _skip_end=lambda m, n: cdiv(m.spec.first_needed(n), m.block_size)),
+    _slip(hints.TOO_FEW, "TooFew", _skip_end=lambda m, n: Ref._skip_end(m, n) - 1),
+    _slip(hints.EDGE_LATE, "EdgeLate",  # the window read as starting one token before
+          _skip_end=lambda m, n: m.spec.first_needed(max(0, n - 1)) // m.block_size),
+    _slip(hints.EDGE_EARLY, "EdgeEarly",  # the window read as starting one token after
+          _skip_end=lambda m, n: m.spec.first_needed(n + 1) // m.block_size),
+    _slip(hints.DELETED, "Deleted",
+          _stand_in=lambda m, table, end, count: table.__delitem__(slice(end - count, end))),
+    _slip(hints.KEPT_ON_CARD, "KeptOnCard", _stand_in=lambda m, table, end, count: None),
+    _slip(hints.NOT_FREED, "NotFreed", _give_back=lambda m, skipped: None),
+    _slip(hints.NULL_AGAIN, "NullAgain", _handed_back=lambda m, block: False),
+    _slip(hints.UP_FROM_ZERO, "UpFromZero",  # walked up from place 0 to the first null
+          _skipped=lambda m, seq, n: list(itertools.takewhile(
+              lambda b: not m._handed_back(b), m.tables[seq][: m._skip_end(n)]))[::-1]),
+    _slip(hints.ONE_A_STEP, "OneAStep", _skipped=lambda m, seq, n: Ref._skipped(m, seq, n)[:1]),
+)  # fmt: skip
 
 
 # --- days -------------------------------------------------------------------------------------
