@@ -9,7 +9,7 @@ of guests checking in, growing a token at a time and checking out. After every e
 of every room (which place of which card it sits in, null or not, held or free) is compared
 with the same day played by kvlab's own step, and the hotel's books are checked. A wrong day is
 named when one usual slip (:data:`SLIPS`: kvlab's own manager with one hook changed) plays it
-exactly as the learner's step did, and the probe days too (:func:`slipped_hotel`).
+exactly as the learner's step did, and the probe days too (:func:`diagnose`).
 """
 
 from __future__ import annotations
@@ -94,23 +94,15 @@ class Day:
     events: tuple
     replay: str | None = None
 
-    @property
-    def window(self) -> int:
-        return next(s.window for s in self.specs if isinstance(s, SlidingWindowSpec))
-
     def describe(self, upto: int | None = None, moment: str = "") -> str:
         kinds = " + ".join(
             f"a window of {s.window}" if isinstance(s, SlidingWindowSpec) else "full attention"
             for s in self.specs
         )
-        shown = []
-        for kind, guest, n in self.events[: None if upto is None else upto + 1]:
-            word = {"in": f"{guest} checks in with {n}", "grow": f"{guest} +{n}"}
-            shown.append(word.get(kind, f"{guest} checks out"))
-        text = ", ".join(shown)
-        if len(text) > 150:
-            text = "…" + text[-148:]
-        text += f" ({moment})" if moment else ""
+        said = {"in": "{} checks in with {}", "grow": "{} +{}", "out": "{} checks out"}
+        events = self.events[: None if upto is None else upto + 1]
+        text = ", ".join(said[kind].format(guest, n) for kind, guest, n in events)
+        text = ("…" + text[-148:] if len(text) > 150 else text) + (f" ({moment})" if moment else "")
         return f"{self.story} ({kinds}; {self.num_blocks} rooms of {self.block_size} beds): {text}"
 
 
