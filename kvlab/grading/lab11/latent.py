@@ -146,24 +146,19 @@ SLIPS = (
 # (what the learner reads, make_mla_case's arguments), in the order of the checks; the first is
 # square (rank = nope = v_dim), where a transposed W_UK or W_UV runs and must be told
 CASES = {
-    "rank = nope = v_dim = 16 (a square W_UK and W_UV), 6 tokens": dict(
-        num_tokens=6, heads=4, nope=16, rope=8, rank=16, v_dim=16, seed=1
-    ),
+    "rank = nope = v_dim = 16 (a square W_UK and W_UV), 6 tokens":
+        dict(num_tokens=6, heads=4, nope=16, rope=8, rank=16, v_dim=16, seed=1),
     "one token (its softmax weight is 1: the answer is W_UV c)": dict(num_tokens=1, seed=2),
-    "9 tokens, 3 heads, nope 12, rope 6, rank 40, v_dim 20": dict(
-        num_tokens=9, heads=3, nope=12, rope=6, rank=40, v_dim=20, seed=3
-    ),
-    "DeepSeek-V3's head sizes (nope 128, rope 64, rank 512, v_dim 128), 2 heads, 11 tokens": dict(
-        num_tokens=11, heads=2, nope=128, rope=64, rank=512, v_dim=128, seed=4
-    ),
-    "DeepSeek-V3's head sizes in bfloat16: the answer in q_nope's dtype": dict(
-        num_tokens=11, heads=2, nope=128, rope=64, rank=512, v_dim=128, seed=5,
-        dtype=torch.bfloat16,
-    ),
-    "bfloat16, 64 tokens, sharp queries (scores in the hundreds): the sums in fp32": dict(
-        num_tokens=64, heads=4, nope=32, rope=16, rank=64, v_dim=32, seed=6,
-        dtype=torch.bfloat16, sharpness=12.0,
-    ),
+    "9 tokens, 3 heads, nope 12, rope 6, rank 40, v_dim 20":
+        dict(num_tokens=9, heads=3, nope=12, rope=6, rank=40, v_dim=20, seed=3),
+    "DeepSeek-V3's head sizes (nope 128, rope 64, rank 512, v_dim 128), 2 heads, 11 tokens":
+        dict(num_tokens=11, heads=2, nope=128, rope=64, rank=512, v_dim=128, seed=4),
+    "DeepSeek-V3's head sizes in bfloat16: the answer in q_nope's dtype":
+        dict(num_tokens=11, heads=2, nope=128, rope=64, rank=512, v_dim=128, seed=5,
+             dtype=torch.bfloat16),
+    "bfloat16, 64 tokens, sharp queries (scores in the hundreds): the sums in fp32":
+        dict(num_tokens=64, heads=4, nope=32, rope=16, rank=64, v_dim=32, seed=6,
+             dtype=torch.bfloat16, sharpness=12.0),
 }  # fmt: skip
 # where the slips that answer alike on a case differ: non-square (scale by nope vs by rank),
 # square (a transposed weight runs)

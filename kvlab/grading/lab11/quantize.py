@@ -265,35 +265,25 @@ def expect_quantized(fn, fmt, scale, args) -> None:
 
 # (what the learner reads, [(fmt, scale, make_vectors' arguments)]), in the order of the checks
 CHECKS = {
-    "fp8 e4m3: values in torch.float8_e4m3fn, one fp32 scale per token and KV head": [
-        ("fp8_e4m3", None, dict(seed=1)),
-    ],
+    "fp8 e4m3: values in torch.float8_e4m3fn, one fp32 scale per token and KV head":
+        [("fp8_e4m3", None, dict(seed=1))],
     "int8: values rounded to the nearest step": [("int8", None, dict(seed=2))],
-    "vectors of every size (1e-3 .. 1e3): each uses the format's whole range": [
-        ("fp8_e4m3", None, dict(tokens=8, kv_heads=3, head_dim=24, seed=3, spread=3)),
-        ("int8", None, dict(tokens=8, kv_heads=3, head_dim=24, seed=4, spread=3)),
-    ],
-    "K and V in bfloat16, as a model caches them": [
-        ("fp8_e4m3", None, dict(seed=5, dtype=torch.bfloat16)),
-        ("int8", None, dict(seed=6, dtype=torch.bfloat16, head_dim=40)),
-    ],
-    "an all-zero vector: a positive scale, zeros back, no division by zero": [
-        ("fp8_e4m3", None, dict(seed=7, zero=(2, 1))),
-        ("int8", None, dict(seed=8, zero=(0, 0))),
-    ],
-    "a given scale (one per tensor): what lies beyond it saturates at ±max": [
-        ("int8", 0.01, dict(seed=9, head_dim=12)),
-        ("fp8_e4m3", 0.002, dict(seed=10, head_dim=12)),
-    ],
-    "a NaN in one token's vector spoils that vector only: each scale reads its own": [
-        ("fp8_e4m3", None, dict(seed=11, nan=(3, 0))),
-        ("int8", None, dict(seed=12, nan=(1, 1))),
-    ],
-    "300 random vectors in both formats": [
-        ("fp8_e4m3", None, dict(tokens=50, kv_heads=3, head_dim=20, seed=13, spread=2)),
-        ("int8", None, dict(tokens=50, kv_heads=3, head_dim=20, seed=14, spread=2)),
-    ],
-}
+    "vectors of every size (1e-3 .. 1e3): each uses the format's whole range":
+        [("fp8_e4m3", None, dict(tokens=8, kv_heads=3, head_dim=24, seed=3, spread=3)),
+         ("int8", None, dict(tokens=8, kv_heads=3, head_dim=24, seed=4, spread=3))],
+    "K and V in bfloat16, as a model caches them":
+        [("fp8_e4m3", None, dict(seed=5, dtype=torch.bfloat16)),
+         ("int8", None, dict(seed=6, dtype=torch.bfloat16, head_dim=40))],
+    "an all-zero vector: a positive scale, zeros back, no division by zero":
+        [("fp8_e4m3", None, dict(seed=7, zero=(2, 1))), ("int8", None, dict(seed=8, zero=(0, 0)))],
+    "a given scale (one per tensor): what lies beyond it saturates at ±max":
+        [("int8", 0.01, dict(seed=9, head_dim=12)), ("fp8_e4m3", 0.002, dict(seed=10, head_dim=12))],
+    "a NaN in one token's vector spoils that vector only: each scale reads its own":
+        [("fp8_e4m3", None, dict(seed=11, nan=(3, 0))), ("int8", None, dict(seed=12, nan=(1, 1)))],
+    "300 random vectors in both formats":
+        [("fp8_e4m3", None, dict(tokens=50, kv_heads=3, head_dim=20, seed=13, spread=2)),
+         ("int8", None, dict(tokens=50, kv_heads=3, head_dim=20, seed=14, spread=2))],
+}  # fmt: skip
 
 for _name, _cases in CHECKS.items():
 
