@@ -98,6 +98,8 @@ WINDOW_SLIPS = [
     (checks.KEPT_ON_CARD, [f"{FREE_AND_NULL} => free([block_table[i]])"]),
     (checks.NOT_FREED, [f"{FREE_AND_NULL} => block_table[i] = null_block"]),
     (checks.NULL_AGAIN, [f"{BREAK} => "]),
+    (checks.UP_FROM_ZERO, [f"range({FIRST}, -1, -1) => range(first // block_size)"]),
+    (checks.ONE_A_STEP, ["null_block\n => null_block\n        break\n"]),
 ]  # fmt: skip
 
 
@@ -112,6 +114,38 @@ def test_every_window_slip_is_in_the_table_and_told_apart_on_the_probes():
     answers = [tuple(window.slip_day(d, i) for d in days) for i in range(len(window.SLIPPED))]
     assert len(set(answers)) == len(answers)  # no two slips play the probe days alike
     assert all(a != tuple(window.reference_day(d) for d in days) for a in answers)
+
+
+BY_PLACE = """
+def hand_back(block_table, num_computed, *, window, block_size, free, null_block):
+    first = max(0, num_computed - window + 1)
+    for i, room in enumerate(block_table):
+        if (i + 1) * block_size <= first and room != null_block:
+            free([room])
+            block_table[i] = null_block
+"""
+REBOUND = """
+def hand_back(block_table, num_computed, *, window, block_size, free, null_block):
+    end = max(0, num_computed - window + 1) // block_size
+    free([room for room in block_table[:end] if room != null_block])
+    block_table = [null_block] * end + block_table[end:]
+"""
+OTHER_WAYS = [
+    ("walking up, skipping the nulls", BY_PLACE, [], None),
+    ("a room's end compared with <", BY_PLACE, ["<= first => < first"], checks.EDGE_LATE),
+    ("a room's last bed compared with <=", BY_PLACE, ["(i + 1) * block_size <= => (i + 1) * block_size - 1 <="], checks.EDGE_EARLY),
+    ("the card rebound to a new list", REBOUND, [], checks.REBOUND),
+    ("free(room) for free([room])", HAND_BACK, ["free([block_table[i]]) => free(block_table[i])"], checks.FREE_A_LIST),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("what, source, edits, hint", OTHER_WAYS, ids=[w[0] for w in OTHER_WAYS])
+def test_a_step_written_another_way_gets_the_hint_of_its_mistake(what, source, edits, hint):
+    result = run_checks("11.window", learner(source, "hand_back", *edits))
+    if hint is None:
+        assert result.ok, result.report()
+    else:
+        assert_only_hint(result, hint)
 
 
 def test_a_new_key_card_returned_is_named():
@@ -197,6 +231,9 @@ HYBRID_SLIPS = [
                          "reserved += groups * per => reserved += groups * per\n        real += per * n * page",
                          "reserved * page * group_size => real"]),
     (checks.NOT_ALIGNED, ["16 * -(-state // (16 * token)) => -(-state // token)"]),
+    (checks.RATIO_EDGE, [f"{RULE} => group_size = most if most <= 1.5 * fewest else fewest"]),
+    (checks.ONE_PAGE_A_BLOCK, ["reserved * page * group_size => reserved * page"]),
+    (checks.ONCE_PER_KIND, ["reserved += groups * per => reserved += per"]),
 ]  # fmt: skip
 
 

@@ -83,6 +83,13 @@ LATENT_SLIPS = [
     ("q_nope.shape[-1] + q_pe.shape[-1]) => latent.shape[-1])", latent.SCALE_LATENT),
     ("q_nope.shape[-1] + q_pe.shape[-1]) => rank)", latent.SCALE_LATENT),
     ("scores * scale => scores", latent.NO_SCALE),
+    ("scale = 1 / math.sqrt( => scale = math.sqrt(", latent.SCALE_INVERTED),
+    (
+        "scores = q_lat @ c.T + q_pe.float() @ k_pe.T => "
+        "scores = q_lat @ c.T / math.sqrt(q_nope.shape[-1] + q_pe.shape[-1]) + q_pe.float() @ k_pe.T"
+        " && scores * scale => scores",
+        latent.ROPE_UNSCALED,
+    ),
     ("q_lat @ c.T + q_pe.float() @ k_pe.T => q_lat @ c.T", latent.NO_ROPE),
     (
         "c, k_pe = latent[:, :rank].float(), latent[:, rank:].float() => "
@@ -171,6 +178,27 @@ QUANTIZE_SLIPS = [
     (
         "torch.where(amax > 0, amax / top, torch.ones_like(amax)) => amax / top",
         quantize.ZERO_DIVIDE,
+    ),
+    ("if scale is None: => if True:", quantize.GIVEN_IGNORED),
+    (
+        "x.float().abs().amax(dim=-1) => x.float().abs().amax(dim=(-2, -1)) && "
+        "torch.full(x.shape[:-1], => torch.full(x.shape[:-2], && "
+        "scales[..., None] => scales[..., None, None]",
+        quantize.PER_TOKEN,
+    ),
+    (
+        "x.float().abs().amax(dim=-1) => "
+        "x.float().abs().amax(dim=(-2, -1))[:, None].expand(x.shape[:-1])",
+        quantize.PER_TOKEN,
+    ),
+    (
+        "x.float().abs().amax(dim=-1) => x.float().abs().amax(dim=(0, -1)) && "
+        "torch.full(x.shape[:-1], => torch.full(x.shape[-2:-1],",
+        quantize.PER_HEAD,
+    ),
+    (
+        "x.float().abs().amax(dim=-1) => x.float().abs().amax(dim=(0, -1)).expand(x.shape[:-1])",
+        quantize.PER_HEAD,
     ),
 ]
 

@@ -17,14 +17,16 @@ TOO_FEW = (
     "places 0 .. (num_computed - window + 1) // block_size - 1, the last of them included"
 )
 EDGE_LATE = (
-    "the window was taken one token too wide: the next token (position num_computed) reads "
-    "window tokens counting itself, positions num_computed - window + 1 .. num_computed, so the "
-    "first it needs is num_computed - window + 1, not num_computed - window"
+    "rooms went back one token late: the next token (position num_computed) reads window "
+    "tokens counting itself, from first = num_computed - window + 1, and room i goes back as "
+    "soon as all its beds are before it, (i + 1) * block_size <= first; a window counted from "
+    "num_computed - window, or < for <=, keeps each room a token too long"
 )
 EDGE_EARLY = (
-    "a room went back one token early: the next token sits at position num_computed (the "
-    "tokens computed are 0 .. num_computed - 1) and reads num_computed - window + 1 .. "
-    "num_computed; its window starts at num_computed - window + 1, not one later"
+    "rooms went back one token early: the next token sits at position num_computed (the "
+    "tokens computed are 0 .. num_computed - 1) and reads from first = num_computed - window "
+    "+ 1, so room i goes back only when its last bed, (i + 1) * block_size - 1, is before "
+    "first (< first, not <= first), and first is not one later"
 )
 DELETED = (
     "the key card got shorter: place i of block_table must stay logical block i (the engine "
@@ -45,6 +47,26 @@ NULL_AGAIN = (
     "at the first null_block going down, or skip it"
 )
 
+FREE_A_LIST = (
+    "free takes a list of room numbers, as the pool frees several at once: free([room]) for "
+    "one room, not free(room)"
+)
+UP_FROM_ZERO = (
+    "nothing went back after the first time: the loop walked up from place 0 and stopped at "
+    "the first null_block, but once a room has gone back place 0 holds null_block; walk down "
+    "from place first // block_size - 1 and stop at the first null_block (or walk up and skip "
+    "the null_blocks)"
+)
+ONE_A_STEP = (
+    "only one room went back at a step: a prompt longer than the window (or several tokens "
+    "at once) leaves several rooms behind together; hand back every place from "
+    "first // block_size - 1 down to the first null_block, not only the last"
+)
+REBOUND = (
+    "block_table = ... made a new list inside your step: the hotel keeps the card it gave "
+    "you, which still holds the rooms you freed; change that list in place "
+    "(block_table[i] = null_block, or block_table[:] = ...)"
+)
 IN_PLACE = (
     "the step built a new key card and returned it: the hotel keeps the card it gave you, so "
     "change block_table in place (block_table[i] = null_block) and return nothing"
@@ -56,6 +78,11 @@ RATIO_MIN = (
     "the group size was the fewest layers of any kind even though the commonest kind has "
     "fewer than 1.5 times as many: then vLLM takes the most layers (less padding), e.g. 13 "
     "and 12 layers make groups of 13, not 12 + 12 + 1"
+)
+RATIO_EDGE = (
+    "exactly 1.5 times as many layers took the most: vLLM's test is strict, the commonest kind "
+    "must have fewer than 1.5 times the fewest (max < 1.5 x min), so 8 and 12 layers make groups "
+    "of 8, not 12"
 )
 ONE_GROUP_PER_KIND = (
     "each kind of layer became one group: vLLM's groups all have the same number of layer "
@@ -82,6 +109,16 @@ NO_PADDING = (
     "the bytes counted the real layers only: every block of the pool is page_bytes x "
     "group_size, padding slots included (a group of 8 real layers in slots for 10 still takes "
     "10 pages a block), so bytes_reserved = blocks_reserved x page_bytes x group_size"
+)
+ONE_PAGE_A_BLOCK = (
+    "the bytes counted one page a block: a pool block is one page for each of a group's "
+    "layer slots, page_bytes x group_size bytes, so bytes_reserved = blocks_reserved x "
+    "page_bytes x group_size"
+)
+ONCE_PER_KIND = (
+    "each kind's blocks were counted once: a kind of n layers is cdiv(n, group_size) groups, "
+    "each a key card of its own that reserves its kind's blocks, so a kind reserves its "
+    "groups x spec.blocks_reserved(...)"
 )
 NOT_ALIGNED = (
     "the attention block grew to just hold the state: vLLM rounds it to a multiple of 16 "

@@ -13,6 +13,7 @@ is kvlab's steps (:mod:`kvlab.ops.mla`) with that one decision changed.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -20,7 +21,7 @@ import torch
 from kvlab.grading.expect import CheckFailed, max_error, preview, short
 from kvlab.grading.own_code import call_own
 from kvlab.grading.registry import exercise, own_answers
-from kvlab.grading.slips import Slip, matching, only, told_apart
+from kvlab.grading.slips import Slip, matching, only, quietly, told_apart
 from kvlab.ops import mla
 from kvlab.ops.testing import TOLERANCE
 
@@ -44,6 +45,14 @@ SCALE_LATENT = (
     "stays the expanded key's, 1/sqrt(nope + rope)"
 )
 NO_SCALE = "no softmax scale: multiply the scores by 1/sqrt(nope + rope)"
+SCALE_INVERTED = (
+    "the scores were multiplied by sqrt(nope + rope): the softmax scale divides by it, "
+    "scores * (1 / sqrt(nope + rope))"
+)
+ROPE_UNSCALED = (
+    "only the latent part of the score was scaled: the scale multiplies the whole score, "
+    "(q_lat . c + q_pe . k_pe) / sqrt(nope + rope), the rotated part too"
+)
 NO_ROPE = (
     "the rope part was left out of the scores: each head's score is q_lat . c plus q_pe . k_pe, "
     "where k_pe is the last rope elements of each cached vector (shared by every head)"
@@ -83,11 +92,12 @@ LOW_PRECISION = (
 # --- what the slips compute: kvlab's steps with one decision changed -----------------------------
 
 
-def absorbed(*case, scale=None, rope=True, rope_first=False, uk=None, uv=None, over=-1):
+def absorbed(*case, scale=None, rope=True, rope_first=False, rope_scaled=True, uk=None, uv=None,
+             over=-1):  # fmt: skip
     """The absorbed attention on ``case`` built from :mod:`kvlab.ops.mla`'s steps, fp32, with one
-    decision changed: ``scale``, the rope part (dropped, or read from the front), the weight
-    that makes the query (``uk``) or the values (``uv``) of ``(w_uk, w_uv)``, the softmax's
-    axis. None where the change does not fit the case's shapes."""
+    decision changed: ``scale(nope, rope, rank)``, the rope part (dropped, read from the front, or left out of the
+    scale), the weight that makes the query (``uk``) or the values (``uv``) of ``(w_uk, w_uv)``,
+    the softmax's axis. None where the change does not fit the case's shapes."""
     q_nope, q_pe, latent, w_uk, w_uv = (t.float() for t in case)
     rank, width = w_uk.shape[2], latent.shape[1]
     if rope_first:
@@ -98,16 +108,13 @@ def absorbed(*case, scale=None, rope=True, rope_first=False, uk=None, uv=None, o
     w_v = w_uv if uv is None else uv(w_uk, w_uv)
     if w_q.shape != w_uk.shape or w_v.shape[0::2] != w_uv.shape[0::2]:
         return None
-    scores = mla.absorb_query(q_nope, w_q) @ c.T
+    dims = q_nope.shape[1], q_pe.shape[1], rank
+    scale = mla.default_scale(q_nope, q_pe) if scale is None else scale(*dims)
+    scores = mla.absorb_query(q_nope, w_q) @ c.T * scale
     if rope:
-        scores = scores + q_pe @ k_pe.T
-    scale = mla.default_scale(q_nope, q_pe) if scale is None else scale(q_nope, q_pe, rank)
-    o_lat = (scores * scale).softmax(dim=over) @ c
+        scores = scores + q_pe @ k_pe.T * (scale if rope_scaled else 1.0)
+    o_lat = scores.softmax(dim=over) @ c
     return mla.up_project(o_lat, w_v)
-
-
-def _transposed(w):
-    return w.transpose(1, 2)
 
 
 def _identity(w_uv):
@@ -116,44 +123,42 @@ def _identity(w_uv):
     return torch.eye(rank).expand(heads, rank, rank)
 
 
+def _slip(hint, **changed):
+    return Slip(hint, functools.partial(absorbed, **changed))
+
+
 SLIPS = (
-    Slip(SCALE_NOPE, lambda *c: absorbed(*c, scale=lambda qn, qp, r: 1 / math.sqrt(qn.shape[1]))),
-    Slip(
-        SCALE_LATENT,
-        lambda *c: absorbed(*c, scale=lambda qn, qp, r: 1 / math.sqrt(r + qp.shape[1])),
-    ),
-    Slip(SCALE_LATENT, lambda *c: absorbed(*c, scale=lambda qn, qp, r: 1 / math.sqrt(r))),
-    Slip(NO_SCALE, lambda *c: absorbed(*c, scale=lambda qn, qp, r: 1.0)),
-    Slip(NO_ROPE, lambda *c: absorbed(*c, rope=False)),
-    Slip(ROPE_FIRST, lambda *c: absorbed(*c, rope_first=True)),
-    Slip(UK_TRANSPOSED, lambda *c: absorbed(*c, uk=lambda uk, uv: _transposed(uk))),
-    Slip(UV_TRANSPOSED, lambda *c: absorbed(*c, uv=lambda uk, uv: _transposed(uv))),
-    Slip(UK_FOR_VALUES, lambda *c: absorbed(*c, uv=lambda uk, uv: uk)),
-    Slip(SOFTMAX_OVER_HEADS, lambda *c: absorbed(*c, over=0)),
-    Slip(LATENT_OUT, lambda *c: absorbed(*c, uv=lambda uk, uv: _identity(uv))),
+    _slip(SCALE_NOPE, scale=lambda nope, rope, rank: nope**-0.5),
+    _slip(SCALE_LATENT, scale=lambda nope, rope, rank: (rank + rope) ** -0.5),
+    _slip(SCALE_LATENT, scale=lambda nope, rope, rank: rank**-0.5),
+    _slip(NO_SCALE, scale=lambda *dims: 1.0),
+    _slip(SCALE_INVERTED, scale=lambda nope, rope, rank: (nope + rope) ** 0.5),
+    _slip(NO_ROPE, rope=False),
+    _slip(ROPE_UNSCALED, rope_scaled=False),
+    _slip(ROPE_FIRST, rope_first=True),
+    _slip(UK_TRANSPOSED, uk=lambda uk, uv: uk.transpose(1, 2)),
+    _slip(UV_TRANSPOSED, uv=lambda uk, uv: uv.transpose(1, 2)),
+    _slip(UK_FOR_VALUES, uv=lambda uk, uv: uk),
+    _slip(SOFTMAX_OVER_HEADS, over=0),
+    _slip(LATENT_OUT, uv=lambda uk, uv: _identity(uv)),
 )
 
 # (what the learner reads, make_mla_case's arguments), in the order of the checks; the first is
 # square (rank = nope = v_dim), where a transposed W_UK or W_UV runs and must be told
 CASES = {
-    "rank = nope = v_dim = 16 (a square W_UK and W_UV), 6 tokens": dict(
-        num_tokens=6, heads=4, nope=16, rope=8, rank=16, v_dim=16, seed=1
-    ),
+    "rank = nope = v_dim = 16 (a square W_UK and W_UV), 6 tokens":
+        dict(num_tokens=6, heads=4, nope=16, rope=8, rank=16, v_dim=16, seed=1),
     "one token (its softmax weight is 1: the answer is W_UV c)": dict(num_tokens=1, seed=2),
-    "9 tokens, 3 heads, nope 12, rope 6, rank 40, v_dim 20": dict(
-        num_tokens=9, heads=3, nope=12, rope=6, rank=40, v_dim=20, seed=3
-    ),
-    "DeepSeek-V3's head sizes (nope 128, rope 64, rank 512, v_dim 128), 2 heads, 11 tokens": dict(
-        num_tokens=11, heads=2, nope=128, rope=64, rank=512, v_dim=128, seed=4
-    ),
-    "DeepSeek-V3's head sizes in bfloat16: the answer in q_nope's dtype": dict(
-        num_tokens=11, heads=2, nope=128, rope=64, rank=512, v_dim=128, seed=5,
-        dtype=torch.bfloat16,
-    ),
-    "bfloat16, 64 tokens, sharp queries (scores in the hundreds): the sums in fp32": dict(
-        num_tokens=64, heads=4, nope=32, rope=16, rank=64, v_dim=32, seed=6,
-        dtype=torch.bfloat16, sharpness=12.0,
-    ),
+    "9 tokens, 3 heads, nope 12, rope 6, rank 40, v_dim 20":
+        dict(num_tokens=9, heads=3, nope=12, rope=6, rank=40, v_dim=20, seed=3),
+    "DeepSeek-V3's head sizes (nope 128, rope 64, rank 512, v_dim 128), 2 heads, 11 tokens":
+        dict(num_tokens=11, heads=2, nope=128, rope=64, rank=512, v_dim=128, seed=4),
+    "DeepSeek-V3's head sizes in bfloat16: the answer in q_nope's dtype":
+        dict(num_tokens=11, heads=2, nope=128, rope=64, rank=512, v_dim=128, seed=5,
+             dtype=torch.bfloat16),
+    "bfloat16, 64 tokens, sharp queries (scores in the hundreds): the sums in fp32":
+        dict(num_tokens=64, heads=4, nope=32, rope=16, rank=64, v_dim=32, seed=6,
+             dtype=torch.bfloat16, sharpness=12.0),
 }  # fmt: skip
 # where the slips that answer alike on a case differ: non-square (scale by nope vs by rank),
 # square (a transposed weight runs)
@@ -184,12 +189,8 @@ def diagnose(fn, case, got) -> str | None:
     case32 = tuple(t.float() for t in case)
     right = mla.mla_decode_expanded(*case32)
     found = matching(SLIPS, got, case32, right, lambda a, b: _close(a, b, dtype))
-    found = told_apart(found, fn, PROBES, mla.mla_decode_expanded, _close, readable=_tensor)
+    found = told_apart(found, fn, PROBES, mla.mla_decode_expanded, _close, readable=torch.is_tensor)
     return getattr(only(found), "hint", None)
-
-
-def _tensor(answer) -> bool:
-    return isinstance(answer, torch.Tensor)
 
 
 def expect_latent(fn, what: str, case_args: dict) -> None:
@@ -223,12 +224,9 @@ def expect_latent(fn, what: str, case_args: dict) -> None:
     diff = (got.float() - want.float()).abs().nan_to_num(nan=math.inf)
     head = int(diff.amax(dim=1).argmax())
     hint = diagnose(fn, case, got)
-    if hint is None and want.dtype != torch.float32:
-        try:
-            again = _run(fn, tuple(t.float() for t in case))
-        except Exception:
-            again = None
-        if _close(again, mla.mla_decode_expanded(*(t.float() for t in case))):
+    case32 = tuple(t.float() for t in case)
+    if hint is None and want.dtype != torch.float32:  # right in fp32: the sums in bf16
+        if _close(quietly(lambda: _run(fn, case32)), mla.mla_decode_expanded(*case32)):
             hint = LOW_PRECISION
     raise CheckFailed(
         f"head {head} differs from the expanded per-head K/V ({max_error(got.float(), diff)})",

@@ -34,6 +34,16 @@ PER_TENSOR = (
     "axis) gets its own, from its own largest magnitude: x.abs().amax(dim=-1) / the format's max, "
     "scales of shape x.shape[:-1]"
 )
+PER_TOKEN = (
+    "one scale per token, over all its KV heads: each KV head's vector gets its own (the heads "
+    "differ in size), from the largest magnitude over the last axis only, x.abs().amax(dim=-1), "
+    "scales of shape x.shape[:-1]"
+)
+PER_HEAD = (
+    "one scale per KV head, over all the tokens: each token's vector gets its own (a token "
+    "written later must not change the scale of those stored), x.abs().amax(dim=-1), scales of "
+    "shape x.shape[:-1]"
+)
 WRONG_AXIS = (
     "the largest magnitude was taken over the tokens: take it over each vector's elements, the "
     "last axis (head_dim), so that scales has shape x.shape[:-1] (tokens, kv_heads)"
@@ -67,6 +77,11 @@ ZERO_DIVIDE = (
     "0 a positive scale (1, say: any scale stores zeros), e.g. torch.where(amax > 0, amax / max, "
     "1.0)"
 )
+GIVEN_IGNORED = (
+    "the given scale was not used: each vector got a scale of its own. With scale given (one "
+    "per tensor, as vLLM's plain fp8 keeps), every vector's scale is that number, scales = "
+    "torch.full(x.shape[:-1], scale), and what lies beyond max x scale saturates"
+)
 SCALES_FP32 = (
     "keep the scales in float32 (a scale in bf16 loses 3 digits): .float() before dividing"
 )
@@ -75,23 +90,35 @@ SCALES_FP32 = (
 # --- what the slips compute: kvlab's steps with one decision changed -----------------------------
 
 
+# the vectors one scale is taken over, by ``per``: each vector; the whole tensor; a token's
+# vectors over its KV heads; a KV head's vectors over the tokens
+_OVER = {
+    "vector": lambda x: x,
+    "tensor": lambda x: x.reshape(1, -1),
+    "tensor, expanded": lambda x: x.reshape(1, -1),
+    "token": lambda x: x.flatten(-2)[..., None, :],
+    "head": lambda x: x.movedim(-2, 0).reshape(x.shape[-2], -1),
+}
+
+
 def slipped(x, fmt, scale=None, *, per="vector", signed=False, invert=False, fmt_max=None,
             clamp=True, rounding="nearest", guard=True):  # fmt: skip
-    """kvlab's quantize with one decision changed: one scale for the tensor (``per="tensor"``,
-    returned as a 0-d tensor; ``"tensor, expanded"``: one per vector, all alike), the largest
-    element rather than magnitude (``signed``), the scale inverted (values still x / (amax /
-    max)), the other format's max, no clamp, truncation, no guard for a zero vector."""
+    """kvlab's quantize with one decision changed: the vectors a scale is taken over (``per``,
+    see :data:`_OVER`; ``"tensor"`` returned as a 0-d tensor, the others one per vector), the
+    largest element rather than magnitude (``signed``), the scale inverted (values still x /
+    (amax / max)), the other format's max, no clamp, truncation, no guard for a zero vector."""
     fmt = quant.quant_format(fmt)
     if scale is not None:
         s = torch.as_tensor(scale, dtype=torch.float32).expand(x.shape[:-1]).clone()
         return quant.to_format(x, s, fmt, clamp=clamp, rounding=rounding), s
-    amax = x.float().amax(dim=-1) if signed else quant.vector_amax(x)
-    if per != "vector":
-        amax = quant.vector_amax(x.reshape(1, -1))[0]
+    over = _OVER[per](x)
+    amax = over.float().amax(dim=-1) if signed else quant.vector_amax(over)
+    if per.startswith("tensor"):
+        amax = amax[0]
     limit = quant.quant_format(fmt if fmt_max is None else fmt_max)
     s = quant.scales_for(amax, limit) if guard else amax / limit.max
     values = quant.to_format(x, s.expand(x.shape[:-1]), fmt, clamp=clamp, rounding=rounding)
-    if per == "tensor, expanded":
+    if per != "tensor":
         s = s.expand(x.shape[:-1]).clone()
     return values, (1 / s if invert else s)
 
@@ -99,12 +126,15 @@ def slipped(x, fmt, scale=None, *, per="vector", signed=False, invert=False, fmt
 SLIPS = (
     Slip(PER_TENSOR, lambda x, f, s=None: slipped(x, f, s, per="tensor")),
     Slip(PER_TENSOR, lambda x, f, s=None: slipped(x, f, s, per="tensor, expanded")),
+    Slip(PER_TOKEN, lambda x, f, s=None: slipped(x, f, s, per="token")),
+    Slip(PER_HEAD, lambda x, f, s=None: slipped(x, f, s, per="head")),
     Slip(NO_ABS, lambda x, f, s=None: slipped(x, f, s, signed=True)),
     Slip(INVERTED, lambda x, f, s=None: slipped(x, f, s, invert=True)),
     Slip(OTHER_MAX, lambda x, f, s=None: slipped(x, f, s, fmt_max=quant.quant_format(f).other)),
     Slip(NO_CLAMP, lambda x, f, s=None: slipped(x, f, s, clamp=False)),
     Slip(TRUNCATED, lambda x, f, s=None: slipped(x, f, s, rounding="toward zero")),
     Slip(ZERO_DIVIDE, lambda x, f, s=None: slipped(x, f, s, guard=False)),
+    Slip(GIVEN_IGNORED, lambda x, f, s=None: slipped(x, f)),
 )
 
 
@@ -143,17 +173,18 @@ def make_vectors(tokens=5, kv_heads=2, head_dim=16, seed=0, spread=0, dtype=torc
 
 
 def _describe(fmt, scale, args) -> str:
-    x = make_vectors(**args)
-    given = "" if scale is None else f", scale={scale} given"
-    extra = []
-    if args.get("spread"):
-        extra.append(f"magnitudes 1e-{args['spread']} .. 1e{args['spread']}")
-    if args.get("zero") is not None:
-        extra.append(f"x[{args['zero'][0]}, {args['zero'][1]}] all zeros")
-    if args.get("nan") is not None:
-        extra.append(f"a NaN in x[{args['nan'][0]}, {args['nan'][1]}]")
+    x, spread, zero, nan = (
+        make_vectors(**args),
+        args.get("spread"),
+        args.get("zero"),
+        args.get("nan"),
+    )
+    extra = [f"magnitudes 1e-{spread} .. 1e{spread}"] if spread else []
+    extra += [f"x[{zero[0]}, {zero[1]}] all zeros"] if zero is not None else []
+    extra += [f"a NaN in x[{nan[0]}, {nan[1]}]"] if nan is not None else []
     kind = "" if x.dtype == torch.float32 else f" {x.dtype}"
     more = f" ({', '.join(extra)})" if extra else ""
+    given = "" if scale is None else f", scale={scale} given"
     return f"quantize(x{kind} of shape {tuple(x.shape)}{more}, {fmt!r}{given})"
 
 
@@ -167,20 +198,15 @@ def _judge(x, fmt, scale, got):
     if not isinstance(values, torch.Tensor) or not isinstance(scales, torch.Tensor):
         return "values and scales are tensors", "(Tensor, Tensor)", short(got), None
     if values.dtype != fmt.dtype or values.shape != x.shape:
-        return (
-            "values are x's shape in the format's dtype",
-            f"{tuple(x.shape)}, {fmt.dtype}",
-            f"{tuple(values.shape)}, {values.dtype}",
-            None,
-        )
+        want, shown = f"{tuple(x.shape)}, {fmt.dtype}", f"{tuple(values.shape)}, {values.dtype}"
+        return "values are x's shape in the format's dtype", want, shown, None
     if scales.shape != x.shape[:-1]:
-        hint = {x.shape[1:]: WRONG_AXIS, (*x.shape[:-1], 1): KEEPDIM}.get(scales.shape)
-        return (
-            "one scale per vector: scales has shape x.shape[:-1]",
-            str(tuple(x.shape[:-1])),
-            str(tuple(scales.shape)),
-            hint,
-        )
+        shapes = ((x.shape[1:], WRONG_AXIS), ((*x.shape[:-1], 1), KEEPDIM),
+                  (x.shape[:-2], PER_TOKEN), (x.shape[-2:-1], PER_HEAD))  # fmt: skip
+        named = {h for shape, h in shapes if tuple(scales.shape) == tuple(shape)}
+        want, shown = str(tuple(x.shape[:-1])), str(tuple(scales.shape))
+        hint = named.pop() if len(named) == 1 else None
+        return "one scale per vector: scales has shape x.shape[:-1]", want, shown, hint
     if scales.dtype != torch.float32:
         return "scales are float32", "torch.float32", str(scales.dtype), SCALES_FP32
     judged = ~x.float().isnan().any(dim=-1)
@@ -188,31 +214,27 @@ def _judge(x, fmt, scale, got):
     if not bool((s > 0).all() & s.isfinite().all()):
         bad = s[~((s > 0) & s.isfinite())][0].item()
         return "every scale is positive and finite", "scale > 0", f"a scale of {bad}", None
+    if scale is not None and not torch.allclose(s, torch.full_like(s, scale), rtol=1e-6, atol=0):
+        bad = s[(s - scale).abs() > 1e-6 * scale][0].item()
+        return "a given scale is every vector's scale", f"{scale:g} for each", f"{bad:.4g}", None
     xs = x.float()[judged]
     if scale is not None:  # saturated: the round trip gives back x clamped to the scale's range
         xs = torch.maximum(torch.minimum(xs, fmt.max * s[:, None]), -fmt.max * s[:, None])
     back = values.float()[judged] * s[:, None]
     bound = quant.error_bound(xs, s, fmt)
-    off = (back - xs).abs() > bound
-    off = off | back.isnan()
+    off = ((back - xs).abs() > bound) | back.isnan()
     if off.any():
         i = int(off.any(dim=-1).nonzero()[0])
-        return (
-            "values * scales do not give x back within the format's rounding",
-            f"{xs[i][:4].tolist()} … (within {bound[i].max().item():.3g})",
-            f"{back[i][:4].tolist()} …",
-            None,
-        )
+        j, at = int(off[i].nonzero()[0]), ", ".join(map(str, judged.nonzero()[i].tolist()))
+        want = f"x[{at}, {j}] = {xs[i, j]:.4g} back, within ±{bound[i, j]:.3g}"
+        shown = f"{back[i, j]:.4g} (values[{at}, {j}] * scales[{at}])"
+        return "values * scales do not give x back within the format's rounding", want, shown, None
     top = values.float()[judged].abs().amax(dim=-1)
     used = (xs.abs().amax(dim=-1) == 0) | (top == fmt.max)
     if scale is None and not bool(used.all()):
         i = int((~used).nonzero()[0])
-        return (
-            f"the largest element of each vector is stored as ±{fmt.max:g} (the whole range)",
-            f"{fmt.max:g}",
-            f"{top[i].item():g}",
-            None,
-        )
+        message = f"the largest element of each vector is stored as ±{fmt.max:g} (the whole range)"
+        return message, f"{fmt.max:g}", f"{top[i].item():g}", None
     return None
 
 
@@ -243,35 +265,25 @@ def expect_quantized(fn, fmt, scale, args) -> None:
 
 # (what the learner reads, [(fmt, scale, make_vectors' arguments)]), in the order of the checks
 CHECKS = {
-    "fp8 e4m3: values in torch.float8_e4m3fn, one fp32 scale per token and KV head": [
-        ("fp8_e4m3", None, dict(seed=1)),
-    ],
+    "fp8 e4m3: values in torch.float8_e4m3fn, one fp32 scale per token and KV head":
+        [("fp8_e4m3", None, dict(seed=1))],
     "int8: values rounded to the nearest step": [("int8", None, dict(seed=2))],
-    "vectors of every size (1e-3 .. 1e3): each uses the format's whole range": [
-        ("fp8_e4m3", None, dict(tokens=8, kv_heads=3, head_dim=24, seed=3, spread=3)),
-        ("int8", None, dict(tokens=8, kv_heads=3, head_dim=24, seed=4, spread=3)),
-    ],
-    "K and V in bfloat16, as a model caches them": [
-        ("fp8_e4m3", None, dict(seed=5, dtype=torch.bfloat16)),
-        ("int8", None, dict(seed=6, dtype=torch.bfloat16, head_dim=40)),
-    ],
-    "an all-zero vector: a positive scale, zeros back, no division by zero": [
-        ("fp8_e4m3", None, dict(seed=7, zero=(2, 1))),
-        ("int8", None, dict(seed=8, zero=(0, 0))),
-    ],
-    "a given scale (one per tensor): what lies beyond it saturates at ±max": [
-        ("int8", 0.01, dict(seed=9, head_dim=12)),
-        ("fp8_e4m3", 0.002, dict(seed=10, head_dim=12)),
-    ],
-    "a NaN in one token's vector spoils that vector only: each scale reads its own": [
-        ("fp8_e4m3", None, dict(seed=11, nan=(3, 0))),
-        ("int8", None, dict(seed=12, nan=(1, 1))),
-    ],
-    "300 random vectors in both formats": [
-        ("fp8_e4m3", None, dict(tokens=50, kv_heads=3, head_dim=20, seed=13, spread=2)),
-        ("int8", None, dict(tokens=50, kv_heads=3, head_dim=20, seed=14, spread=2)),
-    ],
-}
+    "vectors of every size (1e-3 .. 1e3): each uses the format's whole range":
+        [("fp8_e4m3", None, dict(tokens=8, kv_heads=3, head_dim=24, seed=3, spread=3)),
+         ("int8", None, dict(tokens=8, kv_heads=3, head_dim=24, seed=4, spread=3))],
+    "K and V in bfloat16, as a model caches them":
+        [("fp8_e4m3", None, dict(seed=5, dtype=torch.bfloat16)),
+         ("int8", None, dict(seed=6, dtype=torch.bfloat16, head_dim=40))],
+    "an all-zero vector: a positive scale, zeros back, no division by zero":
+        [("fp8_e4m3", None, dict(seed=7, zero=(2, 1))), ("int8", None, dict(seed=8, zero=(0, 0)))],
+    "a given scale (one per tensor): what lies beyond it saturates at ±max":
+        [("int8", 0.01, dict(seed=9, head_dim=12)), ("fp8_e4m3", 0.002, dict(seed=10, head_dim=12))],
+    "a NaN in one token's vector spoils that vector only: each scale reads its own":
+        [("fp8_e4m3", None, dict(seed=11, nan=(3, 0))), ("int8", None, dict(seed=12, nan=(1, 1)))],
+    "300 random vectors in both formats":
+        [("fp8_e4m3", None, dict(tokens=50, kv_heads=3, head_dim=20, seed=13, spread=2)),
+         ("int8", None, dict(tokens=50, kv_heads=3, head_dim=20, seed=14, spread=2))],
+}  # fmt: skip
 
 for _name, _cases in CHECKS.items():
 

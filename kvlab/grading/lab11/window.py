@@ -9,12 +9,13 @@ of guests checking in, growing a token at a time and checking out. After every e
 of every room (which place of which card it sits in, null or not, held or free) is compared
 with the same day played by kvlab's own step, and the hotel's books are checked. A wrong day is
 named when one usual slip (:data:`SLIPS`: kvlab's own manager with one hook changed) plays it
-exactly as the learner's step did, and the probe days too (:func:`slipped_hotel`).
+exactly as the learner's step did, and the probe days too (:func:`diagnose`).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import random
 from dataclasses import dataclass
 
@@ -44,67 +45,37 @@ REFERENCES = (
     KVCacheSpec.blocks_held,
 )
 TASK = "handing back the rooms the window has left"
+FREE_TAKES = "free takes a list"  # SteppedWindowManager's TypeError for free(room)
 
 
 # --- kvlab's step and its slips: the window manager with one hook changed ---------------------
 
 
-class _TooMany(SlidingWindowManager):
-    def _skip_end(self, num_computed):
-        return super()._skip_end(num_computed) + 1
+def _slip(hint: str, name: str, **hook) -> tuple[str, type[SlidingWindowManager]]:
+    """A row: the hint, and kvlab's window manager with one hook (one decision) changed."""
+    return hint, type(name, (SlidingWindowManager,), hook)
 
 
-class _RoundedUp(SlidingWindowManager):
-    def _skip_end(self, num_computed):
-        return cdiv(self.spec.first_needed(num_computed), self.block_size)
-
-
-class _TooFew(SlidingWindowManager):
-    def _skip_end(self, num_computed):
-        return super()._skip_end(num_computed) - 1
-
-
-class _EdgeLate(SlidingWindowManager):
-    def _skip_end(self, num_computed):  # the window read as starting one token before
-        return self.spec.first_needed(max(0, num_computed - 1)) // self.block_size
-
-
-class _EdgeEarly(SlidingWindowManager):
-    def _skip_end(self, num_computed):  # the window read as starting one token after
-        return self.spec.first_needed(num_computed + 1) // self.block_size
-
-
-class _Deleted(SlidingWindowManager):
-    def _stand_in(self, table, end, count):
-        del table[end - count : end]
-
-
-class _KeptOnCard(SlidingWindowManager):
-    def _stand_in(self, table, end, count):
-        pass
-
-
-class _NotFreed(SlidingWindowManager):
-    def _give_back(self, skipped):
-        pass
-
-
-class _NullAgain(SlidingWindowManager):
-    def _handed_back(self, block):
-        return False
-
-
+Ref = SlidingWindowManager  # kvlab's step, whose hooks the slips change
 SLIPPED = (
-    (hints.TOO_MANY, _TooMany),
-    (hints.ROUNDED_UP, _RoundedUp),
-    (hints.TOO_FEW, _TooFew),
-    (hints.EDGE_LATE, _EdgeLate),
-    (hints.EDGE_EARLY, _EdgeEarly),
-    (hints.DELETED, _Deleted),
-    (hints.KEPT_ON_CARD, _KeptOnCard),
-    (hints.NOT_FREED, _NotFreed),
-    (hints.NULL_AGAIN, _NullAgain),
-)
+    _slip(hints.TOO_MANY, "TooMany", _skip_end=lambda m, n: Ref._skip_end(m, n) + 1),
+    _slip(hints.ROUNDED_UP, "RoundedUp",
+          _skip_end=lambda m, n: cdiv(m.spec.first_needed(n), m.block_size)),
+    _slip(hints.TOO_FEW, "TooFew", _skip_end=lambda m, n: Ref._skip_end(m, n) - 1),
+    _slip(hints.EDGE_LATE, "EdgeLate",  # the window read as starting one token before
+          _skip_end=lambda m, n: m.spec.first_needed(max(0, n - 1)) // m.block_size),
+    _slip(hints.EDGE_EARLY, "EdgeEarly",  # the window read as starting one token after
+          _skip_end=lambda m, n: m.spec.first_needed(n + 1) // m.block_size),
+    _slip(hints.DELETED, "Deleted",
+          _stand_in=lambda m, table, end, count: table.__delitem__(slice(end - count, end))),
+    _slip(hints.KEPT_ON_CARD, "KeptOnCard", _stand_in=lambda m, table, end, count: None),
+    _slip(hints.NOT_FREED, "NotFreed", _give_back=lambda m, skipped: None),
+    _slip(hints.NULL_AGAIN, "NullAgain", _handed_back=lambda m, block: False),
+    _slip(hints.UP_FROM_ZERO, "UpFromZero",  # walked up from place 0 to the first null
+          _skipped=lambda m, seq, n: list(itertools.takewhile(
+              lambda b: not m._handed_back(b), m.tables[seq][: m._skip_end(n)]))[::-1]),
+    _slip(hints.ONE_A_STEP, "OneAStep", _skipped=lambda m, seq, n: Ref._skipped(m, seq, n)[:1]),
+)  # fmt: skip
 
 
 # --- days -------------------------------------------------------------------------------------
@@ -123,23 +94,15 @@ class Day:
     events: tuple
     replay: str | None = None
 
-    @property
-    def window(self) -> int:
-        return next(s.window for s in self.specs if isinstance(s, SlidingWindowSpec))
-
     def describe(self, upto: int | None = None, moment: str = "") -> str:
         kinds = " + ".join(
             f"a window of {s.window}" if isinstance(s, SlidingWindowSpec) else "full attention"
             for s in self.specs
         )
-        shown = []
-        for kind, guest, n in self.events[: None if upto is None else upto + 1]:
-            word = {"in": f"{guest} checks in with {n}", "grow": f"{guest} +{n}"}
-            shown.append(word.get(kind, f"{guest} checks out"))
-        text = ", ".join(shown)
-        if len(text) > 150:
-            text = "…" + text[-148:]
-        text += f" ({moment})" if moment else ""
+        said = {"in": "{} checks in with {}", "grow": "{} +{}", "out": "{} checks out"}
+        events = self.events[: None if upto is None else upto + 1]
+        text = ", ".join(said[kind].format(guest, n) for kind, guest, n in events)
+        text = ("…" + text[-148:] if len(text) > 150 else text) + (f" ({moment})" if moment else "")
         return f"{self.story} ({kinds}; {self.num_blocks} rooms of {self.block_size} beds): {text}"
 
 
@@ -147,64 +110,32 @@ def _window(w: int) -> tuple:
     return (SlidingWindowSpec(1, 8, window=w),)
 
 
-def day(story, events, *, window=8, block_size=4, num_blocks=40, full=False, replay=None):
+def events(text: str) -> tuple:
+    """``"A 9, A +3, A out"``: A checks in with 9 tokens, grows by 3 (a token at a time), leaves."""
+    said = [item.split() for item in text.split(", ")]
+    kind = {"o": "out", "+": "grow"}
+    return tuple((kind.get(n[0], "in"), g, 0 if n == "out" else int(n)) for g, n in said)
+
+
+def day(story, text, *, window=8, block_size=4, num_blocks=40, full=False, replay=None):
     specs = ((FullAttentionSpec(1, 8),) if full else ()) + _window(window)
-    return Day(story, specs, block_size, num_blocks, tuple(events), replay)
+    return Day(story, specs, block_size, num_blocks, events(text), replay)
 
 
 DAYS = {
-    "inside": day(
-        "a guest still inside its window", [("in", "A", 5), ("grow", "A", 10)], window=16
-    ),
-    "first": day("the window leaves the first room", [("in", "A", 6), ("grow", "A", 14)], window=8),
-    "long": day(
-        "a prompt longer than the window: several rooms go back at the first step",
-        [("in", "A", 30), ("grow", "A", 6)],
-        window=8,
-    ),
-    "edge6": day(
-        "a window of 6, not a whole number of rooms",
-        [("in", "A", 3), ("grow", "A", 22)],
-        window=6,
-    ),
-    "edge1": day(
-        "a window of 1 (each token reads only itself)",
-        [("in", "A", 2), ("grow", "A", 12)],
-        window=1,
-    ),
-    "edge4": day("a window of exactly one room", [("in", "A", 1), ("grow", "A", 14)], window=4),
-    "guests": day(
-        "three guests check in, grow and check out around each other",
-        [
-            ("in", "A", 9),
-            ("grow", "A", 3),
-            ("in", "B", 2),
-            ("grow", "B", 9),
-            ("grow", "A", 5),
-            ("out", "A", 0),
-            ("in", "C", 12),
-            ("grow", "C", 4),
-            ("grow", "B", 6),
-            ("out", "B", 0),
-            ("grow", "C", 5),
-        ],
-        window=7,
-        num_blocks=16,
-    ),  # fmt: skip
-    "hybrid": day(
-        "a full-attention group and a window group draw on one pool (gpt-oss's 1 : 1)",
-        [
-            ("in", "A", 10),
-            ("grow", "A", 12),
-            ("in", "B", 4),
-            ("grow", "B", 10),
-            ("out", "A", 0),
-            ("grow", "B", 6),
-        ],
-        window=8,
-        full=True,
-    ),  # fmt: skip
-}
+    "inside": day("a guest still inside its window", "A 5, A +10", window=16),
+    "first": day("the window leaves the first room", "A 6, A +14"),
+    "long": day("a prompt longer than the window: several rooms go back at the first step",
+                "A 30, A +6"),
+    "edge6": day("a window of 6, not a whole number of rooms", "A 3, A +22", window=6),
+    "edge1": day("a window of 1 (each token reads only itself)", "A 2, A +12", window=1),
+    "edge4": day("a window of exactly one room", "A 1, A +14", window=4),
+    "guests": day("three guests check in, grow and check out around each other",
+                  "A 9, A +3, B 2, B +9, A +5, A out, C 12, C +4, B +6, B out, C +5",
+                  window=7, num_blocks=16),
+    "hybrid": day("a full-attention group and a window group draw on one pool (gpt-oss's 1 : 1)",
+                  "A 10, A +12, B 4, B +10, A out, B +6", full=True),
+}  # fmt: skip
 
 
 def random_day(seed: int) -> Day:
@@ -223,15 +154,8 @@ def random_day(seed: int) -> Day:
             events.append(("in", guest, rng.randint(1, 3 * window + size)))
         else:
             events.append(("grow", rng.choice(inside), rng.randint(1, 6)))
-    tokens = 4 * (3 * window + size + 240)
-    return Day(
-        f"random day {seed}",
-        _window(window),
-        size,
-        cdiv(tokens, size),
-        tuple(events),
-        f"kvlab.grading.lab11.window.random_day({seed})",
-    )
+    rooms, replay = cdiv(4 * (3 * window + size + 240), size), f"{__name__}.random_day({seed})"
+    return Day(f"random day {seed}", _window(window), size, rooms, tuple(events), replay)
 
 
 RANDOM_DAYS = 40
@@ -265,13 +189,9 @@ def snapshot(hotel: HybridBlockManager) -> Snapshot:
 
 
 def _moments(d: Day):
-    """(event index, event, token) for every moment a snapshot is taken."""
+    """(event index, event) for every moment a snapshot is taken: a growth token by token."""
     for i, (kind, guest, n) in enumerate(d.events):
-        if kind == "grow":
-            for t in range(n):
-                yield i, (kind, guest), t
-        else:
-            yield i, (kind, guest, n), 0
+        yield from [(i, (kind, guest, n))] * (n if kind == "grow" else 1)
 
 
 def play(d: Day, step, on_moment=None, hotel_class=HybridBlockManager) -> list[Snapshot]:
@@ -280,7 +200,7 @@ def play(d: Day, step, on_moment=None, hotel_class=HybridBlockManager) -> list[S
     raising."""
     hotel = hotel_class(d.num_blocks, d.block_size, d.specs, window_step=step)
     snaps = []
-    for i, event, _ in _moments(d):
+    for i, event in _moments(d):
         try:
             if event[0] == "in":
                 hotel.allocate(event[1], event[2])
@@ -321,25 +241,23 @@ def slip_day(d: Day, index: int) -> tuple[Snapshot, ...]:
     return tuple(play(d, None, hotel_class=SLIPPED_HOTELS[index]))
 
 
-def _slip_answer(index: int):
-    return lambda d: slip_day(d, index)
-
-
-SLIPS = tuple(Slip(hint, _slip_answer(i)) for i, (hint, _) in enumerate(SLIPPED))
-
-
-def _learner_answer(fn):
-    return lambda d: tuple(play(d, fn))
+SLIPS = tuple(Slip(h, functools.partial(slip_day, index=i)) for i, (h, _) in enumerate(SLIPPED))
 
 
 def diagnose(fn, d: Day) -> str | None:
     """The hint of the one slip that plays ``d`` and the probe days as ``fn`` does."""
-    answer = _learner_answer(fn)
+
+    def answer(day):
+        return tuple(play(day, fn))
+
     got = answer(d)
     found = slips.matching(SLIPS, got, (d,), reference_day(d))
     probes = [(DAYS[name],) for name in PROBES if DAYS[name] != d]
     found = slips.told_apart(found, answer, probes, reference_day, always=True)
-    return slips.hint(slips.only(found))
+    hint = slips.hint(slips.only(found))
+    if hint == hints.KEPT_ON_CARD and slips.rebinds_argument(fn, 0):
+        return hints.REBOUND  # the nulls went into a new list the hotel never sees
+    return hint
 
 
 # --- judging one day -------------------------------------------------------------------------
@@ -362,103 +280,80 @@ def guarded(fn):
     return step
 
 
-def _show(table, null) -> str:
-    rooms = ["null" if b is null else str(b.block_id) for b in table]
+def _places(rooms: list[str]) -> str:
+    """A key card as the learner reads it, its last 12 places where it is long."""
     return "[" + ", ".join(rooms if len(rooms) <= 14 else ["…", *rooms[-12:]]) + "]"
-
-
-def _want(pattern: str) -> str:
-    rooms = ["null" if p == "-" else "a room" for p in pattern]
-    if len(rooms) > 14:
-        rooms = ["…", *rooms[-12:]]
-    return "[" + ", ".join(rooms) + "]"
 
 
 def _difference(d: Day, hotel, seq, group: int, want: str, got: str, n: int) -> str:
     """What is wrong with one key card, in words."""
-    size = d.block_size
-    spec = hotel.specs[group]
-    window = getattr(spec, "window", None)
+    size, window = d.block_size, getattr(hotel.specs[group], "window", None)
     reads = (
         f"the next token (position {n}) reads positions {max(0, n - window + 1)}..{n}"
         if window
         else "full attention reads every position"
     )
-    table = hotel.managers[group].tables[seq]
     if len(got) != len(want):
         return (
             f"{seq}'s key card has {len(got)} places for {n} tokens; it keeps one per logical "
             f"block, cdiv({n}, {size}) = {len(want)}"
         )
     i = next(i for i, (a, b) in enumerate(zip(want, got, strict=True)) if a != b)
+    room = hotel.managers[group].tables[seq][i].block_id
     beds = f"place {i}, positions {i * size}..{(i + 1) * size - 1}"
     if got[i] == "x":
-        return (
-            f"room {table[i].block_id} ({beds}) is free in the pool but still on {seq}'s key card"
-        )
+        return f"room {room} ({beds}) is free in the pool but still on {seq}'s key card"
     if want[i] == "-":
-        return f"room {table[i].block_id} ({beds}) is still on {seq}'s key card, yet {reads}"
+        return f"room {room} ({beds}) is still on {seq}'s key card, yet {reads}"
     return f"{seq}'s {beds} was handed back, yet {reads}: it is still in the window"
 
 
 def expect_day(fn, d: Day) -> None:
-    right = reference_day(d)
-    where = {"replay": d.replay}
+    """Play ``d`` with the learner's step, failing at the first moment that differs from
+    kvlab's step (a card, the rooms free, a room moved, the hotel's books)."""
+    right = iter(reference_day(d))
     rooms: dict = {}  # (guest, group, place) -> the room first seen there
+    now = ""
 
-    def fail(i, message, hotel=None, card=None, **details):
-        raise CheckFailed(
-            message,
-            input=d.describe(i, now),
-            hint=diagnose(fn, d),
-            **where,
-            **(details if card is None else _card_details(hotel, *card)),
-        )
-
-    def _card_details(hotel, seq, group, want):
-        table = hotel.managers[group].tables[seq]
-        return {"expected": _want(want), "got": _show(table, hotel.null_block)}
-
-    k, now = 0, ""
+    def fail(i, message, hint=None, **details):
+        hint = hint or diagnose(fn, d)
+        raise CheckFailed(message, input=d.describe(i, now), hint=hint, replay=d.replay, **details)
 
     def on_moment(i, hotel, snap, error):
-        nonlocal k, now
+        nonlocal now
         kind, guest, _ = d.events[i]
         if kind == "grow" and guest in hotel:
             now = f"after {guest}'s token {hotel.num_tokens(guest)}"
-        want = right[k] if k < len(right) else None
-        k += 1
+        want, null = next(right), hotel.null_block
         if error is not None:
-            fail(i, f"the day stopped: {type(error).__name__}: {error}", got="an error")
-        n_of = {seq: hotel.num_tokens(seq) for seq in hotel.seq_ids}
+            one_room = isinstance(error, TypeError) and str(error).startswith(FREE_TAKES)
+            hint = hints.FREE_A_LIST if one_room else None
+            fail(i, f"the day stopped: {type(error).__name__}: {error}", hint, got="an error")
         for (seq, cards), (_, wanted) in zip(snap.cards, want.cards, strict=True):
             for group, (got, exp) in enumerate(zip(cards, wanted, strict=True)):
                 if got != exp:
-                    kind, guest, _ = d.events[i]
-                    n = n_of[seq] - (kind == "grow" and guest == seq)
-                    message = _difference(d, hotel, seq, group, exp, got, n)
-                    fail(i, message, hotel, (seq, group, exp))
+                    n = hotel.num_tokens(seq) - (kind == "grow" and guest == seq)
+                    table = hotel.managers[group].tables[seq]
+                    fail(
+                        i,
+                        _difference(d, hotel, seq, group, exp, got, n),
+                        expected=_places(["null" if p == "-" else "a room" for p in exp]),
+                        got=_places(["null" if b is null else str(b.block_id) for b in table]),
+                    )
         if snap.free != want.free:
+            expected = f"{want.free} rooms free (kvlab's step, the same day)"
             fail(
-                i,
-                "the pool's free rooms do not add up",
-                expected=f"{want.free} rooms free (kvlab's step, the same day)",
-                got=f"{snap.free} rooms free",
+                i, "the pool's free rooms do not add up", expected=expected, got=f"{snap.free} free"
             )
         for seq in hotel.seq_ids:
             for group, m in enumerate(hotel.managers):
                 for place, block in enumerate(m.tables[seq]):
-                    if block is hotel.null_block:
-                        continue
-                    first = rooms.setdefault((seq, group, place), block.block_id)
-                    if first != block.block_id:
-                        fail(
-                            i,
-                            f"{seq}'s place {place} moved from room {first} to room "
-                            f"{block.block_id}: a room stays where it is until it is handed back",
-                        )
-        for seq in [s for s in list(rooms) if s[0] not in n_of]:
-            del rooms[seq]
+                    first = block if block is null else rooms.setdefault((seq, group, place), block)
+                    if first is not block:
+                        moved = f"{seq}'s place {place} moved from room {first.block_id} to room {block.block_id}"
+                        fail(i, f"{moved}: a room stays where it is until it is handed back")
+        for key in [key for key in rooms if key[0] not in hotel]:
+            del rooms[key]  # a guest gone: its places are another's next time
         try:
             hotel.check_invariants()
         except AssertionError as broken:
@@ -472,38 +367,21 @@ def expect_day(fn, d: Day) -> None:
         raise
 
 
-@window_ex.check("a guest still inside its window hands back nothing")
-def _inside(fn):
-    expect_day(fn, DAYS["inside"])
+# (what the learner reads, the days: DAYS' names, or seeds of random days), in the checks' order
+CHECKS = {
+    "a guest still inside its window hands back nothing": ("inside",),
+    "the first room goes back once the window has left all its beds": ("first",),
+    "a prompt longer than the window: several rooms at the first step": ("long",),
+    "windows of 6, 4 and 1 tokens: the edge, on rooms of 4 beds": ("edge6", "edge4", "edge1"),
+    "three guests check in, grow and check out: the pool's rooms add up": ("guests",),
+    "a full-attention group beside the window, one pool (gpt-oss's 1 : 1)": ("hybrid",),
+    f"{RANDOM_DAYS} random days against a shadow of every room": range(RANDOM_DAYS),
+}
 
+for _name, _days in CHECKS.items():
 
-@window_ex.check("the first room goes back once the window has left all its beds")
-def _first(fn):
-    expect_day(fn, DAYS["first"])
+    def _check(fn, days=_days):
+        for d in days:
+            expect_day(fn, DAYS[d] if isinstance(d, str) else random_day(d))
 
-
-@window_ex.check("a prompt longer than the window: several rooms at the first step")
-def _long(fn):
-    expect_day(fn, DAYS["long"])
-
-
-@window_ex.check("windows of 6, 4 and 1 tokens: the edge, on rooms of 4 beds")
-def _edges(fn):
-    for name in ("edge6", "edge4", "edge1"):
-        expect_day(fn, DAYS[name])
-
-
-@window_ex.check("three guests check in, grow and check out: the pool's rooms add up")
-def _guests(fn):
-    expect_day(fn, DAYS["guests"])
-
-
-@window_ex.check("a full-attention group beside the window, one pool (gpt-oss's 1 : 1)")
-def _hybrid(fn):
-    expect_day(fn, DAYS["hybrid"])
-
-
-@window_ex.check(f"{RANDOM_DAYS} random days against a shadow of every room")
-def _random(fn):
-    for seed in range(RANDOM_DAYS):
-        expect_day(fn, random_day(seed))
+    window_ex.check(_name)(_check)
