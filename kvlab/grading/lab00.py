@@ -1,12 +1,10 @@
 """Checks for Lab 00: KV bytes per token, and one cached decode step.
 
-Each wrong answer is compared with what the usual slips would have produced (KiB instead of
-bytes, query heads instead of KV heads, a fixed 2 bytes per element, a softmax over the heads,
-heads joined in the wrong order, d_model // num_heads for head_dim, nn.Linear's ``x @ W.T``, …),
-each kvlab's own answer with one decision changed; a hint is given only when one slip, and only
-one, explains it. A shape error is named when the learner's step runs right on a layer without
-the trouble (every query head with its own KV head; heads that tile d_model; a square ``wo``), so
-knock-on failures of one mistake fold into its first report.
+Each wrong answer is compared with what the usual slips, kvlab's own answer with one decision
+changed, would have produced (KiB for bytes, query heads for KV heads, a fixed 2 bytes per
+element, a softmax over the heads, d_model // num_heads for head_dim, nn.Linear's ``x @ W.T``,
+…): a hint only when one slip, and only one, explains it. A shape error is named when the step
+runs right on a layer without the trouble, so knock-on failures of one mistake fold into it.
 """
 
 from __future__ import annotations
@@ -108,27 +106,21 @@ def _expect_bytes(fn, spec: ModelSpec):
         ModelSpec.kv_bytes_per_token, ModelSpec.kv_bytes, learner=fn, task="computing the bytes"
     ):
         got = call_without_mutation(fn, spec, names=("spec",))
-    right, where = spec.kv_bytes_per_token, _describe(spec)
+    right, where, number = spec.kv_bytes_per_token, _describe(spec), _is_number(got)
     if got is None:
         raise CheckFailed("no byte count came back", input=where, got="None", hint=RETURNED_NONE)
-    if not _is_number(got) or got == right:
-        if got == right:
+    if not number or got == right:
+        hint = None
+        if number:
             hint = "the count is right but not an int: build it with `*` only, or wrap it in int()"
         elif isinstance(got, str) and got.strip().replace(",", "") == str(right):
             hint = "return the number itself, not its text (no str() or f-string)"
-        else:
-            hint = None
         expect_type(got, int, "the byte count", input=where, hint=hint)
-        if got == right:
+        if number:
             return
-    shown = f"{got:,}" if _is_number(got) and math.isfinite(got) else expect.short(got)
-    raise CheckFailed(
-        "wrong byte count",
-        input=where,
-        expected=f"{right:,}",
-        got=shown,
-        hint=diagnose_kv_bytes(fn, spec, got),
-    )
+    shown = f"{got:,}" if number and math.isfinite(got) else expect.short(got)
+    hint = diagnose_kv_bytes(fn, spec, got)
+    raise CheckFailed("wrong byte count", input=where, expected=f"{right:,}", got=shown, hint=hint)
 
 
 def _bytes_check(name: str, *specs: ModelSpec) -> None:
@@ -138,12 +130,11 @@ def _bytes_check(name: str, *specs: ModelSpec) -> None:
             _expect_bytes(fn, spec)
 
 
-def _random_specs(rng=random.Random(0)) -> list[ModelSpec]:  # noqa: B008 (drawn once)
-    specs = []
+def _random_specs(seed: int = 0) -> list[ModelSpec]:
+    rng, specs = random.Random(seed), []
     for i in range(20):
-        kv = rng.choice([1, 2, 3, 5, 8])
-        q = kv * rng.choice([1, 2, 4, 7])
-        layers, head_dim = rng.randint(1, 96), rng.choice([1, 48, 64, 80, 96, 112, 128, 256])
+        kv, layers = rng.choice([1, 2, 3, 5, 8]), rng.randint(1, 96)  # drawn in this order
+        q, head_dim = kv * rng.choice([1, 2, 4, 7]), rng.choice([1, 48, 64, 80, 96, 112, 128, 256])
         specs.append(ModelSpec(f"random-{i}", layers, q, kv, head_dim, rng.choice([1, 2, 4])))
     return specs
 
@@ -165,6 +156,7 @@ _bytes_check("twenty random shapes (odd head sizes, GQA groups, fp8/fp16/fp32)",
 
 decode = exercise("00.decode_step", "one cached decode step")
 TOL = dict(atol=1e-5, rtol=1e-4)
+OUTPUTS = ("y_t", "k_cache", "v_cache")
 REFERENCES = (TinyAttention.decode_step, TinyAttention.forward, decode_attention, causal_attention)
 LINEAR_HINT = (
     "weights act on the right in this lab (x @ W): the output is `o @ layer.wo`; "
@@ -279,38 +271,34 @@ def _two_steps(fn, layer):
     return x, outputs, all(_close(y, r) for y, r in zip(outputs, layer.forward(x), strict=True))
 
 
-def diagnose_error(fn, layer) -> tuple[str, str, str] | None:
-    """(message, hint, cause: None for the hint) for a shape error the learner's step raised on ``layer``, when a
-    probe on a layer without the trouble (their code raising there tells nothing) shows what it
-    was: KV heads not expanded for the query heads (the step works when every query head has its
-    own KV head), one head's size taken for d_model // num_heads (the step works when the heads
-    tile d_model), or nn.Linear's ``o @ wo.T`` (which only fails to run when ``wo`` is not
-    square)."""
-    if layer.num_kv_heads < layer.num_heads:  # every query head with its own KV head
-        plain = TinyAttention(layer.d_model, layer.num_heads, seed=11, head_dim=layer.head_dim)
+def diagnose_error(fn, layer) -> tuple[str, str, str | None] | None:
+    """(message, hint, cause; None: the hint) for a shape error the learner's step raised on
+    ``layer``, when their step runs right on a layer without the trouble (a probe that raises
+    tells nothing): KV heads not expanded for the query heads (a KV head per query head), one
+    head's size taken for d_model // num_heads (heads that tile d_model), or nn.Linear's ``o @
+    wo.T`` (a square ``wo``, where the step answers as that slip)."""
+    heads, kv, d, width = layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.d_model
+    if kv < heads:
+        plain = TinyAttention(width, heads, seed=11, head_dim=d)  # a KV head per query head
         probe = slips.quietly(lambda: _two_steps(fn, plain))
         if probe is not None and probe[2]:
-            message = (
-                f"this layer has {plural(layer.num_heads, 'query head')} and "
-                f"{plural(layer.num_kv_heads, 'KV head')}; your step runs when there are as many KV "
-                "heads as query heads"
+            return (
+                f"this layer has {plural(heads, 'query head')} and {plural(kv, 'KV head')}; "
+                "your step runs when there are as many KV heads as query heads",
+                NO_GQA,
+                NO_GQA_CAUSE,
             )
-            return message, NO_GQA, NO_GQA_CAUSE
-    if layer.wo.shape[0] != layer.wo.shape[1]:
-        width = layer.num_heads * layer.head_dim
-        square = TinyAttention(width, layer.num_heads, layer.num_kv_heads, seed=11)
+    if heads * d != width:
+        square = TinyAttention(heads * d, heads, kv, seed=11)
         probe = slips.quietly(lambda: _two_steps(fn, square))
         if probe is not None and probe[2]:
-            message = (
-                f"{plural(layer.num_heads, 'head')} of {layer.head_dim} make {width} here, "
-                f"not d_model = {layer.d_model}; your step runs when they make d_model"
-            )
-            return message, head_dim_hint(layer), None
+            message = f"{plural(heads, 'head')} of {d} make {heads * d} here, not d_model = {width}"
+            return f"{message}; your step runs when they make d_model", head_dim_hint(layer), None
         y = None if probe is None else probe[1][0]
         if isinstance(y, torch.Tensor) and (
             diagnose_step(square, probe[0][0], *square.empty_cache(), y) == LINEAR_HINT
         ):
-            return f"layer.wo is {width} × {layer.d_model} here, not square", LINEAR_HINT, None
+            return f"layer.wo is {heads * d} × {width} here, not square", LINEAR_HINT, None
     return None
 
 
@@ -339,10 +327,9 @@ def _shape_hint(layer, name: str, got: tuple, rows: int) -> str | None:
 
 def _token_order(cache, reference) -> str:
     """Which token each row of ``cache`` holds ("?" for none), found by comparing rows."""
-    order = []
-    for row in cache:
-        match = [t for t, ref in enumerate(reference) if _close(row, ref)]
-        order.append(str(match[0]) if match else "?")
+    order = [
+        next((str(t) for t, r in enumerate(reference) if _close(row, r)), "?") for row in cache
+    ]
     note = " (?: a row that is no token's)" if "?" in order else ""
     return f"[{', '.join(order)}]{note}"
 
@@ -403,21 +390,12 @@ def _run_decode(fn, layer: TinyAttention, steps: int, seed: int, build: str):
             raise CheckFailed(what, input=where, got=expect.short(result), hint=hint)
         y, k_new, v_new = result
         cache = (t + 1, layer.num_kv_heads, layer.head_dim)
-        for name, value, shape in (
-            ("y_t", y, (width,)),
-            ("k_cache", k_new, cache),
-            ("v_cache", v_new, cache),
-        ):
+        for name, value, shape in zip(OUTPUTS, result, ((width,), cache, cache), strict=True):
             expect_type(value, torch.Tensor, name, input=where)
-            got = tuple(value.shape)
-            if got != shape:
+            if tuple(value.shape) != shape:
+                got, what = tuple(value.shape), f"{name} has the wrong shape after step {t}"
                 hint = _shape_hint(layer, name, got, t + 1)
-                raise fail(
-                    f"{name} has the wrong shape after step {t}",
-                    expected=str(shape),
-                    got=str(got),
-                    hint=hint,
-                )
+                raise fail(what, expected=str(shape), got=str(got), hint=hint)
         if not _close(y, expected[t]):
             err = (y.to(expected.dtype) - expected[t]).abs().max().item()
             raise fail(
@@ -433,10 +411,8 @@ def _run_decode(fn, layer: TinyAttention, steps: int, seed: int, build: str):
 def _decode_check(name: str, steps: int, *args, **kwargs) -> None:
     """A check: ``steps`` tokens through TinyAttention(*args, **kwargs), drawn with its seed."""
     shown = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
-    build, seed = f"TinyAttention({shown})", kwargs["seed"]
-    decode.check(name)(
-        lambda fn: _run_decode(fn, TinyAttention(*args, **kwargs), steps, seed, build)
-    )
+    build, layer = f"TinyAttention({shown})", functools.partial(TinyAttention, *args, **kwargs)
+    decode.check(name)(lambda fn: _run_decode(fn, layer(), steps, kwargs["seed"], build))
 
 
 _decode_check("the very first token (empty cache)", 1, 16, 2, seed=1)
