@@ -18,7 +18,7 @@ import random
 import torch
 
 from kvlab.grading import expect, slips
-from kvlab.grading.attention_twins import softmax_over_heads
+from kvlab.grading.attention_twins import decode_attention_over_heads
 from kvlab.grading.blame import explain_exception
 from kvlab.grading.expect import CheckFailed, call_without_mutation, expect_type, plural
 from kvlab.grading.own_code import refuse_reference
@@ -204,7 +204,7 @@ def step_with(
         k, v = torch.cat([k, k_t]), torch.cat([v, v_t])
     h, group = torch.arange(layer.num_heads), layer.num_heads // layer.num_kv_heads
     kv_of = h % layer.num_kv_heads if modulo else h // group
-    attend = softmax_over_heads if over_heads else decode_attention
+    attend = decode_attention_over_heads if over_heads else decode_attention
     out = attend(q[0], k[:, kv_of], v[:, kv_of], scale=scale)
     return (out.T if dims_first else out).reshape(-1)
 
