@@ -158,11 +158,6 @@ decode = exercise("00.decode_step", "one cached decode step")
 TOL = dict(atol=1e-5, rtol=1e-4)
 OUTPUTS = ("y_t", "k_cache", "v_cache")
 REFERENCES = (TinyAttention.decode_step, TinyAttention.forward, decode_attention, causal_attention)
-LINEAR_HINT = (
-    "weights act on the right in this lab (x @ W): the output is `o @ layer.wo`; "
-    "`o @ layer.wo.T` is nn.Linear's convention"
-)
-NO_WO = "project the heads' output back to d_model with `@ layer.wo`"
 NO_GQA = (
     "grouped-query attention: layer.qkv gives k and v num_kv_heads heads, q num_heads. Before "
     "the scores, repeat each KV head for its group of num_heads // num_kv_heads query heads "
@@ -182,9 +177,11 @@ STEP_HINTS = {  # by slip, for ``step_slips``
     "interleaves the heads",
     "kv head modulo": "query head h reads KV head h // {group} (the group size), not h % "
     "{kv_heads}: use repeat_interleave, not repeat",
-    "nn.Linear": LINEAR_HINT,
-    "no wo": NO_WO,
+    "nn.Linear": "weights act on the right in this lab (x @ W): the output is `o @ layer.wo`; "
+    "`o @ layer.wo.T` is nn.Linear's convention",
+    "no wo": "project the heads' output back to d_model with `@ layer.wo`",
 }
+LINEAR_HINT, NO_WO = STEP_HINTS["nn.Linear"], STEP_HINTS["no wo"]
 
 
 def _close(a, b) -> bool:
