@@ -47,13 +47,13 @@ def attend_beds(
         if kv_of_head is not None:
             k, v = k[:, kv_of_head], v[:, kv_of_head]
         if softmax_over_heads:
-            out[s] = _softmax_over_heads(q[s], k, v, scale)
+            out[s] = decode_attention_over_heads(q[s], k, v, scale)
         else:
             out[s] = decode_attention(q[s], k, v, scale=scale)
     return out
 
 
-def _softmax_over_heads(q, k, v, scale=None):
+def decode_attention_over_heads(q, k, v, scale=None):
     """One guest's attention with each token's scores normalised across the query heads."""
     group = q.shape[0] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)

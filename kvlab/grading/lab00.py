@@ -1,16 +1,15 @@
 """Checks for Lab 00: KV bytes per token, and one cached decode step.
 
-Each wrong answer is compared with what the usual slips would have produced (KiB instead of
-bytes, query heads instead of KV heads, a fixed 2 bytes per element, a softmax over the heads,
-heads joined in the wrong order, d_model // num_heads for head_dim, nn.Linear's ``x @ W.T``, …);
-a hint is given only when one slip, and only one, explains it. A shape error is named when the
-learner's step runs right on a layer without the trouble (every query head with its own KV head;
-heads that tile d_model; a square ``wo``), so knock-on failures of one mistake fold into its
-first report.
+Each wrong answer is compared with what the usual slips, kvlab's own answer with one decision
+changed, would have produced (KiB for bytes, query heads for KV heads, a fixed 2 bytes per
+element, a softmax over the heads, d_model // num_heads for head_dim, nn.Linear's ``x @ W.T``,
+…): a hint only when one slip, and only one, explains it. A shape error is named when the step
+runs right on a layer without the trouble, so knock-on failures of one mistake fold into it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import numbers
@@ -18,16 +17,10 @@ import random
 
 import torch
 
-from kvlab.grading import slips
+from kvlab.grading import expect, slips
+from kvlab.grading.attention_twins import decode_attention_over_heads
 from kvlab.grading.blame import explain_exception
-from kvlab.grading.expect import (
-    CheckFailed,
-    call_without_mutation,
-    expect_type,
-    plural,
-    preview,
-    short,
-)
+from kvlab.grading.expect import CheckFailed, call_without_mutation, expect_type, plural
 from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise
 from kvlab.grading.slips import Slip
@@ -49,36 +42,37 @@ def _describe(spec: ModelSpec) -> str:
     )
 
 
-def _kv_bytes(spec: ModelSpec) -> int:
-    return spec.kv_bytes_per_token
+def _kv_bytes(spec: ModelSpec, unit: float = 1, **changed) -> float:
+    """kvlab's count for ``spec`` with the fields ``changed``, in units of ``unit`` bytes."""
+    return dataclasses.replace(spec, **changed).kv_bytes_per_token / unit
 
 
-# the usual slips, each computing the count from the right one and the spec
+# the usual slips: kvlab's count in another unit, or of the spec with one field changed
 KV_SLIPS = (
-    Slip("that is KiB (bytes / 1024): return bytes", lambda s: _kv_bytes(s) / 1024),
-    Slip("that is kB (bytes / 1000): return bytes", lambda s: _kv_bytes(s) / 1000),
-    Slip("that is MiB (bytes / 2**20): return bytes", lambda s: _kv_bytes(s) / 2**20),
-    Slip("that is bits (bytes × 8): return bytes", lambda s: _kv_bytes(s) * 8),
+    Slip("that is KiB (bytes / 1024): return bytes", lambda s: _kv_bytes(s, 1024)),
+    Slip("that is kB (bytes / 1000): return bytes", lambda s: _kv_bytes(s, 1000)),
+    Slip("that is MiB (bytes / 2**20): return bytes", lambda s: _kv_bytes(s, 2**20)),
+    Slip("that is bits (bytes × 8): return bytes", lambda s: _kv_bytes(s, 1 / 8)),
     Slip(
         "each token stores a key AND a value vector: multiply by 2 (K and V)",
-        lambda s: _kv_bytes(s) / 2,
+        lambda s: _kv_bytes(s, 2),
     ),
     Slip(
         "query heads are not cached: use spec.num_kv_heads (grouped-query attention)",
-        lambda s: _kv_bytes(s) / s.num_kv_heads * s.num_q_heads,
+        lambda s: _kv_bytes(s, num_kv_heads=s.num_q_heads),
     ),
     Slip(
         "each element takes spec.dtype_bytes bytes: multiply by it",
-        lambda s: _kv_bytes(s) / s.dtype_bytes,
+        lambda s: _kv_bytes(s, dtype_bytes=1),
     ),
     Slip(
         "the element size is spec.dtype_bytes, not always 2 (fp16's): multiply by "
         "spec.dtype_bytes instead of a fixed 2",
-        lambda s: _kv_bytes(s) // s.dtype_bytes * 2,
+        lambda s: _kv_bytes(s, dtype_bytes=2),
     ),
     Slip(
         "every layer keeps its own keys and values: multiply by spec.num_layers",
-        lambda s: _kv_bytes(s) / s.num_layers,
+        lambda s: _kv_bytes(s, num_layers=1),
     ),
 )
 # a shape on which every slip gives a different number, to tell apart slips that coincide: its
@@ -112,129 +106,103 @@ def _expect_bytes(fn, spec: ModelSpec):
         ModelSpec.kv_bytes_per_token, ModelSpec.kv_bytes, learner=fn, task="computing the bytes"
     ):
         got = call_without_mutation(fn, spec, names=("spec",))
-    right = spec.kv_bytes_per_token
-    where = _describe(spec)
+    right, where, number = spec.kv_bytes_per_token, _describe(spec), _is_number(got)
     if got is None:
         raise CheckFailed("no byte count came back", input=where, got="None", hint=RETURNED_NONE)
-    if _is_number(got) and got == right:
-        expect_type(
-            got,
-            int,
-            "the byte count",
-            input=where,
-            hint="the count is right but not an int: build it with `*` only, or wrap it in int()",
-        )
-        return
-    if not _is_number(got):
-        looks_right = isinstance(got, str) and got.strip().replace(",", "") == str(right)
-        expect_type(
-            got,
-            int,
-            "the byte count",
-            input=where,
-            hint="return the number itself, not its text (no str() or f-string)"
-            if looks_right
-            else None,
-        )
-    raise CheckFailed(
-        "wrong byte count",
-        input=where,
-        expected=f"{right:,}",
-        got=_bytes_text(got),
-        hint=diagnose_kv_bytes(fn, spec, got),
-    )
+    if not number or got == right:
+        hint = None
+        if number:
+            hint = "the count is right but not an int: build it with `*` only, or wrap it in int()"
+        elif isinstance(got, str) and got.strip().replace(",", "") == str(right):
+            hint = "return the number itself, not its text (no str() or f-string)"
+        expect_type(got, int, "the byte count", input=where, hint=hint)
+        if number:
+            return
+    shown = f"{got:,}" if number and math.isfinite(got) else expect.short(got)
+    hint = diagnose_kv_bytes(fn, spec, got)
+    raise CheckFailed("wrong byte count", input=where, expected=f"{right:,}", got=shown, hint=hint)
 
 
-def _bytes_text(value) -> str:
-    """A byte count as the checks' titles write it (819,200); anything else as it is."""
-    if _is_number(value) and math.isfinite(value):
-        return f"{value:,}"
-    return short(value)
+def _bytes_check(name: str, *specs: ModelSpec) -> None:
+    @kv_bytes.check(name)
+    def _(fn):
+        for spec in specs:
+            _expect_bytes(fn, spec)
 
 
-@kv_bytes.check(
-    "OPT-13B needs 819,200 bytes (800 KiB) per token: the PagedAttention paper's 800 KB"
-)
-def _opt(fn):
-    _expect_bytes(fn, OPT_13B)
-
-
-@kv_bytes.check("grouped-query attention: Llama-3-8B caches only its 8 KV heads")
-def _gqa(fn):
-    _expect_bytes(fn, LLAMA_3_8B)
-    _expect_bytes(fn, LLAMA_3_70B)
-
-
-@kv_bytes.check("the element size counts (fp32 = 4 bytes, fp8 = 1 byte)")
-def _dtype(fn):
-    for dtype_bytes in (4, 1):
-        _expect_bytes(fn, ModelSpec("OPT-13B", 40, 40, 40, 128, dtype_bytes=dtype_bytes))
-
-
-@kv_bytes.check("the smallest model: 1 layer, 1 head, head_dim 1")
-def _tiny(fn):
-    _expect_bytes(fn, ModelSpec("tiny", 1, 1, 1, 1))
-
-
-@kv_bytes.check("twenty random shapes (odd head sizes, GQA groups, fp8/fp16/fp32)")
-def _random(fn):
-    rng = random.Random(0)
+def _random_specs(seed: int = 0) -> list[ModelSpec]:
+    rng, specs = random.Random(seed), []
     for i in range(20):
-        kv = rng.choice([1, 2, 3, 5, 8])
-        spec = ModelSpec(
-            f"random-{i}",
-            num_layers=rng.randint(1, 96),
-            num_q_heads=kv * rng.choice([1, 2, 4, 7]),
-            num_kv_heads=kv,
-            head_dim=rng.choice([1, 48, 64, 80, 96, 112, 128, 256]),
-            dtype_bytes=rng.choice([1, 2, 4]),
-        )
-        _expect_bytes(fn, spec)
+        kv, layers = rng.choice([1, 2, 3, 5, 8]), rng.randint(1, 96)  # drawn in this order
+        q, head_dim = kv * rng.choice([1, 2, 4, 7]), rng.choice([1, 48, 64, 80, 96, 112, 128, 256])
+        specs.append(ModelSpec(f"random-{i}", layers, q, kv, head_dim, rng.choice([1, 2, 4])))
+    return specs
 
+
+_bytes_check(
+    "OPT-13B needs 819,200 bytes (800 KiB) per token: the PagedAttention paper's 800 KB", OPT_13B
+)
+_bytes_check(
+    "grouped-query attention: Llama-3-8B caches only its 8 KV heads", LLAMA_3_8B, LLAMA_3_70B
+)
+_bytes_check(
+    "the element size counts (fp32 = 4 bytes, fp8 = 1 byte)",
+    *(ModelSpec("OPT-13B", 40, 40, 40, 128, dtype_bytes=size) for size in (4, 1)),
+)
+_bytes_check("the smallest model: 1 layer, 1 head, head_dim 1", ModelSpec("tiny", 1, 1, 1, 1))
+_bytes_check("twenty random shapes (odd head sizes, GQA groups, fp8/fp16/fp32)", *_random_specs())
 
 # --- one cached decode step ------------------------------------------------------------------
 
 decode = exercise("00.decode_step", "one cached decode step")
-ATOL, RTOL = 1e-5, 1e-4
+TOL = dict(atol=1e-5, rtol=1e-4)
+OUTPUTS = ("y_t", "k_cache", "v_cache")
+REFERENCES = (TinyAttention.decode_step, TinyAttention.forward, decode_attention, causal_attention)
+NO_GQA = (
+    "grouped-query attention: layer.qkv gives k and v num_kv_heads heads, q num_heads. Before "
+    "the scores, repeat each KV head for its group of num_heads // num_kv_heads query heads "
+    "(`k_cache.repeat_interleave(group, dim=1)`, the same for v); the caches keep num_kv_heads"
+)
+NO_GQA_CAUSE = "kvlab: KV heads not expanded to query heads"
+STEP_HINTS = {  # by slip, for ``step_slips``
+    "no append": "the new token attends to itself too: append its k and v to the caches first, "
+    "then attend over all of them",
+    "softmax over heads": "softmax over the wrong axis: normalise each head's scores across the "
+    "cached tokens (the token axis), not across the heads",
+    "no scale": "scale the scores by 1/sqrt(head_dim)",
+    "scale divided": "multiply the scores by 1/sqrt(head_dim), not by sqrt(head_dim)",
+    "d_model scale": "scale by 1/sqrt(head_dim), the size of one head, not 1/sqrt(d_model)",
+    "dims first": "join the heads in order: reshape the [num_heads, head_dim] output as it is "
+    "(`o.reshape(-1)`: head 0's values, then head 1's, …); a transpose before the reshape "
+    "interleaves the heads",
+    "kv head modulo": "query head h reads KV head h // {group} (the group size), not h % "
+    "{kv_heads}: use repeat_interleave, not repeat",
+    "nn.Linear": "weights act on the right in this lab (x @ W): the output is `o @ layer.wo`; "
+    "`o @ layer.wo.T` is nn.Linear's convention",
+    "no wo": "project the heads' output back to d_model with `@ layer.wo`",
+}
+LINEAR_HINT, NO_WO = STEP_HINTS["nn.Linear"], STEP_HINTS["no wo"]
 
 
 def _close(a, b) -> bool:
-    return (
-        isinstance(a, torch.Tensor)
-        and a.shape == b.shape
-        and torch.allclose(a.to(b.dtype), b, atol=ATOL, rtol=RTOL)
-    )
+    return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a.to(b), b, **TOL)
 
 
 def step_with(
-    layer,
-    x_t,
-    k_cache,
-    v_cache,
-    *,
-    append=True,
-    scale=None,
-    softmax_dim=-1,
-    heads="h // group",
-    dims_first=False,
+    layer, x_t, k, v, *, append=True, scale=None, over_heads=False, modulo=False, dims_first=False
 ):
-    """The output of one decode step computed as written, or with one of the usual slips:
-    ``append=False`` attends without the new token, ``softmax_dim=0`` normalises over the heads,
-    ``heads="h % kv_heads"`` maps query heads to KV heads like ``repeat`` instead of
-    ``repeat_interleave``, ``dims_first`` joins the heads from ``[head_dim, num_heads]`` (a
-    transpose before the reshape). Returns the heads' concatenated output, before ``wo``."""
-    q, k, v = layer.qkv(x_t.unsqueeze(0))
-    keys = torch.cat([k_cache, k]) if append else k_cache
-    values = torch.cat([v_cache, v]) if append else v_cache
-    group = layer.num_heads // layer.num_kv_heads
-    kv_of = [
-        h // group if heads == "h // group" else h % layer.num_kv_heads
-        for h in range(layer.num_heads)
-    ]
-    keys, values = keys[:, kv_of], values[:, kv_of]
-    scale = 1 / math.sqrt(layer.head_dim) if scale is None else scale
-    scores = torch.einsum("hd,thd->ht", q[0], keys) * scale
-    out = torch.einsum("ht,thd->hd", scores.softmax(dim=softmax_dim), values)
+    """kvlab's decode attention over the caches ``k`` and ``v`` (the heads' joined output, before
+    ``wo``), or with one usual slip: ``append=False`` attends without the new token,
+    ``over_heads`` normalises over the heads, ``modulo`` maps query head h to KV head h %
+    kv_heads (``repeat`` for ``repeat_interleave``), ``dims_first`` joins the heads from
+    ``[head_dim, num_heads]`` (a transpose before the reshape)."""
+    q, k_t, v_t = layer.qkv(x_t.unsqueeze(0))
+    if append:
+        k, v = torch.cat([k, k_t]), torch.cat([v, v_t])
+    h, group = torch.arange(layer.num_heads), layer.num_heads // layer.num_kv_heads
+    kv_of = h % layer.num_kv_heads if modulo else h // group
+    attend = decode_attention_over_heads if over_heads else decode_attention
+    out = attend(q[0], k[:, kv_of], v[:, kv_of], scale=scale)
     return (out.T if dims_first else out).reshape(-1)
 
 
@@ -248,72 +216,37 @@ def head_dim_hint(layer) -> str:
     )
 
 
-def _output(projection: str, options: dict, layer, x_t, k_cache, v_cache):
-    """A slip's output: the heads computed with ``options`` (see ``step_with``), projected as
-    ``projection`` says ("x @ W", nn.Linear's "x @ W.T", or "none")."""
-    heads = step_with(layer, x_t, k_cache, v_cache, **options)
-    if projection == "x @ W":
-        return heads @ layer.wo
-    return heads @ layer.wo.T if projection == "x @ W.T" else heads
-
-
-def _step_slip(hint: str, projection: str = "x @ W", **options) -> Slip:
-    return Slip(hint, functools.partial(_output, projection, options))
+def _output(options: dict, layer, *inputs):
+    """A slip's output: the heads ``step_with(**options)`` computes, through ``wo(layer.wo)``
+    (nn.Linear's ``wo.T``; ``wo=None``: not projected)."""
+    wo = options.get("wo", lambda w: w)
+    heads = step_with(layer, *inputs, **{k: v for k, v in options.items() if k != "wo"})
+    return heads if wo is None else heads @ wo(layer.wo)
 
 
 def step_slips(layer) -> list[Slip]:
-    """The usual slips of a decode step, for this layer's shape."""
-    d = layer.head_dim
-    rows = [
-        _step_slip(
-            "the new token attends to itself too: append its k and v to the caches first, "
-            "then attend over all of them",
-            append=False,
-        ),
-        _step_slip(
-            "softmax over the wrong axis: normalise each head's scores across the cached "
-            "tokens (the token axis), not across the heads",
-            softmax_dim=0,
-        ),
-        _step_slip("scale the scores by 1/sqrt(head_dim)", scale=1.0),
-        _step_slip(
-            "multiply the scores by 1/sqrt(head_dim), not by sqrt(head_dim)", scale=math.sqrt(d)
-        ),
+    """The usual slips of a decode step that this layer's shape can show."""
+    d, width, heads, kv = layer.head_dim, layer.d_model, layer.num_heads, layer.num_kv_heads
+    guessed = width // heads  # what d_model // num_heads takes head_dim for
+    square = tuple(layer.wo.shape) == (width, width)
+    rows = (
+        ("no append", True, dict(append=False)),
+        ("softmax over heads", True, dict(over_heads=True)),
+        ("no scale", True, dict(scale=1.0)),
+        ("scale divided", True, dict(scale=math.sqrt(d))),
+        ("d_model scale", width != d, dict(scale=1 / math.sqrt(width))),
+        (head_dim_hint(layer), guessed not in (0, d, width), dict(scale=(guessed or 1) ** -0.5)),
+        ("dims first", heads > 1 and d > 1, dict(dims_first=True)),
+        ("kv head modulo", 1 < kv < heads, dict(modulo=True)),
+        ("nn.Linear", square, dict(wo=lambda w: w.T)),
+        ("no wo", square, dict(wo=None)),
+    )
+    fill = dict(group=heads // kv, kv_heads=kv)
+    return [
+        Slip(STEP_HINTS.get(key, key).format(**fill), functools.partial(_output, options))
+        for key, shown, options in rows
+        if shown
     ]
-    if layer.d_model != d:
-        rows.append(
-            _step_slip(
-                "scale by 1/sqrt(head_dim), the size of one head, not 1/sqrt(d_model)",
-                scale=1 / math.sqrt(layer.d_model),
-            )
-        )
-    guessed = layer.d_model // layer.num_heads  # what d_model // num_heads takes head_dim for
-    if guessed not in (0, d, layer.d_model):
-        rows.append(_step_slip(head_dim_hint(layer), scale=1 / math.sqrt(guessed)))
-    if layer.num_heads > 1 and d > 1:
-        rows.append(
-            _step_slip(
-                "join the heads in order: reshape the [num_heads, head_dim] output as it is "
-                "(`o.reshape(-1)`: head 0's values, then head 1's, …); a transpose before the "
-                "reshape interleaves the heads",
-                dims_first=True,
-            )
-        )
-    if 1 < layer.num_kv_heads < layer.num_heads:
-        group = layer.num_heads // layer.num_kv_heads
-        rows.append(
-            _step_slip(
-                f"query head h reads KV head h // {group} (the group size), not h % "
-                f"{layer.num_kv_heads}: use repeat_interleave, not repeat",
-                heads="h % kv_heads",
-            )
-        )
-    if tuple(layer.wo.shape) == (layer.d_model, layer.d_model):
-        rows.append(_step_slip(LINEAR_HINT, "x @ W.T"))
-        rows.append(
-            _step_slip("project the heads' output back to d_model with `@ layer.wo`", "none")
-        )
-    return rows
 
 
 def diagnose_step(layer, x_t, k_cache, v_cache, y) -> str | None:
@@ -323,122 +256,85 @@ def diagnose_step(layer, x_t, k_cache, v_cache, y) -> str | None:
     return slips.hint(slips.only(slips.matching(step_slips(layer), y, args, right, _close)))
 
 
-NO_GQA = (
-    "grouped-query attention: layer.qkv gives k and v num_kv_heads heads, q num_heads. Before "
-    "the scores, repeat each KV head for its group of num_heads // num_kv_heads query heads "
-    "(`k_cache.repeat_interleave(group, dim=1)`, the same for v); the caches keep num_kv_heads"
-)
-NO_GQA_CAUSE = "kvlab: KV heads not expanded to query heads"
-LINEAR_HINT = (
-    "weights act on the right in this lab (x @ W): the output is `o @ layer.wo`; "
-    "`o @ layer.wo.T` is nn.Linear's convention"
-)
-
-
-def _steps_quietly(fn, layer, steps: int = 2):
-    """The learner's outputs for ``steps`` tokens through ``layer`` from an empty cache (with the
-    tokens), or None when their code raises: a probe never fails a check."""
-    x = torch.randn(steps, layer.d_model, generator=torch.Generator().manual_seed(7))
+def _two_steps(fn, layer):
+    """(x, the learner's outputs for two tokens through ``layer`` from an empty cache, whether
+    each is full recompute's)."""
+    x = torch.randn(2, layer.d_model, generator=torch.Generator().manual_seed(7))
     k_cache, v_cache = layer.empty_cache()
     outputs = []
-    try:
-        for t in range(steps):
-            y, k_cache, v_cache = fn(layer, x[t], k_cache, v_cache)
-            outputs.append(y)
-    except Exception:
-        return None
-    return x, outputs
+    for t in range(2):
+        y, k_cache, v_cache = fn(layer, x[t], k_cache, v_cache)
+        outputs.append(y)
+    return x, outputs, all(_close(y, r) for y, r in zip(outputs, layer.forward(x), strict=True))
 
 
-def _shape_error(error: Exception) -> bool:
-    """torch's complaint about tensors whose shapes do not fit (einsum, @, broadcasting)."""
-    text = str(error)
-    return isinstance(error, RuntimeError) and ("size" in text or "shape" in text)
-
-
-def diagnose_error(fn, layer) -> tuple[str, str, str] | None:
-    """(message, hint, cause) for an error the learner's step raised on ``layer``, when a probe
-    on a layer without the trouble shows what it was: KV heads not expanded for the query heads
-    (the step works when every query head has its own KV head), one head's size taken for
-    d_model // num_heads (the step works when the heads tile d_model), or nn.Linear's
-    ``o @ wo.T`` (which only fails to run when ``wo`` is not square)."""
-    if layer.num_kv_heads < layer.num_heads:
-        plain = TinyAttention(
-            layer.d_model, layer.num_heads, seed=11, head_dim=layer.head_dim
-        )  # every query head with its own KV head
-        probe = _steps_quietly(fn, plain)
-        if probe is not None and all(
-            _close(y, right) for y, right in zip(probe[1], plain.forward(probe[0]), strict=True)
-        ):
-            message = (
-                f"this layer has {plural(layer.num_heads, 'query head')} and "
-                f"{plural(layer.num_kv_heads, 'KV head')}; your step runs when there are as many KV "
-                "heads as query heads"
+def diagnose_error(fn, layer) -> tuple[str, str, str | None] | None:
+    """(message, hint, cause; None: the hint) for a shape error the learner's step raised on
+    ``layer``, when their step runs right on a layer without the trouble (a probe that raises
+    tells nothing): KV heads not expanded for the query heads (a KV head per query head), one
+    head's size taken for d_model // num_heads (heads that tile d_model), or nn.Linear's ``o @
+    wo.T`` (a square ``wo``, where the step answers as that slip)."""
+    heads, kv, d, width = layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.d_model
+    if kv < heads:
+        plain = TinyAttention(width, heads, seed=11, head_dim=d)  # a KV head per query head
+        probe = slips.quietly(lambda: _two_steps(fn, plain))
+        if probe is not None and probe[2]:
+            return (
+                f"this layer has {plural(heads, 'query head')} and {plural(kv, 'KV head')}; "
+                "your step runs when there are as many KV heads as query heads",
+                NO_GQA,
+                NO_GQA_CAUSE,
             )
-            return message, NO_GQA, NO_GQA_CAUSE
-    if layer.wo.shape[0] != layer.wo.shape[1]:
-        width = layer.num_heads * layer.head_dim
-        square = TinyAttention(width, layer.num_heads, layer.num_kv_heads, seed=11)
-        probe = _steps_quietly(fn, square)
-        if probe is not None:
-            x, outputs = probe
-            if all(_close(y, right) for y, right in zip(outputs, square.forward(x), strict=True)):
-                message = (
-                    f"{plural(layer.num_heads, 'head')} of {layer.head_dim} make {width} here, "
-                    f"not d_model = {layer.d_model}; your step runs when they make d_model"
-                )
-                hint = head_dim_hint(layer)
-                return message, hint, hint
-            y, empty = outputs[0], square.empty_cache()
-            if (
-                isinstance(y, torch.Tensor)
-                and diagnose_step(square, x[0], *empty, y) == LINEAR_HINT
-            ):
-                message = f"layer.wo is {width} × {layer.d_model} here, not square"
-                return message, LINEAR_HINT, LINEAR_HINT
+    if heads * d != width:
+        square = TinyAttention(heads * d, heads, kv, seed=11)
+        probe = slips.quietly(lambda: _two_steps(fn, square))
+        if probe is not None and probe[2]:
+            message = f"{plural(heads, 'head')} of {d} make {heads * d} here, not d_model = {width}"
+            return f"{message}; your step runs when they make d_model", head_dim_hint(layer), None
+        y = None if probe is None else probe[1][0]
+        if isinstance(y, torch.Tensor) and (
+            diagnose_step(square, probe[0][0], *square.empty_cache(), y) == LINEAR_HINT
+        ):
+            return f"layer.wo is {heads * d} × {width} here, not square", LINEAR_HINT, None
     return None
 
 
-def _cache_shape_hint(layer, got: tuple, rows: int) -> str | None:
-    """Name the usual cache-shape slips: no new row, query heads stored, heads flattened."""
-    if got == (rows - 1, layer.num_kv_heads, layer.head_dim):
-        return "return the caches with the new token's row appended: one more row than came in"
-    if got == (rows, layer.num_heads, layer.head_dim) and layer.num_heads != layer.num_kv_heads:
-        return (
-            "cache the num_kv_heads heads that layer.qkv returns, before repeating them for "
-            "the query heads (grouped-query attention)"
-        )
-    if got == (rows, layer.num_kv_heads * layer.head_dim):
-        return "keep the cache's shape [tokens, num_kv_heads, head_dim]: do not flatten the heads"
-    if len(got) == 4 and got[0] == 1 and got[1:] == (rows, layer.num_kv_heads, layer.head_dim):
-        return "no batch axis: the cache is [tokens, num_kv_heads, head_dim]"
-    return None
-
-
-def _output_shape_hint(layer, got: tuple) -> str | None:
-    if got == (1, layer.d_model):
-        return "return y_t as [d_model]: drop the token axis (y[0] or y.reshape(-1))"
-    if got == (layer.num_heads * layer.head_dim,):
-        return "project the heads' output back to d_model with `@ layer.wo`"
-    if got == (layer.num_heads, layer.head_dim):
-        return "join the heads (reshape to num_heads × head_dim), then project with `@ layer.wo`"
-    return None
+def _shape_hint(layer, name: str, got: tuple, rows: int) -> str | None:
+    """Name the usual shape slips: y_t with a token axis, not projected, or its heads not joined;
+    a cache without the new row, with the query heads, its heads flattened, a batch axis (of two
+    equal shapes the later one is named)."""
+    kv, heads, d, width = layer.num_kv_heads, layer.num_heads, layer.head_dim, layer.d_model
+    if name == "y_t":
+        return {
+            (heads, d): "join the heads (reshape to num_heads × head_dim), then project with "
+            "`@ layer.wo`",
+            (heads * d,): NO_WO,
+            (1, width): "return y_t as [d_model]: drop the token axis (y[0] or y.reshape(-1))",
+        }.get(got)
+    return {
+        (rows - 1, kv, d): "return the caches with the new token's row appended: one more row "
+        "than came in",
+        (rows, heads, d): "cache the num_kv_heads heads that layer.qkv returns, before repeating "
+        "them for the query heads (grouped-query attention)",
+        (rows, kv * d): "keep the cache's shape [tokens, num_kv_heads, head_dim]: do not flatten "
+        "the heads",
+        (1, rows, kv, d): "no batch axis: the cache is [tokens, num_kv_heads, head_dim]",
+    }.get(got)
 
 
 def _token_order(cache, reference) -> str:
     """Which token each row of ``cache`` holds ("?" for none), found by comparing rows."""
-    order = []
-    for row in cache:
-        match = [t for t, ref in enumerate(reference) if _close(row, ref)]
-        order.append(str(match[0]) if match else "?")
+    order = [
+        next((str(t) for t, r in enumerate(reference) if _close(row, r)), "?") for row in cache
+    ]
     note = " (?: a row that is no token's)" if "?" in order else ""
     return f"[{', '.join(order)}]{note}"
 
 
-def _expect_caches(k_got, v_got, k_in, k_all, v_all, where, replay):
+def _expect_caches(fail, k_got, v_got, k_all, v_all):
     """Row t of each cache must hold token t's key (value). Knows a new row put in front and
     the two caches returned the other way round."""
-    rows = len(k_in) + 1
+    rows = len(k_got)
     for name, got, reference, other in (
         ("k_cache", k_got, k_all[:rows], v_all[:rows]),
         ("v_cache", v_got, v_all[:rows], k_all[:rows]),
@@ -450,10 +346,8 @@ def _expect_caches(k_got, v_got, k_in, k_all, v_all, where, replay):
             hint = "k_cache and v_cache are swapped: return (y_t, k_cache, v_cache) in that order"
         elif rows > 1 and _close(got, torch.cat([reference[-1:], reference[:-1]])):
             hint = "row t must hold token t: add the new token's row at the end, not in front"
-        raise CheckFailed(
+        raise fail(
             f"{name} does not hold every token's {'key' if name == 'k_cache' else 'value'} in order",
-            input=where,
-            replay=replay,
             expected=f"rows hold tokens {list(range(rows))}",
             got=f"rows hold tokens {_token_order(got, reference)}",
             hint=hint,
@@ -464,115 +358,75 @@ def _run_decode(fn, layer: TinyAttention, steps: int, seed: int, build: str):
     """Feed ``steps`` tokens one at a time through the learner's step; compare each output with
     full recompute and each cache with every token's k and v so far."""
     x = torch.randn(steps, layer.d_model, generator=torch.Generator().manual_seed(seed))
-    expected = layer.forward(x)
-    _, k_all, v_all = layer.qkv(x)
+    expected, (_, k_all, v_all) = layer.forward(x), layer.qkv(x)
     replay = (
         f"layer = {build}; x = torch.randn({steps}, {layer.d_model}, generator="
         f"torch.Generator().manual_seed({seed})); feed x[0], x[1], … from layer.empty_cache()"
     )
-    k_cache, v_cache = layer.empty_cache()
+    k_cache, v_cache, width = *layer.empty_cache(), layer.d_model
     for t in range(steps):
         where = f"step {t} of {steps}: {plural(t, 'token')} cached, token {t} comes in"
+        fail = functools.partial(CheckFailed, input=where, replay=replay)
         try:
-            with refuse_reference(
-                TinyAttention.decode_step,
-                TinyAttention.forward,
-                decode_attention,
-                causal_attention,
-                learner=fn,
-                task="writing the decode step",
-            ):
-                result = call_without_mutation(
-                    fn, layer, x[t], k_cache, v_cache, names=("layer", "x_t", "k_cache", "v_cache")
-                )
-        except (CheckFailed, NotImplementedError):
-            raise
-        except Exception as error:
-            found = diagnose_error(fn, layer) if _shape_error(error) else None
-            if found is None:
+            with refuse_reference(*REFERENCES, learner=fn, task="writing the decode step"):
+                names = ("layer", "x_t", "k_cache", "v_cache")
+                result = call_without_mutation(fn, layer, x[t], k_cache, v_cache, names=names)
+        except RuntimeError as error:  # torch's complaint about shapes that do not fit
+            shapes = "size" in str(error) or "shape" in str(error)
+            found = shapes and not isinstance(error, NotImplementedError)
+            found = found and diagnose_error(fn, layer)
+            if not found:
                 raise
-            message, hint, cause = found
-            raise CheckFailed(
-                "\n   ".join([*explain_exception(error), message]),
-                input=where,
-                replay=replay,
-                hint=hint,
-                cause=cause,
-            ) from None
+            message = "\n   ".join([*explain_exception(error), found[0]])
+            raise fail(message, hint=found[1], cause=found[2]) from None
         if not isinstance(result, tuple) or len(result) != 3:
             hint = RETURNED_NONE if result is None else None
             if isinstance(result, list) and len(result) == 3:
                 hint = "return the three values as a tuple: `return y_t, k_cache, v_cache`"
-            raise CheckFailed(
-                "decode_step must return a tuple (y_t, k_cache, v_cache)",
-                input=where,
-                got=short(result),
-                hint=hint,
-            )
+            what = "decode_step must return a tuple (y_t, k_cache, v_cache)"
+            raise CheckFailed(what, input=where, got=expect.short(result), hint=hint)
         y, k_new, v_new = result
-        rows = t + 1
-        for name, value, shape, hint_for in (
-            ("y_t", y, (layer.d_model,), lambda got: _output_shape_hint(layer, got)),
-            ("k_cache", k_new, (rows, layer.num_kv_heads, layer.head_dim), None),
-            ("v_cache", v_new, (rows, layer.num_kv_heads, layer.head_dim), None),
-        ):
+        cache = (t + 1, layer.num_kv_heads, layer.head_dim)
+        for name, value, shape in zip(OUTPUTS, result, ((width,), cache, cache), strict=True):
             expect_type(value, torch.Tensor, name, input=where)
             if tuple(value.shape) != shape:
-                got = tuple(value.shape)
-                raise CheckFailed(
-                    f"{name} has the wrong shape after step {t}",
-                    input=where,
-                    replay=replay,
-                    expected=str(shape),
-                    got=str(got),
-                    hint=hint_for(got) if hint_for else _cache_shape_hint(layer, got, rows),
-                )
+                got, what = tuple(value.shape), f"{name} has the wrong shape after step {t}"
+                hint = _shape_hint(layer, name, got, t + 1)
+                raise fail(what, expected=str(shape), got=str(got), hint=hint)
         if not _close(y, expected[t]):
             err = (y.to(expected.dtype) - expected[t]).abs().max().item()
-            raise CheckFailed(
-                f"output of step {t} differs from full recompute over {plural(rows, 'token')}",
-                input=where,
-                replay=replay,
-                expected=preview(expected[t]),
-                got=f"{preview(y)}, max abs error {err:.3g}",
+            raise fail(
+                f"output of step {t} differs from full recompute over {plural(t + 1, 'token')}",
+                expected=expect.preview(expected[t]),
+                got=f"{expect.preview(y)}, max abs error {err:.3g}",
                 hint=diagnose_step(layer, x[t], k_cache, v_cache, y.to(expected.dtype)),
             )
-        _expect_caches(k_new, v_new, k_cache, k_all, v_all, where, replay)
+        _expect_caches(fail, k_new, v_new, k_all, v_all)
         k_cache, v_cache = k_new, v_new
 
 
-def _decode_case(fn, steps: int, x_seed: int, *args, **kwargs):
-    """``steps`` tokens (drawn with seed ``x_seed``) through TinyAttention(*args, **kwargs)."""
-    shown = [*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())]
-    build = f"TinyAttention({', '.join(shown)})"
-    _run_decode(fn, TinyAttention(*args, **kwargs), steps, x_seed, build)
+def _decode_check(name: str, steps: int, *args, **kwargs) -> None:
+    """A check: ``steps`` tokens through TinyAttention(*args, **kwargs), drawn with its seed."""
+    shown = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
+    build, layer = f"TinyAttention({shown})", functools.partial(TinyAttention, *args, **kwargs)
+    decode.check(name)(lambda fn: _run_decode(fn, layer(), steps, kwargs["seed"], build))
 
 
-@decode.check("the very first token (empty cache)")
-def _first(fn):
-    _decode_case(fn, 1, 1, 16, 2, seed=1)
-
-
-@decode.check("17 tokens: every output matches full recompute, the cache holds them in order")
-def _many(fn):
-    _decode_case(fn, 17, 2, 32, 4, seed=2)
-
-
-@decode.check("a head_dim that is not a power of two (d_model 36, 3 heads of 12)")
-def _odd(fn):
-    _decode_case(fn, 9, 3, 36, 3, seed=3)
-
-
-@decode.check("grouped-query attention (4 query heads share 2 KV heads)")
-def _gqa_decode(fn):
-    _decode_case(fn, 6, 4, 32, 4, num_kv_heads=2, seed=4)
-
-
-@decode.check("a single head")
-def _single_head(fn):
-    _decode_case(fn, 5, 5, 8, 1, seed=5)
-
-
-@decode.check("heads that do not tile d_model: 4 heads of 8 into d_model 24 (wo is 32 × 24)")
-def _wide_heads(fn):
-    _decode_case(fn, 5, 6, 24, 4, num_kv_heads=2, seed=6, head_dim=8)
+_decode_check("the very first token (empty cache)", 1, 16, 2, seed=1)
+_decode_check(
+    "17 tokens: every output matches full recompute, the cache holds them in order",
+    *(17, 32, 4),
+    seed=2,
+)
+_decode_check("a head_dim that is not a power of two (d_model 36, 3 heads of 12)", 9, 36, 3, seed=3)
+_decode_check(
+    "grouped-query attention (4 query heads share 2 KV heads)", 6, 32, 4, num_kv_heads=2, seed=4
+)
+_decode_check("a single head", 5, 8, 1, seed=5)
+_decode_check(
+    "heads that do not tile d_model: 4 heads of 8 into d_model 24 (wo is 32 × 24)",
+    *(5, 24, 4),
+    num_kv_heads=2,
+    seed=6,
+    head_dim=8,
+)
