@@ -1,6 +1,7 @@
 """What Lab 06's and Lab 09's step checks share besides the lockstep: kvlab's functions a step
 must not hand its work to, the hints of errors whose message names the mistake, the mistakes seen
-in a step's outcome itself, and the usual slips of the queue (kvlab's Scheduler, one hook changed)."""
+in a step's outcome itself, how a slip of a step is written (:func:`step_slip`: kvlab's Scheduler
+with one hook changed) and the usual slips of the queue (:data:`QUEUE_SLIPS`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from kvlab.core.block_manager import PagedCache
 from kvlab.core.contiguous import ContiguousKVCache
 from kvlab.grading import step_hints as hints
 from kvlab.grading.blame import learner_frames
-from kvlab.grading.lockstep import Captured, StepHints
+from kvlab.grading.lockstep import Captured, StepHints, slipped
 from kvlab.grading.scheduler_days import Day
 from kvlab.grading.scheduler_views import REPORT_KEYS
+from kvlab.grading.slips import Slip
 from kvlab.grading.state_diff import moved
 from kvlab.serving.scheduler import Scheduler
 
@@ -86,23 +88,31 @@ STEP_HINTS = StepHints(
     error=lambda error: error_slip(error, step=True),
 )
 
-# --- the slips of the queue both labs try (served by kvlab.grading.lockstep.slipped) ----------
+# --- the slips of a step: kvlab's Scheduler with one decision changed ----------------------
 
 
-class AdmitFirst(Scheduler):
-    PHASES = ("_retire_done", "_admit_arrived", "_serve_running")
+def variant(name: str, **hook) -> type[Scheduler]:
+    """kvlab's Scheduler with one hook (a method, or PHASES: the order of a step) changed."""
+    return type(name, (Scheduler,), hook)
 
 
-class NoHold(Scheduler):
-    def admits(self, step) -> bool:
-        return self.batching == "continuous" or not self.running
+def step_slip(mistake: str, answer: str | type, any_refused: bool = False, **hook) -> Slip:
+    """A slip of a step: ``answer``, or the variant of that name with ``hook`` changed, served
+    as a step function (:class:`~kvlab.grading.lockstep.slipped`), as the learner's is."""
+    answer = variant(answer, **hook) if isinstance(answer, str) else answer
+    return Slip(mistake, slipped(answer, any_refused=any_refused))
 
 
-class PastRefused(Scheduler):
-    def stops_queue(self, seq) -> bool:
-        return False
+# kvlab's step as the slips' tables serve it (no decision changed): what the checks compare with
+UNSLIPPED = slipped(Scheduler)
 
-
-class AnyArrival(Scheduler):
-    def arrived(self, seq, now) -> bool:
-        return True
+# the slips of the queue both labs try
+AdmitFirst = variant("AdmitFirst", PHASES=("_retire_done", "_admit_arrived", "_serve_running"))
+NoHold = variant("NoHold", admits=lambda s, step: s.batching == "continuous" or not s.running)
+PastRefused = variant("PastRefused", stops_queue=lambda s, seq: False)
+AnyArrival = variant("AnyArrival", arrived=lambda s, seq, now: True)
+QUEUE_SLIPS = (
+    step_slip(hints.HOLD, NoHold),
+    step_slip(hints.FCFS, PastRefused, any_refused=True),
+    step_slip(hints.ARRIVAL, AnyArrival),
+)

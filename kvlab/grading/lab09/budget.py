@@ -19,21 +19,19 @@ from __future__ import annotations
 from kvlab.core.block_manager import PagedCache
 from kvlab.grading import lockstep as lockstep_
 from kvlab.grading.lab09 import hints
-from kvlab.grading.lockstep import Rules, slipped
+from kvlab.grading.lockstep import Rules
 from kvlab.grading.registry import exercise
 from kvlab.grading.scheduler_days import FULL_HOTEL, Day, same_figures, simulated_day
 from kvlab.grading.scheduler_days import figures as day_figures
 from kvlab.grading.scheduler_views import STEP, show
-from kvlab.grading.slips import Slip
 from kvlab.grading.state_diff import Field, each
-from kvlab.grading.step_hints import ARRIVAL, FCFS, HOLD
 from kvlab.grading.step_rules import (
+    QUEUE_SLIPS,
     STEP_HINTS,
     STEP_REFERENCE,
+    UNSLIPPED,
     AdmitFirst,
-    AnyArrival,
-    NoHold,
-    PastRefused,
+    step_slip,
 )
 from kvlab.grading.step_rules import direct as step_direct
 from kvlab.serving import simulate
@@ -43,62 +41,41 @@ from kvlab.serving.workload import Request, documents_among_chats
 budget_ex = exercise("09.budget_step", "one step under a token budget: decodes first, then chunks")
 
 
-class PrefillFirst(AdmitFirst):
-    def serves(self, seq, step) -> bool:  # a newcomer already scheduled is skipped after
-        return super().serves(seq, step) and seq not in step.scheduled
+def _serves_once(self, seq, step) -> bool:  # a newcomer already scheduled is skipped after
+    return Scheduler.serves(self, seq, step) and seq not in step.scheduled
 
 
-class WholeBudget(Scheduler):
-    def budget_left(self, step) -> float:  # every guest up to the whole budget
-        return self.token_budget
+def _ask_unless_chunked(self, seq, left):  # does not ask when the prompt is chunked
+    return None if seq.num_uncomputed > left else Scheduler.refusal(self, seq, left)
 
 
-class WholeNewcomer(Scheduler):
-    def start(self, seq, left, step) -> None:  # a newcomer's prompt read whole
-        self._decode(seq, step)
-
-
-class WholePartial(Scheduler):
-    def running_chunk(self, seq, left) -> int:  # the rest of a prompt read at once
-        return seq.num_uncomputed
-
-
-class SkipPartial(Scheduler):
-    def serves(self, seq, step) -> bool:  # forgets the guests whose prompt is partly read
-        return super().serves(seq, step) and seq.num_uncomputed <= 1
-
-
-class AskChunk(Scheduler):
-    def refusal(self, seq, left):  # asks the cache for the first chunk only
-        return self.cache.refusal(min(left, seq.num_tokens), seq.remaining)
-
-
-class AskNoneWhenChunked(Scheduler):
-    def refusal(self, seq, left):  # does not ask when the prompt is chunked
-        return None if seq.num_uncomputed > left else super().refusal(seq, left)
-
-
-class GoOn(Scheduler):
-    def budget_spent(self, left) -> bool:  # chunks of 0 tokens, a newcomer checked in with one
-        return False
-
-
-# kvlab's budgeted step as the slips' table serves it (no decision changed)
-slipped_budget_step = slipped(Scheduler)
+slipped_budget_step = UNSLIPPED  # kvlab's budgeted step as the slips' table serves it
 
 # the usual slips: kvlab's budgeted step with one decision changed (Lab 06's for the queue)
 SLIPS = (
-    Slip(hints.PREFILL_FIRST, slipped(PrefillFirst)),
-    Slip(hints.OVER_BUDGET, slipped(WholeBudget)),
-    Slip(hints.OVER_BUDGET, slipped(WholeNewcomer)),
-    Slip(hints.OVER_BUDGET, slipped(WholePartial)),
-    Slip(hints.FORGOTTEN, slipped(SkipPartial)),
-    Slip(hints.MEMORY_CHUNK, slipped(AskChunk)),
-    Slip(hints.MEMORY_CHUNK, slipped(AskNoneWhenChunked)),
-    Slip(hints.BUDGET_SPENT, slipped(GoOn)),
-    Slip(HOLD, slipped(NoHold)),
-    Slip(FCFS, slipped(PastRefused, any_refused=True)),
-    Slip(ARRIVAL, slipped(AnyArrival)),
+    step_slip(hints.PREFILL_FIRST, type("PrefillFirst", (AdmitFirst,), {"serves": _serves_once})),
+    # every guest up to the whole budget; a newcomer's prompt read whole; a prompt's rest at once
+    step_slip(hints.OVER_BUDGET, "WholeBudget", budget_left=lambda s, step: s.token_budget),
+    step_slip(
+        hints.OVER_BUDGET, "WholeNewcomer", start=lambda s, q, left, step: s._decode(q, step)
+    ),
+    step_slip(hints.OVER_BUDGET, "WholePartial", running_chunk=lambda s, q, left: q.num_uncomputed),
+    # forgets the guests whose prompt is partly read
+    step_slip(
+        hints.FORGOTTEN,
+        "SkipPartial",
+        serves=lambda s, q, step: Scheduler.serves(s, q, step) and q.num_uncomputed <= 1,
+    ),
+    # asks the cache for the first chunk only; does not ask when the prompt is chunked
+    step_slip(
+        hints.MEMORY_CHUNK,
+        "AskChunk",
+        refusal=lambda s, q, left: s.cache.refusal(min(left, q.num_tokens), q.remaining),
+    ),
+    step_slip(hints.MEMORY_CHUNK, "AskNoneWhenChunked", refusal=_ask_unless_chunked),
+    # chunks of 0 tokens, a newcomer checked in with one
+    step_slip(hints.BUDGET_SPENT, "GoOn", budget_spent=lambda s, left: False),
+    *QUEUE_SLIPS,
 )
 
 
