@@ -16,12 +16,11 @@ changed (a subclass overriding one hook), as Lab 06's are.
 
 from __future__ import annotations
 
-from kvlab.core.block_manager import PagedCache
 from kvlab.grading import lockstep as lockstep_
 from kvlab.grading.lab09 import hints
 from kvlab.grading.lockstep import Rules
 from kvlab.grading.registry import exercise
-from kvlab.grading.scheduler_days import FULL_HOTEL, Day, same_figures, simulated_day
+from kvlab.grading.scheduler_days import FULL_HOTEL, Day, paged, same_figures, simulated_day
 from kvlab.grading.scheduler_days import figures as day_figures
 from kvlab.grading.scheduler_views import STEP, show
 from kvlab.grading.state_diff import Field, each
@@ -149,8 +148,8 @@ DAYS = {
         # step 4: ben's last 2 with its first token, cat checks in with a chunk of 6 ...
         Day(
             "chunks",
-            lambda: PagedCache(32, 4),
-            (("ann", 3, 5, 0.0), ("ben", 19, 3, 0.0), ("cat", 10, 2, 2.0), ("dan", 2, 3, 2.0)),
+            paged(32, 4),
+            "ann 3+5@0, ben 19+3@0, cat 10+2@2, dan 2+3@2",
             budget=8,
             second="decodes first",
         ),
@@ -158,32 +157,19 @@ DAYS = {
         # token of the budget, but dan has not arrived yet
         Day(
             "decodes first",
-            lambda: PagedCache(32, 4),
-            (("ann", 2, 6, 0.0), ("ben", 2, 6, 0.0), ("cat", 3, 6, 0.0), ("dan", 25, 2, 1.0)),
+            paged(32, 4),
+            "ann 2+6@0, ben 2+6@0, cat 3+6@0, dan 25+2@1",
             budget=8,
             second="chunks",
         ),
         # ben's prompt fits a chunk of the budget, not the rooms left: refused, not checked in
-        Day(
-            "memory",
-            lambda: PagedCache(8, 4),
-            (("ann", 6, 6, 0.0), ("ben", 23, 2, 0.0), ("cat", 2, 2, 0.0)),
-            budget=4,
-            second="chunks",
-        ),
-        Day("preemption", lambda: PagedCache(6, 4), FULL_HOTEL, budget=6, second="chunks"),
-        Day(
-            "swap",
-            lambda: PagedCache(6, 4),
-            FULL_HOTEL,
-            preemption="swap",
-            budget=6,
-            second="preemption",
-        ),
+        Day("memory", paged(8, 4), "ann 6+6@0, ben 23+2@0, cat 2+2@0", budget=4, second="chunks"),
+        Day("preemption", paged(6, 4), FULL_HOTEL, budget=6, second="chunks"),
+        Day("swap", paged(6, 4), FULL_HOTEL, preemption="swap", budget=6, second="preemption"),
         Day(
             "full batch",
-            lambda: PagedCache(32, 4),
-            (("ann", 9, 2, 0.0), ("ben", 4, 3, 0.0), ("cat", 12, 2, 0.0), ("dan", 4, 1, 0.0)),
+            paged(32, 4),
+            "ann 9+2@0, ben 4+3@0, cat 12+2@0, dan 4+1@0",
             max_batch=2,
             budget=5,
             second="chunks",
