@@ -1,7 +1,8 @@
 """What Lab 06's and Lab 09's step checks share besides the lockstep: kvlab's functions a step
 must not hand its work to, the hints of errors whose message names the mistake, the mistakes seen
 in a step's outcome itself, how a slip of a step is written (:func:`step_slip`: kvlab's Scheduler
-with one hook changed) and the usual slips of the queue (:data:`QUEUE_SLIPS`)."""
+with one hook changed) and the usual slips of the queue and of making room (:data:`QUEUE_SLIPS`,
+:data:`ROOM_SLIPS`), which both labs' steps write the same way."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from kvlab.grading.scheduler_days import Day
 from kvlab.grading.scheduler_views import REPORT_KEYS
 from kvlab.grading.slips import Slip
 from kvlab.grading.state_diff import moved
-from kvlab.serving.scheduler import Scheduler
+from kvlab.serving.scheduler import Scheduler, SequenceStatus
 
 STEP_REFERENCE = (
     Scheduler.step,
@@ -111,8 +112,66 @@ AdmitFirst = variant("AdmitFirst", PHASES=("_retire_done", "_admit_arrived", "_s
 NoHold = variant("NoHold", admits=lambda s, step: s.batching == "continuous" or not s.running)
 PastRefused = variant("PastRefused", stops_queue=lambda s, seq: False)
 AnyArrival = variant("AnyArrival", arrived=lambda s, seq, now: True)
+
+
+def _cap_past_full(s, seq, step) -> bool:
+    return s.max_batch is not None and len(s.running) > s.max_batch
+
+
+def _full_refuses(s, seq, step) -> bool:
+    if full := Scheduler.batch_full(s, seq, step):
+        step.refused = seq
+    return full
+
+
+def _only_new(s, seq, now) -> bool:  # a guest back after a preemption stops the queue
+    return Scheduler.arrived(s, seq, now) and seq.status is SequenceStatus.WAITING
+
+
 QUEUE_SLIPS = (
     step_slip(hints.HOLD, NoHold),
     step_slip(hints.FCFS, PastRefused, any_refused=True),
     step_slip(hints.ARRIVAL, AnyArrival),
+    step_slip(hints.ARRIVAL_STRICT, "StrictArrival", arrived=lambda s, q, now: q.arrival < now),
+    step_slip(hints.MAX_BATCH, "NoCap", batch_full=lambda s, q, step: False),
+    step_slip(hints.MAX_BATCH_OFF, "CapPastFull", batch_full=_cap_past_full),
+    step_slip(hints.FULL_NOT_REFUSED, "FullRefuses", any_refused=True, batch_full=_full_refuses),
+    step_slip(hints.READMIT, "NoReadmit", arrived=_only_new),
+)
+
+# --- the slips of making room both labs try --------------------------------------------------
+
+
+def _note_past_self(s, victim, seq, step) -> bool:  # goes on for a guest that left
+    step.preempted.append(victim)
+    return False
+
+
+def _by_hand(s):  # as recompute does, whatever scheduler.preemption says
+    victim = s.running.pop()
+    s.cache.release(victim.seq_id)
+    victim.num_computed, victim.status = 0, SequenceStatus.PREEMPTED
+    s.waiting.appendleft(victim)
+    return victim
+
+
+def _by_hand_counted(s):
+    victim = _by_hand(s)
+    s.num_preemptions += 1
+    return victim
+
+
+ByHand = variant("ByHand", preempt=_by_hand)
+SkipNobody = variant("SkipNobody", serves=lambda s, seq, step: True)
+SkipPreemptedOnly = variant(
+    "SkipPreemptedOnly", serves=lambda s, q, step: q.status is not SequenceStatus.PREEMPTED
+)
+ROOM_SLIPS = (
+    step_slip(hints.ASK_APPEND, "AppendBlind", _make_room=lambda s, q, step: s._decode(q, step)),
+    step_slip(hints.SKIP, SkipNobody),
+    step_slip(hints.SKIP_SWAPPED, SkipPreemptedOnly),
+    step_slip(hints.SELF, "MakeRoomPastSelf", note_preempted=_note_past_self),
+    step_slip(hints.USE_PREEMPT, ByHand),
+    step_slip(hints.USE_PREEMPT, type("ByHandCounted", (ByHand,), {"preempt": _by_hand_counted})),
+    step_slip(hints.NOT_NOTED, "NotNoted", note_preempted=lambda s, victim, q, step: victim is q),
 )

@@ -26,6 +26,7 @@ from kvlab.grading.scheduler_views import STEP, show
 from kvlab.grading.state_diff import Field, each
 from kvlab.grading.step_rules import (
     QUEUE_SLIPS,
+    ROOM_SLIPS,
     STEP_HINTS,
     STEP_REFERENCE,
     UNSLIPPED,
@@ -50,7 +51,8 @@ def _ask_unless_chunked(self, seq, left):  # does not ask when the prompt is chu
 
 slipped_budget_step = UNSLIPPED  # kvlab's budgeted step as the slips' table serves it
 
-# the usual slips: kvlab's budgeted step with one decision changed (Lab 06's for the queue)
+# the usual slips: kvlab's budgeted step with one decision changed (Lab 06's for the queue and
+# for making room)
 SLIPS = (
     step_slip(hints.PREFILL_FIRST, type("PrefillFirst", (AdmitFirst,), {"serves": _serves_once})),
     # every guest up to the whole budget; a newcomer's prompt read whole; a prompt's rest at once
@@ -75,6 +77,7 @@ SLIPS = (
     # chunks of 0 tokens, a newcomer checked in with one
     step_slip(hints.BUDGET_SPENT, "GoOn", budget_spent=lambda s, left: False),
     *QUEUE_SLIPS,
+    *ROOM_SLIPS,
 )
 
 
