@@ -10,9 +10,9 @@ from kvlab.core.block_manager import PagedCache
 from kvlab.core.contiguous import ContiguousKVCache
 from kvlab.grading import step_hints as hints
 from kvlab.grading.blame import learner_frames
-from kvlab.grading.lockstep import Captured, StepHints, slipped
+from kvlab.grading.lockstep import Captured, Rules, StepHints, slipped
 from kvlab.grading.scheduler_days import Day
-from kvlab.grading.scheduler_views import REPORT_KEYS
+from kvlab.grading.scheduler_views import REPORT_KEYS, STEP
 from kvlab.grading.slips import Slip
 from kvlab.grading.state_diff import moved
 from kvlab.serving.scheduler import Scheduler, SequenceStatus
@@ -88,6 +88,16 @@ STEP_HINTS = StepHints(
     ids=hints.SEQ_NOT_ID,
     error=lambda error: error_slip(error, step=True),
 )
+
+
+def step_rules(slips: tuple, days: dict, **options) -> Rules:
+    """The lockstep :class:`~kvlab.grading.lockstep.Rules` of a step of kvlab's Scheduler: its
+    step, guard, table and the hints and mistakes both labs see, but for what ``options`` say
+    (Lab 09's budgeted step: its guard, task, table and mistakes seen directly)."""
+    shared = dict(reference=Scheduler.step, guard=STEP_REFERENCE, task="scheduling the step")
+    shared |= dict(table=STEP, hints=STEP_HINTS, direct=direct)
+    return Rules(slips=slips, days=days, **{**shared, **options})
+
 
 # --- the slips of a step: kvlab's Scheduler with one decision changed ----------------------
 

@@ -18,4 +18,4 @@ from kvlab.grading.lab06.references import STEP_SLIPS, VICTIM_SLIPS, slipped, sl
 from kvlab.grading.lab06.step import _lockstep, show_day, step_ex
 from kvlab.grading.lab06.step import captured as _Captured
 from kvlab.grading.lab06.step import departure as _departure
-from kvlab.grading.lab06.step import direct as _direct
+from kvlab.grading.step_rules import direct as _direct

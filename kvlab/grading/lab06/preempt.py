@@ -32,6 +32,7 @@ preempt_ex = exercise("06.preempt", "ask the guest checked in last to leave")
 PREEMPT_REFERENCE = (Scheduler.preempt, Scheduler._counted)
 PREEMPT_TASK = "choosing the guest and sending them away"
 WRONG_GUEST = "06.preempt: the wrong guest"
+WRONG, NOTHING = "the wrong guest was asked to leave", "nothing changed: a guest should have left"
 # what kvlab keeps count of itself around a custom preempt (Scheduler._counted)
 COUNTERS = ("num_preemptions", "recompute_tokens", "swapped_out_tokens", "swapped_in_tokens")
 
@@ -119,13 +120,9 @@ def judge_preempt(fn, scheduler: Scheduler, where: str, replay: str | None = Non
     reference = copy.deepcopy(scheduler)
     reference.custom_preempt = None  # kvlab's own choice, even inside a day run with the learner's
     guests = {q.seq_id: q for q in [*scheduler.running, *scheduler.waiting]}
-    before = dict(
-        running=list(scheduler.running),
-        waiting=ids(scheduler.waiting),
-        cache=scheduler.cache.state(),
-        counts=read(COUNTED, scheduler, guests),
-        guests={g: read(GUEST, q) for g, q in guests.items()},
-    )
+    before = dict(running=list(scheduler.running), waiting=ids(scheduler.waiting))
+    before |= dict(cache=scheduler.cache.state(), counts=read(COUNTED, scheduler, guests))
+    before["guests"] = {g: read(GUEST, q) for g, q in guests.items()}
     value, error = call_own(fn, scheduler, guard=PREEMPT_REFERENCE, task=PREEMPT_TASK, where=where)
     if error is not None and before["running"]:
         raise raised(error, error_slip(error), input=where, replay=replay)
@@ -150,11 +147,9 @@ def _wrongs(scheduler, reference, guests: dict, before: dict, value, error):
         return
     expected = Scheduler.preempt(reference)
     victim = expected.seq_id
-    for name, kind, hint in (
-        ("running", list, hints.NOT_A_LIST),
-        ("waiting", deque, hints.NOT_A_DEQUE),
-    ):
+    for name, kind in (("running", list), ("waiting", deque)):
         if not isinstance(held := getattr(scheduler, name), kind):
+            hint = hints.NOT_A_LIST if kind is list else hints.NOT_A_DEQUE
             yield f"scheduler.{name} must stay a {kind.__name__}", None, short(held), hint
     now = read(SCHEDULER, scheduler)
     # who left, by every sign: taken out of running, else put in the queue, else released,
@@ -162,49 +157,30 @@ def _wrongs(scheduler, reference, guests: dict, before: dict, value, error):
     removed = [q.seq_id for q in running if q.seq_id not in now["scheduler.running"]]
     queued = [g for g in now["scheduler.waiting"] if g not in before["waiting"]]
     released = [q.seq_id for q in running if q.seq_id not in now["the cache"].tokens]
-    chosen = (
-        removed or queued or released or ([value.seq_id] if isinstance(value, Sequence) else [])
-    )
+    returned = [value.seq_id] if isinstance(value, Sequence) else []
+    chosen, last = removed or queued or released or returned, f"{victim} (checked in last)"
     if len(removed) > 1:
         yield "one call asks one guest to leave", show([victim]), show(removed)
     if not chosen:
-        yield (
-            "nothing changed: a guest should have left",
-            f"{victim} leaves (checked in last)",
-            "everybody stays",
-        )
+        yield NOTHING, f"{victim} leaves (checked in last)", "everybody stays"
     if chosen[0] != victim:
         # one cause whichever wrong guest: a rule that picked the guest who arrived last here
         # may pick the one checked in first in the next hotel (the same problem, not a new one)
         slip = slips.first(slips.matching(VICTIM_SLIPS, chosen[0], (running,), victim))
-        yield (
-            "the wrong guest was asked to leave",
-            f"{victim} (checked in last)",
-            str(chosen[0]),
-            slips.hint(slip),
-            WRONG_GUEST,
-        )
+        yield WRONG, last, str(chosen[0]), slips.hint(slip), WRONG_GUEST
     if not removed:
-        kept = show(now["scheduler.running"])
-        yield (
-            f"{victim} is still in scheduler.running",
-            show(ids(reference.running)),
-            kept,
-            hints.NOT_REMOVED,
-        )
+        stays, kept = show(ids(reference.running)), show(now["scheduler.running"])
+        yield f"{victim} is still in scheduler.running", stays, kept, hints.NOT_REMOVED
     # what the scheduler holds, the guest who left, every other guest, the counts
     copies = {q.seq_id: q for q in [*reference.running, *reference.waiting]}
-    left = dict(mode=scheduler.preemption, before=before["guests"][victim])
-    for table, want, got, context in (
-        (SCHEDULER, read(SCHEDULER, reference), now, {}),
-        (LEFT, read(LEFT, expected), read(LEFT, guests[victim]), left),
-        *(
-            (OTHERS, read(OTHERS, copies[g]), read(OTHERS, q), {"g": g})
-            for g, q in guests.items()
-            if g != victim
-        ),
-    ):
-        if d := first_difference(table, want, got, victim=victim, **context):
+    left = dict(victim=victim, mode=scheduler.preemption, before=before["guests"][victim])
+    tables = [
+        (SCHEDULER, reference, scheduler, {"victim": victim}),
+        (LEFT, expected, guests[victim], left),
+    ]
+    tables += [(OTHERS, copies[g], q, {"g": g}) for g, q in guests.items() if g != victim]
+    for table, want, got, context in tables:
+        if d := first_difference(table, read(table, want), read(table, got), **context):
             yield d.message, *d.shown, d.hint
     # kvlab counts: Scheduler.preempt itself, _counted around a custom preempt in a day, and
     # nobody around a preempt called directly, so the learner's preempt changes no count

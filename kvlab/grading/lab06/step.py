@@ -18,24 +18,12 @@ from kvlab.grading.lab06.references import STEP_SLIPS
 from kvlab.grading.lockstep import Captured, Rules
 from kvlab.grading.registry import exercise
 from kvlab.grading.scheduler_days import figures, same_figures
-from kvlab.grading.scheduler_views import STEP
-from kvlab.grading.step_rules import STEP_HINTS, STEP_REFERENCE, direct
+from kvlab.grading.step_rules import step_rules
 from kvlab.serving import simulate
-from kvlab.serving.scheduler import Scheduler
 
 step_ex = exercise("06.step", "one scheduler step: retire, decode, admit")
 
-# kvlab's step, its guard and task, the table, the slips, the days, the hints, the direct mistakes
-LAB06 = Rules(
-    Scheduler.step,
-    STEP_REFERENCE,
-    "scheduling the step",
-    STEP,
-    STEP_SLIPS,
-    DAYS,
-    STEP_HINTS,
-    direct,
-)
+LAB06 = step_rules(STEP_SLIPS, DAYS)  # kvlab's step, its guard, the table, hints and slips
 _lockstep = functools.partial(lockstep.lockstep, rules=LAB06)
 departure = functools.partial(lockstep.departure, rules=LAB06)
 captured = functools.partial(Captured, rules=LAB06)

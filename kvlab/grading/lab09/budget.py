@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from kvlab.grading import lockstep as lockstep_
 from kvlab.grading.lab09 import hints
-from kvlab.grading.lockstep import Rules
 from kvlab.grading.registry import exercise
 from kvlab.grading.scheduler_days import FULL_HOTEL, Day, paged, same_figures, simulated_day
 from kvlab.grading.scheduler_days import figures as day_figures
@@ -27,10 +26,10 @@ from kvlab.grading.state_diff import Field, each
 from kvlab.grading.step_rules import (
     QUEUE_SLIPS,
     ROOM_SLIPS,
-    STEP_HINTS,
     STEP_REFERENCE,
     UNSLIPPED,
     AdmitFirst,
+    step_rules,
     step_slip,
 )
 from kvlab.grading.step_rules import direct as step_direct
@@ -181,14 +180,12 @@ DAYS = {
     )
 }
 
-RULES = Rules(
-    reference=Scheduler.step,
+RULES = step_rules(
+    SLIPS,
+    DAYS,
     guard=GUARD,
     task="scheduling the step under its budget",
     table=TABLE,
-    slips=SLIPS,
-    days=DAYS,
-    hints=STEP_HINTS,
     direct=direct,
     module="kvlab.grading.lab09",
     name="budget_step",
