@@ -1,13 +1,15 @@
 """The days the checks of a scheduler step serve (Lab 06's, Lab 09's): a scripted :class:`Day`
-(guests, a cache, the engine's options) started in an Engine, a simulated day's requests as a
-Day, and a day's figures compared."""
+(guests, written as a report shows them, a cache, the engine's options) started in an Engine, a
+simulated day's requests as a Day, and a day's figures compared."""
 
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvlab.core.block_manager import PagedCache
 from kvlab.grading.expect import CheckFailed
 from kvlab.grading.scheduler_views import cache_text
 from kvlab.serving import Engine, make_cache
@@ -15,14 +17,23 @@ from kvlab.serving.scheduler import Sequence
 
 DAY_FIGURES = ("recompute_tokens", "swapped_tokens")
 
-# the full hotel's guests (name, prompt, answer, arrival), on 6 rooms of 4 beds (Labs 06, 09)
-FULL_HOTEL = (
-    ("ann", 5, 4, 0.0),
-    ("ben", 2, 6, 0.0),
-    ("cat", 7, 3, 1.0),
-    ("dan", 3, 3, 1.0),
-    ("eve", 9, 2, 1.0),
-)
+
+def party(text: str) -> tuple:
+    """Guests as a report writes them (``"ann 6+3@0, ben 5+2@0"``: name prompt+answer@arrival),
+    as (seq_id, prompt_len, output_len, arrival) rows in the order they join the queue."""
+    rows = re.findall(r"(\w+) (\d+)\+(\d+)@([\d.]+)", text)
+    if not rows or len(rows) != text.count("@"):
+        raise ValueError(f"guests must read 'name prompt+answer@arrival, ...', got {text!r}")
+    return tuple((g, int(p), int(o), float(a)) for g, p, o, a in rows)
+
+
+def paged(num_blocks: int, block_size: int) -> Callable[[], PagedCache]:
+    """A day's paged cache: a fresh one of ``num_blocks`` rooms of ``block_size`` beds each time."""
+    return functools.partial(PagedCache, num_blocks, block_size)
+
+
+# the full hotel's guests, on 6 rooms of 4 beds (Labs 06, 09)
+FULL_HOTEL = party("ann 5+4@0, ben 2+6@0, cat 7+3@1, dan 3+3@1, eve 9+2@1")
 
 
 def figures(result) -> dict:
@@ -56,7 +67,7 @@ def same_figures(got: dict, want: dict, where: str, token_hint: str | None = Non
 @dataclass(frozen=True)
 class Day:
     """A scripted day: guests (seq_id, prompt_len, output_len, arrival) in the order they join
-    the queue, a cache, and the engine's options."""
+    the queue (or their text, :func:`party`), a cache, and the engine's options."""
 
     name: str
     cache: Callable[[], object]
@@ -69,6 +80,10 @@ class Day:
     second: str | None = None
     # a token budget (Lab 09): max_num_batched_tokens, with chunked prefill
     budget: int | None = None
+
+    def __post_init__(self):
+        if isinstance(self.guests, str):
+            object.__setattr__(self, "guests", party(self.guests))
 
     def start(self, schedule=None) -> tuple[Engine, list[Sequence]]:
         engine = Engine(

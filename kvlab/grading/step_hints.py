@@ -56,6 +56,17 @@ MAX_BATCH = (
     "stop admitting when the batch is full: len(scheduler.running) >= scheduler.max_batch "
     "(None means no cap)"
 )
+ARRIVAL_STRICT = "a guest arriving exactly at now may check in: admit while arrival <= now"
+MAX_BATCH_OFF = "the batch is full when len(scheduler.running) == max_batch: stop at >=, not >"
+FULL_NOT_REFUSED = (
+    "out.refused is for a guest the cache refused; stopping at max_batch refuses nobody: just "
+    "stop, and leave out.refused as it is"
+)
+READMIT = (
+    "a guest back after a preemption (status PREEMPTED or SWAPPED) waits first in line and checks "
+    "in like any other: ask scheduler.cache.refusal(seq.num_tokens, seq.remaining), then "
+    "scheduler.admit(seq)"
+)
 COUNTED_TWICE = (
     "scheduler.preempt() counts the preemption itself: do not change "
     "scheduler.num_preemptions in step"
@@ -63,6 +74,28 @@ COUNTED_TWICE = (
 USE_PREEMPT = (
     "preempt with scheduler.preempt(): it sends the guest away and keeps the scheduler's counts "
     "(num_preemptions, tokens to recompute or swap) that the day's figures report"
+)
+ASK_APPEND = (
+    "ask before taking a bed: while not scheduler.cache.can_append(seq.seq_id), call "
+    "scheduler.preempt(); append only once there is room"
+)
+SKIP = (
+    "skip the guests asked to leave earlier in this step (seq.status is not "
+    "SequenceStatus.RUNNING): their rooms are released, so the cache no longer knows them"
+)
+SKIP_SWAPPED = (
+    "skip every guest that is not running (if seq.status is not SequenceStatus.RUNNING: "
+    "continue), not only the PREEMPTED ones: by swap a guest asked to leave is SWAPPED, its rooms "
+    "released, so the cache no longer knows it"
+)
+SELF = (
+    "when scheduler.preempt() returns the guest you are making room for, that guest has left: "
+    "stop (break) without appending for it; it gets no token this step"
+)
+NOT_NOTED = (
+    "note every guest scheduler.preempt() sends away in out.preempted (out.preempted.append("
+    "victim)): the step reports them, and the admitting reads it (in a step that preempted, "
+    "nobody checks in, so nobody is refused either)"
 )
 REPORTED = {
     "out.finished": "list every guest retired in this step in out.finished",

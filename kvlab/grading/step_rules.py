@@ -1,6 +1,8 @@
 """What Lab 06's and Lab 09's step checks share besides the lockstep: kvlab's functions a step
 must not hand its work to, the hints of errors whose message names the mistake, the mistakes seen
-in a step's outcome itself, and the usual slips of the queue (kvlab's Scheduler, one hook changed)."""
+in a step's outcome itself, how a slip of a step is written (:func:`step_slip`: kvlab's Scheduler
+with one hook changed) and the usual slips of the queue and of making room (:data:`QUEUE_SLIPS`,
+:data:`ROOM_SLIPS`), which both labs' steps write the same way."""
 
 from __future__ import annotations
 
@@ -8,11 +10,12 @@ from kvlab.core.block_manager import PagedCache
 from kvlab.core.contiguous import ContiguousKVCache
 from kvlab.grading import step_hints as hints
 from kvlab.grading.blame import learner_frames
-from kvlab.grading.lockstep import Captured, StepHints
+from kvlab.grading.lockstep import Captured, Rules, StepHints, slipped
 from kvlab.grading.scheduler_days import Day
-from kvlab.grading.scheduler_views import REPORT_KEYS
+from kvlab.grading.scheduler_views import REPORT_KEYS, STEP
+from kvlab.grading.slips import Slip
 from kvlab.grading.state_diff import moved
-from kvlab.serving.scheduler import Scheduler
+from kvlab.serving.scheduler import Scheduler, SequenceStatus
 
 STEP_REFERENCE = (
     Scheduler.step,
@@ -86,23 +89,99 @@ STEP_HINTS = StepHints(
     error=lambda error: error_slip(error, step=True),
 )
 
-# --- the slips of the queue both labs try (served by kvlab.grading.lockstep.slipped) ----------
+
+def step_rules(slips: tuple, days: dict, **options) -> Rules:
+    """The lockstep :class:`~kvlab.grading.lockstep.Rules` of a step of kvlab's Scheduler: its
+    step, guard, table and the hints and mistakes both labs see, but for what ``options`` say
+    (Lab 09's budgeted step: its guard, task, table and mistakes seen directly)."""
+    shared = dict(reference=Scheduler.step, guard=STEP_REFERENCE, task="scheduling the step")
+    shared |= dict(table=STEP, hints=STEP_HINTS, direct=direct)
+    return Rules(slips=slips, days=days, **{**shared, **options})
 
 
-class AdmitFirst(Scheduler):
-    PHASES = ("_retire_done", "_admit_arrived", "_serve_running")
+# --- the slips of a step: kvlab's Scheduler with one decision changed ----------------------
 
 
-class NoHold(Scheduler):
-    def admits(self, step) -> bool:
-        return self.batching == "continuous" or not self.running
+def variant(name: str, **hook) -> type[Scheduler]:
+    """kvlab's Scheduler with one hook (a method, or PHASES: the order of a step) changed."""
+    return type(name, (Scheduler,), hook)
 
 
-class PastRefused(Scheduler):
-    def stops_queue(self, seq) -> bool:
-        return False
+def step_slip(mistake: str, answer: str | type, any_refused: bool = False, **hook) -> Slip:
+    """A slip of a step: ``answer``, or the variant of that name with ``hook`` changed, served
+    as a step function (:class:`~kvlab.grading.lockstep.slipped`), as the learner's is."""
+    answer = variant(answer, **hook) if isinstance(answer, str) else answer
+    return Slip(mistake, slipped(answer, any_refused=any_refused))
 
 
-class AnyArrival(Scheduler):
-    def arrived(self, seq, now) -> bool:
-        return True
+# kvlab's step as the slips' tables serve it (no decision changed): what the checks compare with
+UNSLIPPED = slipped(Scheduler)
+
+# the slips of the queue both labs try
+AdmitFirst = variant("AdmitFirst", PHASES=("_retire_done", "_admit_arrived", "_serve_running"))
+NoHold = variant("NoHold", admits=lambda s, step: s.batching == "continuous" or not s.running)
+PastRefused = variant("PastRefused", stops_queue=lambda s, seq: False)
+AnyArrival = variant("AnyArrival", arrived=lambda s, seq, now: True)
+
+
+def _cap_past_full(s, seq, step) -> bool:
+    return s.max_batch is not None and len(s.running) > s.max_batch
+
+
+def _full_refuses(s, seq, step) -> bool:
+    if full := Scheduler.batch_full(s, seq, step):
+        step.refused = seq
+    return full
+
+
+def _only_new(s, seq, now) -> bool:  # a guest back after a preemption stops the queue
+    return Scheduler.arrived(s, seq, now) and seq.status is SequenceStatus.WAITING
+
+
+QUEUE_SLIPS = (
+    step_slip(hints.HOLD, NoHold),
+    step_slip(hints.FCFS, PastRefused, any_refused=True),
+    step_slip(hints.ARRIVAL, AnyArrival),
+    step_slip(hints.ARRIVAL_STRICT, "StrictArrival", arrived=lambda s, q, now: q.arrival < now),
+    step_slip(hints.MAX_BATCH, "NoCap", batch_full=lambda s, q, step: False),
+    step_slip(hints.MAX_BATCH_OFF, "CapPastFull", batch_full=_cap_past_full),
+    step_slip(hints.FULL_NOT_REFUSED, "FullRefuses", any_refused=True, batch_full=_full_refuses),
+    step_slip(hints.READMIT, "NoReadmit", arrived=_only_new),
+)
+
+# --- the slips of making room both labs try --------------------------------------------------
+
+
+def _note_past_self(s, victim, seq, step) -> bool:  # goes on for a guest that left
+    step.preempted.append(victim)
+    return False
+
+
+def _by_hand(s):  # as recompute does, whatever scheduler.preemption says
+    victim = s.running.pop()
+    s.cache.release(victim.seq_id)
+    victim.num_computed, victim.status = 0, SequenceStatus.PREEMPTED
+    s.waiting.appendleft(victim)
+    return victim
+
+
+def _by_hand_counted(s):
+    victim = _by_hand(s)
+    s.num_preemptions += 1
+    return victim
+
+
+ByHand = variant("ByHand", preempt=_by_hand)
+SkipNobody = variant("SkipNobody", serves=lambda s, seq, step: True)
+SkipPreemptedOnly = variant(
+    "SkipPreemptedOnly", serves=lambda s, q, step: q.status is not SequenceStatus.PREEMPTED
+)
+ROOM_SLIPS = (
+    step_slip(hints.ASK_APPEND, "AppendBlind", _make_room=lambda s, q, step: s._decode(q, step)),
+    step_slip(hints.SKIP, SkipNobody),
+    step_slip(hints.SKIP_SWAPPED, SkipPreemptedOnly),
+    step_slip(hints.SELF, "MakeRoomPastSelf", note_preempted=_note_past_self),
+    step_slip(hints.USE_PREEMPT, ByHand),
+    step_slip(hints.USE_PREEMPT, type("ByHandCounted", (ByHand,), {"preempt": _by_hand_counted})),
+    step_slip(hints.NOT_NOTED, "NotNoted", note_preempted=lambda s, victim, q, step: victim is q),
+)

@@ -123,17 +123,6 @@ FIRST_TOKEN = (
     "a guest checked in computes its first token in the same step: call decode(seq) right after "
     "scheduler.admit(seq) (cache.refusal counted a bed for that token)"
 )
-ARRIVAL_STRICT = "a guest arriving exactly at now may check in: admit while arrival <= now"
-FULL_NOT_REFUSED = (
-    "out.refused is for a guest the cache refused; stopping at max_batch refuses nobody: just "
-    "stop, and leave out.refused as it is"
-)
-READMIT = (
-    "a guest back after a preemption (status PREEMPTED or SWAPPED) waits first in line and checks "
-    "in like any other: ask scheduler.cache.refusal(seq.num_tokens, seq.remaining), then "
-    "scheduler.admit(seq)"
-)
-MAX_BATCH_OFF = "the batch is full when len(scheduler.running) == max_batch: stop at >=, not >"
 REFUSAL_TOKENS = (
     "a guest back after a preemption holds its prompt and the tokens generated so far: ask "
     "scheduler.cache.refusal(seq.num_tokens, seq.remaining), not seq.prompt_len"
@@ -144,25 +133,3 @@ ASK_ADMIT = (
     "everyone behind"
 )
 COUNT = "count the new token: seq.num_generated += 1 after cache.append, or no guest ever finishes"
-ASK_APPEND = (
-    "ask before taking a bed: while not scheduler.cache.can_append(seq.seq_id), call "
-    "scheduler.preempt(); append only once there is room"
-)
-SKIP = (
-    "skip the guests asked to leave earlier in this step (seq.status is not "
-    "SequenceStatus.RUNNING): their rooms are released, so the cache no longer knows them"
-)
-SKIP_SWAPPED = (
-    "skip every guest that is not running (if seq.status is not SequenceStatus.RUNNING: "
-    "continue), not only the PREEMPTED ones: by swap a guest asked to leave is SWAPPED, its rooms "
-    "released, so the cache no longer knows it"
-)
-NOT_NOTED = (
-    "note every guest scheduler.preempt() sends away in out.preempted (out.preempted.append("
-    "victim)): the step reports them, and the admitting reads it (in a step that preempted, "
-    "nobody checks in, so nobody is refused either)"
-)
-SELF = (
-    "when scheduler.preempt() returns the guest you are making room for, that guest has left: "
-    "stop (break) without appending for it; it gets no token this step"
-)

@@ -32,6 +32,7 @@ preempt_ex = exercise("06.preempt", "ask the guest checked in last to leave")
 PREEMPT_REFERENCE = (Scheduler.preempt, Scheduler._counted)
 PREEMPT_TASK = "choosing the guest and sending them away"
 WRONG_GUEST = "06.preempt: the wrong guest"
+WRONG, NOTHING = "the wrong guest was asked to leave", "nothing changed: a guest should have left"
 # what kvlab keeps count of itself around a custom preempt (Scheduler._counted)
 COUNTERS = ("num_preemptions", "recompute_tokens", "swapped_out_tokens", "swapped_in_tokens")
 
@@ -76,10 +77,8 @@ SCHEDULER = (
 
 
 def _status_hint(d) -> str | None:
-    if d.got is RUNNING:
-        return hints.STATUS_UNSET
-    if d.got is WAITING:
-        return hints.STATUS_WAITING
+    if d.got is RUNNING or d.got is WAITING:
+        return hints.STATUS_UNSET if d.got is RUNNING else hints.STATUS_WAITING
     return hints.STATUS_FOR_MODE[d.mode] if d.got in (PREEMPTED, SWAPPED) else None
 
 
@@ -108,126 +107,90 @@ OTHERS = tuple(
 def _counts(scheduler: Scheduler, guests: dict) -> dict:
     """The counts kvlab keeps itself: the scheduler's, and every guest's num_preemptions."""
     counts = {f"scheduler.{name}": getattr(scheduler, name, None) for name in COUNTERS}
-    for g, q in guests.items():
-        counts[f"{g}.num_preemptions"] = q.num_preemptions
-    return counts
+    return counts | {f"{g}.num_preemptions": q.num_preemptions for g, q in guests.items()}
 
 
 COUNTED = (Field("counts", _counts, says="{name} changed inside preempt", entries=True),)
 
 
-def _who_left(running: list, now: dict, waiting_before: list, value) -> tuple[list, list]:
-    """The guests a preempt took out of running, and who left by every sign: taken out of
-    running, else put in the queue, else released, else returned."""
-    seq_ids = [q.seq_id for q in running]
-    removed = [g for g in seq_ids if g not in now["scheduler.running"]]
-    queued = [g for g in now["scheduler.waiting"] if g not in waiting_before]
-    released = [g for g in seq_ids if g not in now["the cache"].tokens]
-    returned = [value.seq_id] if isinstance(value, Sequence) else []
-    return removed, removed or queued or released or returned
-
-
 def judge_preempt(fn, scheduler: Scheduler, where: str, replay: str | None = None):
     """Call the learner's ``fn(scheduler)`` and kvlab's ``Scheduler.preempt`` on a copy made
-    before; fail the check at the first difference. Returns what ``fn`` returned. With nobody
-    running, raising anything is fine, and so is changing nothing."""
+    before; fail the check at the first difference (:func:`_wrongs`). Returns what ``fn``
+    returned. With nobody running, raising anything is fine, and so is changing nothing."""
     reference = copy.deepcopy(scheduler)
     reference.custom_preempt = None  # kvlab's own choice, even inside a day run with the learner's
-    running = list(scheduler.running)
-    guests = {q.seq_id: q for q in [*running, *scheduler.waiting]}
-    before = {g: read(GUEST, q) for g, q in guests.items()}
-    waiting_before = ids(scheduler.waiting)
-    cache_before = scheduler.cache.state()
-    counts_before = read(COUNTED, scheduler, guests)
+    guests = {q.seq_id: q for q in [*scheduler.running, *scheduler.waiting]}
+    before = dict(running=list(scheduler.running), waiting=ids(scheduler.waiting))
+    before |= dict(cache=scheduler.cache.state(), counts=read(COUNTED, scheduler, guests))
+    before["guests"] = {g: read(GUEST, q) for g, q in guests.items()}
     value, error = call_own(fn, scheduler, guard=PREEMPT_REFERENCE, task=PREEMPT_TASK, where=where)
-
-    def fail(message, hint=None, cause=None, **details):
-        cause = cause or hint or f"06: {message}"
-        raise CheckFailed(message, input=where, replay=replay, hint=hint, cause=cause, **details)
-
-    if not running:
-        changed = ids(scheduler.waiting) != waiting_before or (
-            scheduler.cache.state() != cache_before
-        )
-        if error is None and changed:
-            fail("with nobody in the hotel there is nobody to ask to leave: nothing may change")
-        return value
-    if error is not None:
+    if error is not None and before["running"]:
         raise raised(error, error_slip(error), input=where, replay=replay)
+    wrong = _wrongs(scheduler, reference, guests, before, value, error)
+    message, expected, got, hint, cause = (*next(wrong, ("",)), None, None, None, None)[:5]
+    if message:
+        cause = cause or hint or f"06: {message}"
+        raise CheckFailed(
+            message, input=where, replay=replay, expected=expected, got=got, hint=hint, cause=cause
+        )
+    return value
+
+
+def _wrongs(scheduler, reference, guests: dict, before: dict, value, error):
+    """What is wrong once the learner's preempt returned, first things first: (message,
+    expected, got, hint, cause), the last ones left out where None."""
+    running = before["running"]
+    if not running:
+        now = (ids(scheduler.waiting), scheduler.cache.state())
+        if error is None and now != (before["waiting"], before["cache"]):
+            yield ("with nobody in the hotel there is nobody to ask to leave: nothing may change",)
+        return
     expected = Scheduler.preempt(reference)
     victim = expected.seq_id
-    for name, kind, hint in (
-        ("running", list, hints.NOT_A_LIST),
-        ("waiting", deque, hints.NOT_A_DEQUE),
-    ):
+    for name, kind in (("running", list), ("waiting", deque)):
         if not isinstance(held := getattr(scheduler, name), kind):
-            fail(f"scheduler.{name} must stay a {kind.__name__}", got=short(held), hint=hint)
-
+            hint = hints.NOT_A_LIST if kind is list else hints.NOT_A_DEQUE
+            yield f"scheduler.{name} must stay a {kind.__name__}", None, short(held), hint
     now = read(SCHEDULER, scheduler)
-    removed, chosen = _who_left(running, now, waiting_before, value)
+    # who left, by every sign: taken out of running, else put in the queue, else released,
+    # else returned
+    removed = [q.seq_id for q in running if q.seq_id not in now["scheduler.running"]]
+    queued = [g for g in now["scheduler.waiting"] if g not in before["waiting"]]
+    released = [q.seq_id for q in running if q.seq_id not in now["the cache"].tokens]
+    returned = [value.seq_id] if isinstance(value, Sequence) else []
+    chosen, last = removed or queued or released or returned, f"{victim} (checked in last)"
     if len(removed) > 1:
-        fail("one call asks one guest to leave", expected=show([victim]), got=show(removed))
+        yield "one call asks one guest to leave", show([victim]), show(removed)
     if not chosen:
-        fail(
-            "nothing changed: a guest should have left",
-            expected=f"{victim} leaves (checked in last)",
-            got="everybody stays",
-        )
+        yield NOTHING, f"{victim} leaves (checked in last)", "everybody stays"
     if chosen[0] != victim:
         # one cause whichever wrong guest: a rule that picked the guest who arrived last here
         # may pick the one checked in first in the next hotel (the same problem, not a new one)
         slip = slips.first(slips.matching(VICTIM_SLIPS, chosen[0], (running,), victim))
-        fail(
-            "the wrong guest was asked to leave",
-            expected=f"{victim} (checked in last)",
-            got=str(chosen[0]),
-            hint=slips.hint(slip),
-            cause=WRONG_GUEST,
-        )
+        yield WRONG, last, str(chosen[0]), slips.hint(slip), WRONG_GUEST
     if not removed:
-        fail(
-            f"{victim} is still in scheduler.running",
-            expected=show(ids(reference.running)),
-            got=show(now["scheduler.running"]),
-            hint=hints.NOT_REMOVED,
-        )
-
+        stays, kept = show(ids(reference.running)), show(now["scheduler.running"])
+        yield f"{victim} is still in scheduler.running", stays, kept, hints.NOT_REMOVED
     # what the scheduler holds, the guest who left, every other guest, the counts
-    d = first_difference(SCHEDULER, read(SCHEDULER, reference), now, victim=victim)
-    mode = scheduler.preemption
-    d = d or first_difference(
-        LEFT,
-        read(LEFT, expected),
-        read(LEFT, guests[victim]),
-        victim=victim,
-        mode=mode,
-        before=before[victim],
-    )
     copies = {q.seq_id: q for q in [*reference.running, *reference.waiting]}
-    for g, q in guests.items():
-        if d is None and g != victim:
-            d = first_difference(OTHERS, read(OTHERS, copies[g]), read(OTHERS, q), g=g)
-    if d is not None:
-        want, got = d.shown
-        fail(d.message, expected=want, got=got, hint=d.hint)
+    left = dict(victim=victim, mode=scheduler.preemption, before=before["guests"][victim])
+    tables = [
+        (SCHEDULER, reference, scheduler, {"victim": victim}),
+        (LEFT, expected, guests[victim], left),
+    ]
+    tables += [(OTHERS, copies[g], q, {"g": g}) for g, q in guests.items() if g != victim]
+    for table, want, got, context in tables:
+        if d := first_difference(table, read(table, want), read(table, got), **context):
+            yield d.message, *d.shown, d.hint
     # kvlab counts: Scheduler.preempt itself, _counted around a custom preempt in a day, and
     # nobody around a preempt called directly, so the learner's preempt changes no count
-    d = first_difference(COUNTED, counts_before, read(COUNTED, scheduler, guests))
-    if d is not None:
+    if d := first_difference(COUNTED, before["counts"], read(COUNTED, scheduler, guests)):
         counted = _counts(reference, copies)[d.key]
         then = f" (kvlab then counts this preemption: {counted})" if counted != d.expected else ""
-        fail(
-            d.message, expected=f"{d.expected}, as before{then}", got=f"{d.got}", hint=hints.COUNTS
-        )
+        yield d.message, f"{d.expected}, as before{then}", f"{d.got}", hints.COUNTS
     if value is not guests[victim]:
         hint = hints.RETURN_NONE if value is None else hints.RETURN_ID if value == victim else None
-        fail(
-            "preempt returns the guest who left",
-            expected=f"the Sequence {victim}",
-            got=short(value),
-            hint=hint,
-        )
-    return value
+        yield "preempt returns the guest who left", f"the Sequence {victim}", short(value), hint
 
 
 # --- the hotels ------------------------------------------------------------------------------
@@ -245,10 +208,8 @@ def _hotel(mode: str, running, waiting, num_blocks: int = 16, block_size: int = 
         s.admit(seq)
         seq.num_computed = computed
     for seq_id, prompt, output, arrival, status, generated in waiting:
-        seq = Sequence(seq_id, prompt, output, arrival)
-        seq.num_generated = generated
-        s.add(seq)
-        seq.status = status
+        s.add(seq := Sequence(seq_id, prompt, output, arrival))
+        seq.num_generated, seq.status = generated, status
     return s
 
 
@@ -271,11 +232,11 @@ def _busy(fn, mode: str) -> None:
 for mode, name in (
     (
         "recompute",
-        "recompute: the guest checked in last leaves, their rooms are freed, they wait first in line",
+        "the guest checked in last leaves, their rooms are freed, they wait first in line",
     ),
-    ("swap", "swap: the same guest leaves, with their K and V kept (num_computed stays)"),
+    ("swap", "the same guest leaves, with their K and V kept (num_computed stays)"),
 ):
-    preempt_ex.check(name)(functools.partial(_busy, mode=mode))
+    preempt_ex.check(f"{mode}: {name}")(functools.partial(_busy, mode=mode))
 
 
 @preempt_ex.check("every guest asked to leave in turn, then once more with nobody in the hotel")
@@ -287,8 +248,7 @@ def _in_turn(fn):
         num_blocks=8,
     )
     for call in range(1, 5):
-        where = f"call {call} of 4 on the same scheduler: {scheduler_text(s)}"
-        judge_preempt(fn, s, where)
+        judge_preempt(fn, s, f"call {call} of 4 on the same scheduler: {scheduler_text(s)}")
 
 
 # --- a day with the learner's preempt --------------------------------------------------------
@@ -336,11 +296,8 @@ def serve_day(preempt, mode: str):
         hint = next((h for mark, h in OBJECTIONS.items() if mark in str(error)), None)
         if hint is None or learner_frames(error):
             raise
-        raise CheckFailed(
-            "\n   ".join(explain_exception(error)),
-            input=f"{DAY_TEXT}, with preemption={mode!r} and preempt=preempt",
-            hint=hint,
-        ) from None
+        where = f"{DAY_TEXT}, with preemption={mode!r} and preempt=preempt"
+        raise CheckFailed("\n   ".join(explain_exception(error)), input=where, hint=hint) from None
 
 
 @preempt_ex.check("a day with your preempt: every preemption, and the day's figures, as kvlab's")

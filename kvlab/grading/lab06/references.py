@@ -1,16 +1,26 @@
 """Lab 06's slips: kvlab's :class:`~kvlab.serving.scheduler.Scheduler` with one decision of a step
-changed (a subclass overriding one hook, :func:`variant`), served as a step function ``(scheduler,
-now)`` (:class:`kvlab.grading.lockstep.slipped`), as the learner's is, in the same engine."""
+changed (a hook overridden, :func:`~kvlab.grading.step_rules.step_slip`), served as a step function
+``(scheduler, now)``, as the learner's is, in the same engine (those of the queue and of making room
+Lab 09's step tries too); and the wrong guests a preempt picks."""
 
 from __future__ import annotations
 
 from kvlab.grading.lab06 import hints
 from kvlab.grading.lockstep import slipped
 from kvlab.grading.slips import Slip
-from kvlab.grading.step_rules import AdmitFirst, AnyArrival, NoHold, PastRefused
-from kvlab.serving.scheduler import Scheduler, Sequence, SequenceStatus
+from kvlab.grading.step_rules import (  # noqa: F401 (for the tests)
+    QUEUE_SLIPS,
+    ROOM_SLIPS,
+    AdmitFirst,
+    SkipNobody,
+    SkipPreemptedOnly,
+    step_slip,
+    variant,
+)
+from kvlab.grading.step_rules import UNSLIPPED as slipped_step
+from kvlab.serving.scheduler import Scheduler
 
-WAITING, RUNNING, PREEMPTED, SWAPPED, FINISHED = SequenceStatus
+__all__ = ["STEP_SLIPS", "VICTIM_SLIPS", "slipped", "slipped_step"]
 
 # the wrong guests a preempt picks, tried in order: each answers which guest leaves
 VICTIM_SLIPS = (
@@ -19,22 +29,10 @@ VICTIM_SLIPS = (
     Slip(hints.MOST_ROOMS, lambda running: max(running, key=lambda q: q.num_tokens).seq_id),
 )
 
-
 RETIRE, SERVE, ADMIT = Scheduler.PHASES  # the order of kvlab's step
 
 
-def variant(name: str, **hook) -> type[Scheduler]:
-    """kvlab's Scheduler with one hook (a method, or PHASES: the order of a step) changed."""
-    return type(name, (Scheduler,), hook)
-
-
-def step_slip(mistake: str, answer: str | type, any_refused: bool = False, **hook) -> Slip:
-    """A slip of the step: ``answer``, or the variant of that name with ``hook`` changed."""
-    answer = variant(answer, **hook) if isinstance(answer, str) else answer
-    return Slip(mistake, slipped(answer, any_refused=any_refused))
-
-
-def _retire_live(self) -> list[Sequence]:  # walks the list finish() removes the guest from
+def _retire_live(self) -> list:  # walks the list finish() removes the guest from
     done = []
     for seq in self.running:
         if self.done(seq):
@@ -43,64 +41,17 @@ def _retire_live(self) -> list[Sequence]:  # walks the list finish() removes the
     return done
 
 
-def _cap_past_full(self, seq, step) -> bool:
-    return self.max_batch is not None and len(self.running) > self.max_batch
-
-
-def _only_new(self, seq, now) -> bool:  # a guest back after a preemption stops the queue
-    return Scheduler.arrived(self, seq, now) and seq.status is WAITING
-
-
-def _full_refuses(self, seq, step) -> bool:
-    full = Scheduler.batch_full(self, seq, step)
-    if full:
-        step.refused = seq
-    return full
-
-
 def _no_count(self, seq, step) -> None:
     Scheduler._decode(self, seq, step)
     seq.num_generated -= 1  # as if num_generated += 1 were left out
 
 
-def _note_past_self(self, victim, seq, step) -> bool:  # goes on for a guest that left
-    step.preempted.append(victim)
-    return False
-
-
-def _by_hand(self) -> Sequence:  # as recompute does, whatever scheduler.preemption says
-    victim = self.running.pop()
-    self.cache.release(victim.seq_id)
-    victim.num_computed = 0
-    victim.status = PREEMPTED
-    self.waiting.appendleft(victim)
-    return victim
-
-
-def _by_hand_counted(self) -> Sequence:
-    victim = _by_hand(self)
-    self.num_preemptions += 1
-    return victim
+def _ask_prompt(self, seq, left):  # a guest back after a preemption holds more than its prompt
+    return self.cache.refusal(seq.prompt_len, seq.remaining)
 
 
 NoFirstToken = variant("NoFirstToken", start=lambda s, seq, left, step: None)
-ByHand = variant("ByHand", preempt=_by_hand)
-SkipNobody = variant("SkipNobody", serves=lambda s, seq, step: True)
-SkipPreemptedOnly = variant(
-    "SkipPreemptedOnly", serves=lambda s, seq, step: seq.status is not PREEMPTED
-)
-
-
-class OldOrder(AdmitFirst, NoFirstToken):
-    """Admit (no first token), then decode everyone: kvlab's order before vLLM's."""
-
-
-class ByHandCounted(ByHand):
-    preempt = _by_hand_counted
-
-
-# kvlab's step as the slips' table serves it (no decision changed): what the checks compare with
-slipped_step = slipped(Scheduler)
+OldOrder = type("OldOrder", (AdmitFirst, NoFirstToken), {})  # kvlab's order before vLLM's
 
 # the usual slips of a step: each is kvlab's step with that one mistake put in
 STEP_SLIPS = (
@@ -114,31 +65,12 @@ STEP_SLIPS = (
     step_slip(hints.ADMIT_FIRST, OldOrder),
     step_slip(hints.TWICE, AdmitFirst),
     step_slip(hints.FIRST_TOKEN, NoFirstToken),
-    step_slip(hints.HOLD, NoHold),
-    step_slip(hints.FCFS, PastRefused, any_refused=True),
-    step_slip(hints.ARRIVAL, AnyArrival),
-    step_slip(hints.ARRIVAL_STRICT, "StrictArrival", arrived=lambda s, q, now: q.arrival < now),
-    step_slip(hints.MAX_BATCH, "NoCap", batch_full=lambda s, q, step: False),
-    step_slip(hints.MAX_BATCH_OFF, "CapPastFull", batch_full=_cap_past_full),
-    step_slip(hints.FULL_NOT_REFUSED, "FullRefuses", any_refused=True, batch_full=_full_refuses),
-    step_slip(hints.READMIT, "NoReadmit", arrived=_only_new),
+    step_slip(hints.REFUSAL_TOKENS, "AskPrompt", refusal=_ask_prompt),
     step_slip(
-        hints.REFUSAL_TOKENS,
-        "AskPrompt",
-        refusal=lambda s, q, left: s.cache.refusal(q.prompt_len, q.remaining),
-    ),
-    step_slip(
-        hints.REFUSAL_REMAINING,
-        "AskTokens",
-        refusal=lambda s, q, left: s.cache.refusal(q.num_tokens),
+        hints.REFUSAL_REMAINING, "AskTokens", refusal=lambda s, q, _: s.cache.refusal(q.num_tokens)
     ),
     step_slip(hints.ASK_ADMIT, "AskNothing", refusal=lambda s, q, left: None),
     step_slip(hints.COUNT, "NoCount", _decode=_no_count),
-    step_slip(hints.ASK_APPEND, "AppendBlind", _make_room=lambda s, q, step: s._decode(q, step)),
-    step_slip(hints.SKIP, SkipNobody),
-    step_slip(hints.SKIP_SWAPPED, SkipPreemptedOnly),
-    step_slip(hints.SELF, "MakeRoomPastSelf", note_preempted=_note_past_self),
-    step_slip(hints.USE_PREEMPT, ByHand),
-    step_slip(hints.USE_PREEMPT, ByHandCounted),
-    step_slip(hints.NOT_NOTED, "NotNoted", note_preempted=lambda s, victim, q, step: victim is q),
+    *QUEUE_SLIPS,
+    *ROOM_SLIPS,
 )

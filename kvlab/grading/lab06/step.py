@@ -18,25 +18,12 @@ from kvlab.grading.lab06.references import STEP_SLIPS
 from kvlab.grading.lockstep import Captured, Rules
 from kvlab.grading.registry import exercise
 from kvlab.grading.scheduler_days import figures, same_figures
-from kvlab.grading.scheduler_views import STEP
-from kvlab.grading.step_rules import STEP_HINTS, STEP_REFERENCE, direct
+from kvlab.grading.step_rules import step_rules
 from kvlab.serving import simulate
-from kvlab.serving.scheduler import Scheduler
 
 step_ex = exercise("06.step", "one scheduler step: retire, decode, admit")
 
-LAB06 = Rules(
-    reference=Scheduler.step,
-    guard=STEP_REFERENCE,
-    task="scheduling the step",
-    table=STEP,
-    slips=STEP_SLIPS,
-    days=DAYS,
-    hints=STEP_HINTS,
-    direct=direct,
-)
-
-
+LAB06 = step_rules(STEP_SLIPS, DAYS)  # kvlab's step, its guard, the table, hints and slips
 _lockstep = functools.partial(lockstep.lockstep, rules=LAB06)
 departure = functools.partial(lockstep.departure, rules=LAB06)
 captured = functools.partial(Captured, rules=LAB06)
@@ -49,24 +36,21 @@ def show_day(step, day: str = "arrivals", steps: int | None = None, rules: Rules
 
 
 # each check serves one day (days.DAYS), in the order of the lab
-for day, name in (
-    ("arrivals", "guests check in when they arrive and check out when their answer is done"),
-    (
-        "full batch",
-        "max_batch=3: a guest who is done frees its place in the batch in the same step",
-    ),
-    ("queue", "first come, first served: a guest who does not fit stops the queue"),
-    ("preemption", "a full hotel: the guest checked in last leaves, and comes back first"),
-    ("swap", "the full hotel by swap: a guest asked to leave earlier in the step gets no token"),
-    ("contiguous", "the same step on a contiguous hotel that books each answer up front"),
-):
+CHECKS = {
+    "arrivals": "guests check in when they arrive and check out when their answer is done",
+    "full batch": "max_batch=3: a guest who is done frees its place in the batch in the same step",
+    "queue": "first come, first served: a guest who does not fit stops the queue",
+    "preemption": "a full hotel: the guest checked in last leaves, and comes back first",
+    "swap": "the full hotel by swap: a guest asked to leave earlier in the step gets no token",
+    "contiguous": "the same step on a contiguous hotel that books each answer up front",
+}
+for day, name in CHECKS.items():
     step_ex.check(name)(functools.partial(_lockstep, day=DAYS[day]))
 
 
 @step_ex.check("the lab's way: simulate(..., schedule=step) serves a 40-guest day as kvlab does")
 def _simulate(fn):
     _lockstep(fn, DAYS["simulate"])
-    got = simulate(DAY, schedule=fn, **DAY_SETUP)
-    want = simulate(DAY, **DAY_SETUP)
+    got, want = simulate(DAY, schedule=fn, **DAY_SETUP), simulate(DAY, **DAY_SETUP)
     # the same at every step, yet other token counts: preempted without scheduler.preempt()
     same_figures(figures(got), figures(want), DAY_TEXT + ", schedule=step", hints.USE_PREEMPT)

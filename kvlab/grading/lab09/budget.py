@@ -16,24 +16,21 @@ changed (a subclass overriding one hook), as Lab 06's are.
 
 from __future__ import annotations
 
-from kvlab.core.block_manager import PagedCache
 from kvlab.grading import lockstep as lockstep_
 from kvlab.grading.lab09 import hints
-from kvlab.grading.lockstep import Rules, slipped
 from kvlab.grading.registry import exercise
-from kvlab.grading.scheduler_days import FULL_HOTEL, Day, same_figures, simulated_day
+from kvlab.grading.scheduler_days import FULL_HOTEL, Day, paged, same_figures, simulated_day
 from kvlab.grading.scheduler_days import figures as day_figures
 from kvlab.grading.scheduler_views import STEP, show
-from kvlab.grading.slips import Slip
 from kvlab.grading.state_diff import Field, each
-from kvlab.grading.step_hints import ARRIVAL, FCFS, HOLD
 from kvlab.grading.step_rules import (
-    STEP_HINTS,
+    QUEUE_SLIPS,
+    ROOM_SLIPS,
     STEP_REFERENCE,
+    UNSLIPPED,
     AdmitFirst,
-    AnyArrival,
-    NoHold,
-    PastRefused,
+    step_rules,
+    step_slip,
 )
 from kvlab.grading.step_rules import direct as step_direct
 from kvlab.serving import simulate
@@ -43,62 +40,43 @@ from kvlab.serving.workload import Request, documents_among_chats
 budget_ex = exercise("09.budget_step", "one step under a token budget: decodes first, then chunks")
 
 
-class PrefillFirst(AdmitFirst):
-    def serves(self, seq, step) -> bool:  # a newcomer already scheduled is skipped after
-        return super().serves(seq, step) and seq not in step.scheduled
+def _serves_once(self, seq, step) -> bool:  # a newcomer already scheduled is skipped after
+    return Scheduler.serves(self, seq, step) and seq not in step.scheduled
 
 
-class WholeBudget(Scheduler):
-    def budget_left(self, step) -> float:  # every guest up to the whole budget
-        return self.token_budget
+def _ask_unless_chunked(self, seq, left):  # does not ask when the prompt is chunked
+    return None if seq.num_uncomputed > left else Scheduler.refusal(self, seq, left)
 
 
-class WholeNewcomer(Scheduler):
-    def start(self, seq, left, step) -> None:  # a newcomer's prompt read whole
-        self._decode(seq, step)
+slipped_budget_step = UNSLIPPED  # kvlab's budgeted step as the slips' table serves it
 
-
-class WholePartial(Scheduler):
-    def running_chunk(self, seq, left) -> int:  # the rest of a prompt read at once
-        return seq.num_uncomputed
-
-
-class SkipPartial(Scheduler):
-    def serves(self, seq, step) -> bool:  # forgets the guests whose prompt is partly read
-        return super().serves(seq, step) and seq.num_uncomputed <= 1
-
-
-class AskChunk(Scheduler):
-    def refusal(self, seq, left):  # asks the cache for the first chunk only
-        return self.cache.refusal(min(left, seq.num_tokens), seq.remaining)
-
-
-class AskNoneWhenChunked(Scheduler):
-    def refusal(self, seq, left):  # does not ask when the prompt is chunked
-        return None if seq.num_uncomputed > left else super().refusal(seq, left)
-
-
-class GoOn(Scheduler):
-    def budget_spent(self, left) -> bool:  # chunks of 0 tokens, a newcomer checked in with one
-        return False
-
-
-# kvlab's budgeted step as the slips' table serves it (no decision changed)
-slipped_budget_step = slipped(Scheduler)
-
-# the usual slips: kvlab's budgeted step with one decision changed (Lab 06's for the queue)
+# the usual slips: kvlab's budgeted step with one decision changed (Lab 06's for the queue and
+# for making room)
 SLIPS = (
-    Slip(hints.PREFILL_FIRST, slipped(PrefillFirst)),
-    Slip(hints.OVER_BUDGET, slipped(WholeBudget)),
-    Slip(hints.OVER_BUDGET, slipped(WholeNewcomer)),
-    Slip(hints.OVER_BUDGET, slipped(WholePartial)),
-    Slip(hints.FORGOTTEN, slipped(SkipPartial)),
-    Slip(hints.MEMORY_CHUNK, slipped(AskChunk)),
-    Slip(hints.MEMORY_CHUNK, slipped(AskNoneWhenChunked)),
-    Slip(hints.BUDGET_SPENT, slipped(GoOn)),
-    Slip(HOLD, slipped(NoHold)),
-    Slip(FCFS, slipped(PastRefused, any_refused=True)),
-    Slip(ARRIVAL, slipped(AnyArrival)),
+    step_slip(hints.PREFILL_FIRST, type("PrefillFirst", (AdmitFirst,), {"serves": _serves_once})),
+    # every guest up to the whole budget; a newcomer's prompt read whole; a prompt's rest at once
+    step_slip(hints.OVER_BUDGET, "WholeBudget", budget_left=lambda s, step: s.token_budget),
+    step_slip(
+        hints.OVER_BUDGET, "WholeNewcomer", start=lambda s, q, left, step: s._decode(q, step)
+    ),
+    step_slip(hints.OVER_BUDGET, "WholePartial", running_chunk=lambda s, q, left: q.num_uncomputed),
+    # forgets the guests whose prompt is partly read
+    step_slip(
+        hints.FORGOTTEN,
+        "SkipPartial",
+        serves=lambda s, q, step: Scheduler.serves(s, q, step) and q.num_uncomputed <= 1,
+    ),
+    # asks the cache for the first chunk only; does not ask when the prompt is chunked
+    step_slip(
+        hints.MEMORY_CHUNK,
+        "AskChunk",
+        refusal=lambda s, q, left: s.cache.refusal(min(left, q.num_tokens), q.remaining),
+    ),
+    step_slip(hints.MEMORY_CHUNK, "AskNoneWhenChunked", refusal=_ask_unless_chunked),
+    # chunks of 0 tokens, a newcomer checked in with one
+    step_slip(hints.BUDGET_SPENT, "GoOn", budget_spent=lambda s, left: False),
+    *QUEUE_SLIPS,
+    *ROOM_SLIPS,
 )
 
 
@@ -172,8 +150,8 @@ DAYS = {
         # step 4: ben's last 2 with its first token, cat checks in with a chunk of 6 ...
         Day(
             "chunks",
-            lambda: PagedCache(32, 4),
-            (("ann", 3, 5, 0.0), ("ben", 19, 3, 0.0), ("cat", 10, 2, 2.0), ("dan", 2, 3, 2.0)),
+            paged(32, 4),
+            "ann 3+5@0, ben 19+3@0, cat 10+2@2, dan 2+3@2",
             budget=8,
             second="decodes first",
         ),
@@ -181,32 +159,19 @@ DAYS = {
         # token of the budget, but dan has not arrived yet
         Day(
             "decodes first",
-            lambda: PagedCache(32, 4),
-            (("ann", 2, 6, 0.0), ("ben", 2, 6, 0.0), ("cat", 3, 6, 0.0), ("dan", 25, 2, 1.0)),
+            paged(32, 4),
+            "ann 2+6@0, ben 2+6@0, cat 3+6@0, dan 25+2@1",
             budget=8,
             second="chunks",
         ),
         # ben's prompt fits a chunk of the budget, not the rooms left: refused, not checked in
-        Day(
-            "memory",
-            lambda: PagedCache(8, 4),
-            (("ann", 6, 6, 0.0), ("ben", 23, 2, 0.0), ("cat", 2, 2, 0.0)),
-            budget=4,
-            second="chunks",
-        ),
-        Day("preemption", lambda: PagedCache(6, 4), FULL_HOTEL, budget=6, second="chunks"),
-        Day(
-            "swap",
-            lambda: PagedCache(6, 4),
-            FULL_HOTEL,
-            preemption="swap",
-            budget=6,
-            second="preemption",
-        ),
+        Day("memory", paged(8, 4), "ann 6+6@0, ben 23+2@0, cat 2+2@0", budget=4, second="chunks"),
+        Day("preemption", paged(6, 4), FULL_HOTEL, budget=6, second="chunks"),
+        Day("swap", paged(6, 4), FULL_HOTEL, preemption="swap", budget=6, second="preemption"),
         Day(
             "full batch",
-            lambda: PagedCache(32, 4),
-            (("ann", 9, 2, 0.0), ("ben", 4, 3, 0.0), ("cat", 12, 2, 0.0), ("dan", 4, 1, 0.0)),
+            paged(32, 4),
+            "ann 9+2@0, ben 4+3@0, cat 12+2@0, dan 4+1@0",
             max_batch=2,
             budget=5,
             second="chunks",
@@ -215,14 +180,12 @@ DAYS = {
     )
 }
 
-RULES = Rules(
-    reference=Scheduler.step,
+RULES = step_rules(
+    SLIPS,
+    DAYS,
     guard=GUARD,
     task="scheduling the step under its budget",
     table=TABLE,
-    slips=SLIPS,
-    days=DAYS,
-    hints=STEP_HINTS,
     direct=direct,
     module="kvlab.grading.lab09",
     name="budget_step",
