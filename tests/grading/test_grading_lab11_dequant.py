@@ -1,12 +1,11 @@
 """11.dequant: the solution's kernel passes, each usual slip (the solution with one edit) gets its
 own hint and no other, a mistake no slip explains gets none, and the launcher refuses bad input."""
 
-import json
 import pathlib
-import tempfile
 
 import pytest
 import torch
+from grading_notebook import cell_sources, edited, run_cell
 
 from kvlab.grading import Status, run_checks
 from kvlab.grading.lab11 import dequant
@@ -15,25 +14,14 @@ from kvlab.ops.kernels import launch_paged_decode_quantized
 from kvlab.ops.kernels.quantized import paged_decode_quantized_ref
 
 NOTEBOOK = pathlib.Path(__file__).parents[2] / "solutions" / "11_many_shapes.ipynb"
-K_LABEL = "k_scale = tl.load(ks_ptr + room * stride_ksb + t * stride_kst + kvh * stride_ksh,"
-V_LABEL = "v_scale = tl.load(vs_ptr + room * stride_vsb + t * stride_vst + kvh * stride_vsh,"
+K_MASK = "t * stride_kst + kvh * stride_ksh,\n                          mask=tmask, other=0.0)"
 V_MASK = "t * stride_vst + kvh * stride_vsh,\n                          mask=tmask, other=0.0)"
 
 
 def kernel(*edits):
-    """The solution's kernel with edits ("old => new"), from a file outside kvlab."""
-    cells = json.loads(NOTEBOOK.read_text())["cells"]
-    source = next("".join(c["source"]) for c in cells if c.get("id") == "lab11-41")
-    source = "".join(line for line in source.splitlines(True) if "### " not in line)
-    for edit in edits:
-        old, new = edit.split(" => ")
-        assert old in source, old
-        source = source.replace(old, new)
-    path = pathlib.Path(tempfile.mkdtemp(prefix="kvlab-learner-")) / "learner.py"
-    path.write_text(source)  # @triton.jit reads the source from a file
-    namespace = {}
-    exec(compile(source, str(path), "exec"), namespace)
-    return namespace["my_paged_decode_quant_kernel"]
+    """The solution's kernel with edits ("old => new"), run as the learner's notebook cell."""
+    source = edited(cell_sources(NOTEBOOK)["lab11-41"], *edits)
+    return run_cell(source, "my_paged_decode_quant_kernel")
 
 
 def hints(result) -> list[str]:
@@ -69,9 +57,8 @@ SLIPS = [
         dequant.SWAPPED,
     ),
     (
-        ["t * stride_kst + kvh * stride_ksh => kvh * stride_ksh",
-         "t * stride_vst + kvh * stride_vsh => kvh * stride_vsh",
-         "mask=tmask, other=0.0) => )",
+        [f"{K_MASK} => kvh * stride_ksh)",
+         f"{V_MASK} => kvh * stride_vsh)",
          "k = k * k_scale[:, None] => k = k * k_scale",
          "v = v * v_scale[:, None] => v = v * v_scale"],
         dequant.ONE_PER_ROOM,
