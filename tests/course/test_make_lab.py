@@ -30,8 +30,26 @@ def get(url: str) -> tuple[int, bytes]:
         return e.code, b""
 
 
+def installed_from() -> str:
+    """Where this venv's kvlab comes from, asked from outside any checkout and without PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = cpu_limit.run(
+        [VENV_BIN / "python", "-c", "import kvlab; print(kvlab.__file__)"],
+        cpu=60,
+        cwd="/",
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    return run.stdout.strip()
+
+
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_lab_serves_lab_00(tmp_path):
+    # `make lab` in ROOT may reinstall this venv's kvlab from ROOT: never re-point another checkout's
+    where = installed_from()
+    if not where.startswith(str(ROOT)):
+        pytest.skip(f"this venv's kvlab is installed from {where or 'nowhere'}, not {ROOT}")
     port = free_port()
     env = {k: v for k, v in LEARNER_ENV.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
     env["JUPYTER_RUNTIME_DIR"] = str(tmp_path)
