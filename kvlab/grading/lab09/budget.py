@@ -174,6 +174,15 @@ DAYS = {
             "ann 9+2@0, ben 4+3@0, cat 12+2@0, dan 4+1@0",
             max_batch=2,
             budget=5,
+            second="wide budget",
+        ),
+        # max_batch=3 with budget for all five: no cap checks in five, stopping at > four
+        Day(
+            "wide budget",
+            paged(32, 4),
+            "ann 4+2@0, ben 4+2@0, cat 4+5@0, dan 4+1@0, eve 4+2@0",
+            max_batch=3,
+            budget=32,
             second="chunks",
         ),
         _simulated_day(),
