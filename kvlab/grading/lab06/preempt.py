@@ -229,13 +229,11 @@ def _busy(fn, mode: str) -> None:
     judge_preempt(fn, s, scheduler_text(s))
 
 
-for mode, name in (
-    (
-        "recompute",
-        "the guest checked in last leaves, their rooms are freed, they wait first in line",
-    ),
-    ("swap", "the same guest leaves, with their K and V kept (num_computed stays)"),
-):
+BUSY = {  # each check's preemption mode, and what it asks
+    "recompute": "the guest checked in last leaves, their rooms are freed, they wait first in line",
+    "swap": "the same guest leaves, with their K and V kept (num_computed stays)",
+}
+for mode, name in BUSY.items():
     preempt_ex.check(f"{mode}: {name}")(functools.partial(_busy, mode=mode))
 
 

@@ -16,6 +16,8 @@ changed (a subclass overriding one hook), as Lab 06's are.
 
 from __future__ import annotations
 
+import functools
+
 from kvlab.grading import lockstep as lockstep_
 from kvlab.grading.lab09 import hints
 from kvlab.grading.registry import exercise
@@ -174,6 +176,15 @@ DAYS = {
             "ann 9+2@0, ben 4+3@0, cat 12+2@0, dan 4+1@0",
             max_batch=2,
             budget=5,
+            second="wide budget",
+        ),
+        # max_batch=3 with budget for all five: no cap checks in five, stopping at > four
+        Day(
+            "wide budget",
+            paged(32, 4),
+            "ann 4+2@0, ben 4+2@0, cat 4+5@0, dan 4+1@0, eve 4+2@0",
+            max_batch=3,
+            budget=32,
             second="chunks",
         ),
         _simulated_day(),
@@ -201,40 +212,21 @@ def lockstep(fn, name: str) -> None:
     lockstep_.lockstep(fn, DAYS[name], RULES)
 
 
-@budget_ex.check("a long prompt is read in chunks that fill what the budget leaves")
-def _chunks(fn):
-    lockstep(fn, "chunks")
-
-
-@budget_ex.check("decodes first: a long prompt takes only what the running guests leave")
-def _decodes_first(fn):
-    lockstep(fn, "decodes first")
-
-
-@budget_ex.check("a guest whose prompt fits the budget but not the rooms left is refused")
-def _memory(fn):
-    lockstep(fn, "memory")
-
-
-@budget_ex.check("a full hotel: the guest checked in last leaves, and comes back first")
-def _preemption(fn):
-    lockstep(fn, "preemption")
-
-
-@budget_ex.check("the full hotel by swap")
-def _swap(fn):
-    lockstep(fn, "swap")
-
-
-@budget_ex.check("max_batch=2 caps the guests, the budget caps the tokens")
-def _full_batch(fn):
-    lockstep(fn, "full batch")
+# each check serves one day (DAYS), in the order of the lab
+CHECKS = {
+    "chunks": "a long prompt is read in chunks that fill what the budget leaves",
+    "decodes first": "decodes first: a long prompt takes only what the running guests leave",
+    "memory": "a guest whose prompt fits the budget but not the rooms left is refused",
+    "preemption": "a full hotel: the guest checked in last leaves, and comes back first",
+    "swap": "the full hotel by swap",
+    "full batch": "max_batch=2 caps the guests, the budget caps the tokens",
+}
+for day, title in CHECKS.items():
+    budget_ex.check(title)(functools.partial(lockstep, name=day))
 
 
 @budget_ex.check("the lab's way: simulate(..., schedule=budget_step) serves a day as kvlab does")
 def _simulate(fn):
     lockstep(fn, "simulate")
-    setup = {k: v for k, v in SIM_SETUP.items()}
-    got = simulate(SIM_DAY, schedule=fn, **setup)
-    want = simulate(SIM_DAY, **setup)
+    got, want = simulate(SIM_DAY, schedule=fn, **SIM_SETUP), simulate(SIM_DAY, **SIM_SETUP)
     same_figures(day_figures(got), day_figures(want), SIM_TEXT + ", schedule=budget_step")
