@@ -116,6 +116,9 @@ def test_solutions_get_full_marks(course):
             continue
         assert g["passed"] == g["total"] > 0, path
         assert {e["status"] for e in g["exercises"]} == {"passed"}, path
+        # every given cell is the judge's (Lab 03's reference block manager, Lab 10's tiers):
+        # a solution that uses them is not flagged as handing its work to kvlab
+        assert not any(e["handover"] for e in g["exercises"]), path
     # a solution is judged as the lab with the solution's exercise cells handed in (the honest
     # code of tests/test_judge.py's cheats), and the report says what the sandbox did
     assert scores(grades["solutions/01_contiguous_cache.ipynb"]) == {
