@@ -15,6 +15,7 @@ from kvlab.grading import slips
 from kvlab.grading.blame import explain_exception
 from kvlab.grading.class_driver import ClassDriver
 from kvlab.grading.expect import CheckFailed, call_without_mutation, plural, short
+from kvlab.grading.key_cards import play
 from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise
 from kvlab.grading.slips import Slip
@@ -176,30 +177,26 @@ def _expect_split(fn, booked, tokens, final):
         )
 
 
-@waste.check("a guest halfway through their answer")
-def _halfway(fn):
-    _expect_split(fn, booked=2048, tokens=300, final=500)
+# each check: its name and the (booked, tokens, final) it splits
+BOOKINGS = (
+    ("a guest halfway through their answer", [(2048, 300, 500)]),
+    ("a guest who has written every token they ever will: no future beds", [(2048, 500, 500)]),
+    ("an exact booking has no internal fragmentation", [(77, 1, 77), (77, 77, 77)]),
+    ("unknown final length (None): every unused booked bed may still be used", [(2048, 10, None)]),
+    ("a guest who would outgrow the booking only counts booked beds", [(256, 200, 300)]),
+)
 
 
-@waste.check("a guest who has written every token they ever will: no future beds")
-def _done(fn):
-    _expect_split(fn, booked=2048, tokens=500, final=500)
+def _splits(bookings):
+    def check(fn):
+        for booked, tokens, final in bookings:
+            _expect_split(fn, booked, tokens, final)
+
+    return check
 
 
-@waste.check("an exact booking has no internal fragmentation")
-def _exact(fn):
-    _expect_split(fn, booked=77, tokens=1, final=77)
-    _expect_split(fn, booked=77, tokens=77, final=77)
-
-
-@waste.check("unknown final length (None): every unused booked bed may still be used")
-def _unknown(fn):
-    _expect_split(fn, booked=2048, tokens=10, final=None)
-
-
-@waste.check("a guest who would outgrow the booking only counts booked beds")
-def _capped(fn):
-    _expect_split(fn, booked=256, tokens=200, final=300)
+for _name, _bookings in BOOKINGS:
+    waste.check(_name)(_splits(_bookings))
 
 
 @waste.check("200 random bookings: the parts always add up to the booking")
@@ -252,6 +249,18 @@ FINAL_WITHOUT_PROMPT = (
     "prompt): final = output_len forgets the prompt"
 )
 NOBODY = ("nobody has that id", "unknown ids raise KeyError (a dict lookup does it for you)")
+# a refused call's reason, by the name a check's row gives it: the errors it may raise, and why
+REFUSALS = {
+    "full": ((MemoryError,), NO_SUITE_LEFT),
+    "twice": ((ValueError,), TWICE),
+    "too_long": ((ValueError,), TOO_LONG),
+    "unknown": ((KeyError,), NOBODY),
+}
+HALF_FULL = ("the hotel is full although only 1 of its 2 suites is taken", LEAK)
+CHECKED_OUT = (
+    "a guest was refused after the only other guest checked out",
+    "release must give the guest's suite back to the free suites",
+)
 
 
 def _without_the_prompt(guests: dict, free_beds: int, size: int) -> dict:
@@ -359,6 +368,11 @@ class Cache(ClassDriver):
                 return "this call should work", EXACTLY_FULL
         return "this call should work", None
 
+    def refuses(self, reason: str, method: str, *args) -> None:
+        """``method(*args)`` must be refused for the :data:`REFUSALS` ``reason``."""
+        errors, why = REFUSALS[reason]
+        self.refused(errors, method, *args, reason=why)
+
     def not_refused(self, error, errors, reason: tuple[str, str]) -> None:
         why, fix = reason
         names = " or ".join(e.__name__ for e in errors)
@@ -437,86 +451,67 @@ class Cache(ClassDriver):
             self.fail("memory_report() is off", expected=short(right), got=short(got), hint=hint)
 
 
+# the calls of the checks below are rows of kvlab.grading.key_cards.play: `call` on the learner's
+# cache alone, `do` on it and kvlab's, `refuses <reason>` a call that must be refused
 @cache.check("check-in: num_slots guests fit, the next is refused with a MemoryError")
 def _suites_run_out(cls):
-    hotel = Cache(cls, 2, 16)
-    hotel.call("admit", "a", 3, 4)
-    hotel.call("admit", "b", 16, 0)  # a stay of exactly max_seq_len fits
-    hotel.refused((MemoryError,), "admit", "c", 3, 4, reason=NO_SUITE_LEFT)
+    # a stay of exactly max_seq_len fits
+    play(Cache(cls, 2, 16), "call admit a 3 4", "call admit b 16 0", "refuses full admit c 3 4")
 
 
-def _refused_check_ins(cls) -> Cache:
-    """A hotel of 2 suites with one guest, after a check-in of the same id and one of a stay over
-    max_seq_len, both refused."""
-    hotel = Cache(cls, 2, 16)
-    hotel.call("admit", "a", 3, 4)
-    hotel.refused((ValueError,), "admit", "a", 2, 2, reason=TWICE)
-    hotel.refused((ValueError,), "admit", "b", 10, 7, reason=TOO_LONG)
-    return hotel
+REFUSED_CHECK_INS = (
+    "call admit a 3 4",
+    "refuses twice admit a 2 2",
+    "refuses too_long admit b 10 7",
+)
 
 
 @cache.check("check-in refuses a guest already in the hotel and a stay over max_seq_len")
 def _bad_check_in(cls):
-    _refused_check_ins(cls)
+    play(Cache(cls, 2, 16), *REFUSED_CHECK_INS)
 
 
 @cache.check("a refused check-in takes no suite")
 def _refusal_takes_nothing(cls):
-    hotel = _refused_check_ins(cls)
-    full = ("the hotel is full although only 1 of its 2 suites is taken", LEAK)
-    hotel.call("admit", "b", 3, 4, full=full)
+    play(Cache(cls, 2, 16), *REFUSED_CHECK_INS, ("call", "admit", "b", 3, 4, {"full": HALF_FULL}))
 
 
 @cache.check("check-out frees the suite: a full hotel takes a new guest")
 def _check_out_frees(cls):
-    hotel = Cache(cls, 1, 8)
-    hotel.call("admit", "a", 3, 4)
-    hotel.call("release", "a")
-    full = (
-        "a guest was refused after the only other guest checked out",
-        "release must give the guest's suite back to the free suites",
-    )
-    hotel.call("admit", "b", 5, 1, full=full)
+    later = ("call", "admit", "b", 5, 1, {"full": CHECKED_OUT})
+    play(Cache(cls, 1, 8), "call admit a 3 4", "call release a", later)
 
 
 @cache.check("unknown guests: append and release raise KeyError")
 def _unknown_guests(cls):
-    hotel = Cache(cls, 2, 16)
-    hotel.call("admit", "a", 3, 4)
-    hotel.refused((KeyError,), "append", "nobody", reason=NOBODY)
-    hotel.refused((KeyError,), "release", "nobody", reason=NOBODY)
+    play(
+        Cache(cls, 2, 16),
+        "call admit a 3 4",
+        "refuses unknown append nobody",
+        "refuses unknown release nobody",
+    )
 
 
 @cache.check("the accounts of one guest: a whole suite of max_seq_len beds")
 def _one_guest(cls):
-    Cache(cls, 4, 64, twin=True).do("admit", "a", 10, 20)
+    play(Cache(cls, 4, 64, twin=True), "do admit a 10 20")
 
 
 @cache.check("append moves one bed from future to used")
 def _append(cls):
-    twin = Cache(cls, 2, 32, twin=True)
-    twin.do("admit", "a", 1, 3)
-    for _ in range(3):
-        twin.do("append", "a")
+    play(Cache(cls, 2, 32, twin=True), "do admit a 1 3", *["do append a"] * 3)
 
 
 @cache.check("check-out returns all max_seq_len beds to free")
 def _release(cls):
-    twin = Cache(cls, 2, 32, twin=True)
-    twin.do("admit", "a", 1, 3)
-    twin.do("admit", "b", 5, 1)
-    twin.do("release", "a")
+    play(Cache(cls, 2, 32, twin=True), "do admit a 1 3", "do admit b 5 1", "do release a")
 
 
 @cache.check("refused calls leave the accounts unchanged")
 def _refusals_change_nothing(cls):
     twin = Cache(cls, 2, 16, twin=True)
-    twin.do("admit", "a", 3, 4)
-    twin.do("admit", "b", 3, 4)
-    twin.refused((MemoryError,), "admit", "c", 3, 4, reason=NO_SUITE_LEFT)
-    twin.do("release", "a")
-    twin.refused((ValueError,), "admit", "b", 2, 2, reason=TWICE)
-    twin.refused((ValueError,), "admit", "c", 10, 7, reason=TOO_LONG)
+    play(twin, "do admit a 3 4", "do admit b 3 4", "refuses full admit c 3 4", "do release a")
+    play(twin, "refuses twice admit b 2 2", "refuses too_long admit c 10 7")
 
 
 def random_day(seed: int = 5, num_slots: int = 3, max_seq_len: int = 40, steps: int = 120):

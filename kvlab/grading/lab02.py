@@ -141,26 +141,34 @@ def _expect_fit(fn, extents, n, replay=None):
         )
 
 
-@fit.check("takes the FIRST extent that fits, not the biggest or the tightest")
-def _first(fn):
-    _expect_fit(fn, [(0, 5), (10, 30), (50, 100), (200, 20)], 20)
+# each check: its name and the (free_extents, n) it books
+FITS = (
+    (
+        "takes the FIRST extent that fits, not the biggest or the tightest",
+        [([(0, 5), (10, 30), (50, 100), (200, 20)], 20)],
+    ),
+    ("an extent of exactly n beds fits", [([(0, 3), (8, 7)], 7)]),
+    (
+        "None when no single extent fits, even if the total free space would",
+        [([(0, 10), (20, 10), (40, 10)], 12)],
+    ),
+    (
+        "an empty hotel floor (one extent) and a full hotel (no extents)",
+        [([(0, 4096)], 4096), ([(0, 4096)], 1), ([], 1)],
+    ),
+)
 
 
-@fit.check("an extent of exactly n beds fits")
-def _exact(fn):
-    _expect_fit(fn, [(0, 3), (8, 7)], 7)
+def _books(cases):
+    def check(fn):
+        for extents, n in cases:
+            _expect_fit(fn, list(extents), n)  # a copy: a learner's code may change the table's
+
+    return check
 
 
-@fit.check("None when no single extent fits, even if the total free space would")
-def _none(fn):
-    _expect_fit(fn, [(0, 10), (20, 10), (40, 10)], 12)
-
-
-@fit.check("an empty hotel floor (one extent) and a full hotel (no extents)")
-def _edges(fn):
-    _expect_fit(fn, [(0, 4096)], 4096)
-    _expect_fit(fn, [(0, 4096)], 1)
-    _expect_fit(fn, [], 1)
+for _name, _cases in FITS:
+    fit.check(_name)(_books(_cases))
 
 
 def random_floors(seed: int = 2, count: int = 300):
@@ -282,29 +290,20 @@ def _expect_frag(fn, extents, replay=None):
         )
 
 
-@frag.check("all free space in one piece: 0")
-def _one(fn):
-    _expect_frag(fn, [(100, 50)])
-
-
-@frag.check("two equal pieces: 0.5")
-def _two(fn):
-    _expect_frag(fn, [(0, 10), (30, 10)])
-
-
-@frag.check("the largest piece last: 1 - 30 / 45")
-def _largest_last(fn):
-    _expect_frag(fn, [(0, 10), (20, 5), (40, 30)])
-
-
-@frag.check("no free space at all: 0 (nothing is scattered)")
-def _none_free(fn):
-    _expect_frag(fn, [])
-
-
-@frag.check("many single beds: close to 1")
-def _dust(fn):
-    _expect_frag(fn, [(2 * i, 1) for i in range(100)], replay="[(2 * i, 1) for i in range(100)]")
+# each check: its name, the free extents, and how to rebuild them where they are long
+FRAGS = (
+    ("all free space in one piece: 0", [(100, 50)], None),
+    ("two equal pieces: 0.5", [(0, 10), (30, 10)], None),
+    ("the largest piece last: 1 - 30 / 45", [(0, 10), (20, 5), (40, 30)], None),
+    ("no free space at all: 0 (nothing is scattered)", [], None),
+    (
+        "many single beds: close to 1",
+        [(2 * i, 1) for i in range(100)],
+        "[(2 * i, 1) for i in range(100)]",
+    ),
+)
+for _name, _extents, _replay in FRAGS:
+    frag.check(_name)(lambda fn, e=_extents, r=_replay: _expect_frag(fn, list(e), replay=r))
 
 
 def random_free_lists(seed: int = 3, count: int = 300):
