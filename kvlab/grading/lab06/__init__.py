@@ -9,7 +9,6 @@ hints. What Lab 09's step shares is :mod:`kvlab.grading.lockstep`, :mod:`~kvlab.
 # ruff: noqa: F401 (the names the lab and the tests use, re-exported)
 
 from kvlab.grading.expect import CheckFailed
-from kvlab.grading.lab06 import preempt, references, step
 from kvlab.grading.lab06.days import DAY, DAY_SETUP, DAY_TEXT, DAYS
 from kvlab.grading.lab06.hints import *  # noqa: F403 (the hints, by name, for the tests)
 from kvlab.grading.lab06.preempt import judge_preempt, preempt_ex
