@@ -14,7 +14,6 @@ from kvlab.grading import slips
 from kvlab.grading.blame import explain_exception, learner_frames, raised
 from kvlab.grading.expect import CheckFailed, short
 from kvlab.grading.lab06 import hints
-from kvlab.grading.lab06.days import DAY, DAY_SETUP, DAY_TEXT
 from kvlab.grading.lab06.references import VICTIM_SLIPS
 from kvlab.grading.own_code import call_own
 from kvlab.grading.registry import exercise
@@ -24,6 +23,7 @@ from kvlab.grading.state_diff import Field, each, first_difference, read
 from kvlab.grading.step_rules import error_slip
 from kvlab.serving import simulate
 from kvlab.serving.scheduler import Scheduler, Sequence, SequenceStatus
+from kvlab.serving.workload import Request, sharegpt_like
 
 WAITING, RUNNING, PREEMPTED, SWAPPED, FINISHED = SequenceStatus
 
@@ -255,6 +255,19 @@ def _in_turn(fn):
 
 
 # --- a day with the learner's preempt --------------------------------------------------------
+
+# the lab's day, shrunk: 40 ShareGPT-like guests at an eighth of their length, 2 a step, in a
+# hotel of 32 rooms of 8 beds, which asks guests to leave often
+DAY = [
+    Request(max(1, r.prompt_len // 8), max(1, r.output_len // 8), r.arrival)
+    for r in sharegpt_like(40, seed=3, rate=2.0)
+]
+DAY_SETUP = dict(cache="paged", kv_capacity_tokens=256, max_seq_len=256, block_size=8)
+DAY_TEXT = (
+    "a day of 40 ShareGPT-like guests at an eighth of their length, 2 arriving a step "
+    "(kvlab.grading.lab06.DAY), served by simulate(DAY, cache='paged', kv_capacity_tokens=256, "
+    "max_seq_len=256, block_size=8)"
+)
 
 
 class JudgedPreempt:
