@@ -207,9 +207,8 @@ def _hotel(mode: str, running, waiting, num_blocks: int = 16, block_size: int = 
     rows (seq_id, prompt_len, output_len, arrival, status, generated)."""
     s = Scheduler(PagedCache(num_blocks, block_size), preemption=mode)
     for seq_id, prompt, output, arrival, generated, computed, preempted in running:
-        seq = Sequence(seq_id, prompt, output, arrival)
+        s.add(seq := Sequence(seq_id, prompt, output, arrival))
         seq.num_generated, seq.num_preemptions = generated, preempted
-        s.add(seq)
         s.admit(seq)
         seq.num_computed = computed
     for seq_id, prompt, output, arrival, status, generated in waiting:
