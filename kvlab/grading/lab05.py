@@ -198,8 +198,7 @@ def guarded_launch(fn, args) -> GuardedLaunch:
 def _launch_faults(run: GuardedLaunch):
     """(cause, hint) of what the launch shows beside the answer, or None: rows never stored,
     stores outside the output, loads outside an input."""
-    row = run.first_unwritten()
-    if row:
+    if row := run.first_unwritten():
         return "unwritten", KERNEL_HINTS["unwritten"].format(seq=row[0], head=row[1])
     if len(run.strays):
         return "store outside", KERNEL_HINTS["store outside"]

@@ -14,9 +14,8 @@ from kvlab.grading import slips
 from kvlab.grading.blame import explain_exception, learner_frames, raised
 from kvlab.grading.expect import CheckFailed, short
 from kvlab.grading.lab06 import hints
-from kvlab.grading.lab06.days import DAY, DAY_SETUP, DAY_TEXT
 from kvlab.grading.lab06.references import VICTIM_SLIPS
-from kvlab.grading.own_code import HANDOVER, call_own
+from kvlab.grading.own_code import call_own
 from kvlab.grading.registry import exercise
 from kvlab.grading.scheduler_days import figures, same_figures
 from kvlab.grading.scheduler_views import GUEST, cache_diff, ids, scheduler_text, show, state_text
@@ -24,6 +23,7 @@ from kvlab.grading.state_diff import Field, each, first_difference, read
 from kvlab.grading.step_rules import error_slip
 from kvlab.serving import simulate
 from kvlab.serving.scheduler import Scheduler, Sequence, SequenceStatus
+from kvlab.serving.workload import Request, sharegpt_like
 
 WAITING, RUNNING, PREEMPTED, SWAPPED, FINISHED = SequenceStatus
 
@@ -83,7 +83,7 @@ def _status_hint(d) -> str | None:
 
 
 def _computed_hint(d) -> str | None:
-    if d.mode == "recompute" and d.got == d.before["num_computed"]:
+    if d.mode == "recompute" and d.got == d.before.num_computed:
         return hints.KEEPS_COMPUTED
     return hints.ZEROES_COMPUTED if d.mode == "swap" and d.got == 0 else None
 
@@ -104,6 +104,10 @@ OTHERS = tuple(
 )
 
 
+def _guests(scheduler: Scheduler) -> dict:
+    return {q.seq_id: q for q in [*scheduler.running, *scheduler.waiting]}
+
+
 def _counts(scheduler: Scheduler, guests: dict) -> dict:
     """The counts kvlab keeps itself: the scheduler's, and every guest's num_preemptions."""
     counts = {f"scheduler.{name}": getattr(scheduler, name, None) for name in COUNTERS}
@@ -117,16 +121,15 @@ def judge_preempt(fn, scheduler: Scheduler, where: str, replay: str | None = Non
     """Call the learner's ``fn(scheduler)`` and kvlab's ``Scheduler.preempt`` on a copy made
     before; fail the check at the first difference (:func:`_wrongs`). Returns what ``fn``
     returned. With nobody running, raising anything is fine, and so is changing nothing."""
-    reference = copy.deepcopy(scheduler)
-    reference.custom_preempt = None  # kvlab's own choice, even inside a day run with the learner's
-    guests = {q.seq_id: q for q in [*scheduler.running, *scheduler.waiting]}
-    before = dict(running=list(scheduler.running), waiting=ids(scheduler.waiting))
-    before |= dict(cache=scheduler.cache.state(), counts=read(COUNTED, scheduler, guests))
-    before["guests"] = {g: read(GUEST, q) for g, q in guests.items()}
+    # in a day run with the learner's preempt, scheduler.preempt() is kvlab's own while it runs
+    # (a hand-over, refused), and so is the copy's
+    custom, scheduler.custom_preempt = scheduler.custom_preempt, None
+    before, guests = copy.deepcopy(scheduler), _guests(scheduler)
     value, error = call_own(fn, scheduler, guard=PREEMPT_REFERENCE, task=PREEMPT_TASK, where=where)
-    if error is not None and before["running"]:
+    scheduler.custom_preempt = custom
+    if error is not None and before.running:
         raise raised(error, error_slip(error), input=where, replay=replay)
-    wrong = _wrongs(scheduler, reference, guests, before, value, error)
+    wrong = _wrongs(scheduler, before, guests, value, error)
     message, expected, got, hint, cause = (*next(wrong, ("",)), None, None, None, None)[:5]
     if message:
         cause = cause or hint or f"06: {message}"
@@ -136,15 +139,17 @@ def judge_preempt(fn, scheduler: Scheduler, where: str, replay: str | None = Non
     return value
 
 
-def _wrongs(scheduler, reference, guests: dict, before: dict, value, error):
+def _wrongs(scheduler, before: Scheduler, guests: dict, value, error):
     """What is wrong once the learner's preempt returned, first things first: (message,
-    expected, got, hint, cause), the last ones left out where None."""
-    running = before["running"]
+    expected, got, hint, cause), the last ones left out where None. ``before``: a copy of the
+    scheduler made before, ``guests`` the learner's, by seq_id."""
+    running, waiting = before.running, ids(before.waiting)
     if not running:
         now = (ids(scheduler.waiting), scheduler.cache.state())
-        if error is None and now != (before["waiting"], before["cache"]):
+        if error is None and now != (waiting, before.cache.state()):
             yield ("with nobody in the hotel there is nobody to ask to leave: nothing may change",)
         return
+    reference = copy.deepcopy(before)
     expected = Scheduler.preempt(reference)
     victim = expected.seq_id
     for name, kind in (("running", list), ("waiting", deque)):
@@ -155,7 +160,7 @@ def _wrongs(scheduler, reference, guests: dict, before: dict, value, error):
     # who left, by every sign: taken out of running, else put in the queue, else released,
     # else returned
     removed = [q.seq_id for q in running if q.seq_id not in now["scheduler.running"]]
-    queued = [g for g in now["scheduler.waiting"] if g not in before["waiting"]]
+    queued = [g for g in now["scheduler.waiting"] if g not in waiting]
     released = [q.seq_id for q in running if q.seq_id not in now["the cache"].tokens]
     returned = [value.seq_id] if isinstance(value, Sequence) else []
     chosen, last = removed or queued or released or returned, f"{victim} (checked in last)"
@@ -172,8 +177,8 @@ def _wrongs(scheduler, reference, guests: dict, before: dict, value, error):
         stays, kept = show(ids(reference.running)), show(now["scheduler.running"])
         yield f"{victim} is still in scheduler.running", stays, kept, hints.NOT_REMOVED
     # what the scheduler holds, the guest who left, every other guest, the counts
-    copies = {q.seq_id: q for q in [*reference.running, *reference.waiting]}
-    left = dict(victim=victim, mode=scheduler.preemption, before=before["guests"][victim])
+    copies, old = _guests(reference), _guests(before)
+    left = dict(victim=victim, mode=scheduler.preemption, before=old[victim])
     tables = [
         (SCHEDULER, reference, scheduler, {"victim": victim}),
         (LEFT, expected, guests[victim], left),
@@ -184,7 +189,7 @@ def _wrongs(scheduler, reference, guests: dict, before: dict, value, error):
             yield d.message, *d.shown, d.hint
     # kvlab counts: Scheduler.preempt itself, _counted around a custom preempt in a day, and
     # nobody around a preempt called directly, so the learner's preempt changes no count
-    if d := first_difference(COUNTED, before["counts"], read(COUNTED, scheduler, guests)):
+    if d := first_difference(COUNTED, read(COUNTED, before, old), read(COUNTED, scheduler, guests)):
         counted = _counts(reference, copies)[d.key]
         then = f" (kvlab then counts this preemption: {counted})" if counted != d.expected else ""
         yield d.message, f"{d.expected}, as before{then}", f"{d.got}", hints.COUNTS
@@ -202,9 +207,8 @@ def _hotel(mode: str, running, waiting, num_blocks: int = 16, block_size: int = 
     rows (seq_id, prompt_len, output_len, arrival, status, generated)."""
     s = Scheduler(PagedCache(num_blocks, block_size), preemption=mode)
     for seq_id, prompt, output, arrival, generated, computed, preempted in running:
-        seq = Sequence(seq_id, prompt, output, arrival)
+        s.add(seq := Sequence(seq_id, prompt, output, arrival))
         seq.num_generated, seq.num_preemptions = generated, preempted
-        s.add(seq)
         s.admit(seq)
         seq.num_computed = computed
     for seq_id, prompt, output, arrival, status, generated in waiting:
@@ -251,30 +255,33 @@ def _in_turn(fn):
 
 # --- a day with the learner's preempt --------------------------------------------------------
 
+# the lab's day, shrunk: 40 ShareGPT-like guests at an eighth of their length, 2 a step, in a
+# hotel of 32 rooms of 8 beds, which asks guests to leave often
+DAY = [
+    Request(max(1, r.prompt_len // 8), max(1, r.output_len // 8), r.arrival)
+    for r in sharegpt_like(40, seed=3, rate=2.0)
+]
+DAY_SETUP = dict(cache="paged", kv_capacity_tokens=256, max_seq_len=256, block_size=8)
+DAY_TEXT = (
+    "a day of 40 ShareGPT-like guests at an eighth of their length, 2 arriving a step "
+    "(kvlab.grading.lab06.DAY), served by simulate(DAY, cache='paged', kv_capacity_tokens=256, "
+    "max_seq_len=256, block_size=8)"
+)
+
 
 class JudgedPreempt:
     """The learner's preempt as a simulated day calls it: each call judged beside kvlab's."""
 
     def __init__(self, fn, mode: str):
-        self.fn, self.mode, self.calls, self.inside = fn, mode, 0, False
+        self.fn, self.mode, self.calls = fn, mode, 0
 
     def __call__(self, scheduler):
-        if self.inside:  # scheduler.preempt is the learner's own preempt in this day
-            raise CheckFailed(
-                "your preempt calls scheduler.preempt(), which here is your preempt itself",
-                hint=f"{PREEMPT_TASK} yourself is the exercise: do not call scheduler.preempt()",
-                cause=HANDOVER,
-            )
         self.calls += 1
         where = (
             f"preemption {self.calls} of {DAY_TEXT}, with preemption={self.mode!r} and "
             f"preempt=preempt; before it: {state_text(scheduler)}"
         )
-        self.inside = True
-        try:
-            return judge_preempt(self.fn, scheduler, where)
-        finally:
-            self.inside = False
+        return judge_preempt(self.fn, scheduler, where)
 
 
 # kvlab's objections to a preempt (Scheduler._counted, _make_room), and their hints

@@ -5,22 +5,15 @@ Lab 09's step tries too); and the wrong guests a preempt picks."""
 
 from __future__ import annotations
 
+from kvlab.grading import step_rules
 from kvlab.grading.lab06 import hints
-from kvlab.grading.lockstep import slipped
+from kvlab.grading.lockstep import slipped  # noqa: F401 (for the tests)
 from kvlab.grading.slips import Slip
-from kvlab.grading.step_rules import (  # noqa: F401 (for the tests)
-    QUEUE_SLIPS,
-    ROOM_SLIPS,
-    AdmitFirst,
-    SkipNobody,
-    SkipPreemptedOnly,
-    step_slip,
-    variant,
-)
-from kvlab.grading.step_rules import UNSLIPPED as slipped_step
+from kvlab.grading.step_rules import QUEUE_SLIPS, ROOM_SLIPS, AdmitFirst, step_slip, variant
+from kvlab.grading.step_rules import UNSLIPPED as slipped_step  # noqa: F401 (for the tests)
 from kvlab.serving.scheduler import Scheduler
 
-__all__ = ["STEP_SLIPS", "VICTIM_SLIPS", "slipped", "slipped_step"]
+SkipNobody, SkipPreemptedOnly = step_rules.SkipNobody, step_rules.SkipPreemptedOnly  # for tests
 
 # the wrong guests a preempt picks, tried in order: each answers which guest leaves
 VICTIM_SLIPS = (
