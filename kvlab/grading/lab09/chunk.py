@@ -18,7 +18,7 @@ import math
 import torch
 
 from kvlab.grading import slips
-from kvlab.grading.expect import CheckFailed, max_error, preview
+from kvlab.grading.expect import CheckFailed, expect_tensor_like, max_error, preview
 from kvlab.grading.lab09 import hints
 from kvlab.grading.launchers import (
     BLOCK_Q,
@@ -159,23 +159,14 @@ def _expect_chunk(fn, run, kernel: bool, **case) -> None:
     args = make_chunk_case(**case)
     want = chunk_attention_reference(*args)
     got = run(fn, args)
-    if not isinstance(got, torch.Tensor):
-        raise CheckFailed("chunk attention must return a tensor", input=what, got=repr(got)[:80])
-    if got.shape != want.shape:
-        raise CheckFailed(
-            "the output has the wrong shape",
-            input=what,
-            expected=f"{tuple(want.shape)} (the chunk's queries, q_heads, head_dim)",
-            got=str(tuple(got.shape)),
-        )
-    if got.dtype != want.dtype:
-        raise CheckFailed(
-            f"the output is {got.dtype}, not q's dtype",
-            input=what,
-            expected=str(want.dtype),
-            got=str(got.dtype),
-            hint="compute in fp32 as asked, then return the output in q's dtype: .to(q.dtype)",
-        )
+    expect_tensor_like(
+        got,
+        want,
+        "the output",
+        input=what,
+        axes="the chunk's queries, q_heads, head_dim",
+        dtype_hint="compute in fp32 as asked, then return the output in q's dtype: .to(q.dtype)",
+    )
     if _close(got, want):
         return
     diff = (got.float() - want.float()).abs().nan_to_num(nan=math.inf)
