@@ -135,23 +135,26 @@ for name, inputs in FREE_CHECKS.items():
 
 # --- 09.choose_chunk --------------------------------------------------------------------------
 
-# a small day of chats with documents (in steps of the roofline: Llama-3-8B on an H100)
-CHOOSE_DAY = documents_among_chats(60, seed=2, rate=40.0, document_share=0.1)
-# a day of chats alone: no long prompt to chunk, so the p99 does not grow with the budget (512's
-# is over 1,024's, 2,048's and 4,096's)
-FLAT_DAY = documents_among_chats(60, seed=3, rate=40.0, document_share=0.0)
 CHOOSE_BUDGETS = (256, 512, 1024, 2048, 4096)
+# the days swept (in steps of the roofline: Llama-3-8B on an H100): their guests, and the report's
+# words for them
 SWEEPS = {
+    # a small day of chats with documents
     "documents": (
-        CHOOSE_DAY,
+        documents_among_chats(60, seed=2, rate=40.0, document_share=0.1),
         "60 chats with documents (kvlab.grading.lab09.roofline.choose_sweep())",
     ),
+    # a day of chats alone: no long prompt to chunk, so the p99 does not grow with the budget
+    # (512's is over 1,024's, 2,048's and 4,096's)
     "chats": (
-        FLAT_DAY,
+        documents_among_chats(60, seed=3, rate=40.0, document_share=0.0),
         "60 chats and no documents, where the p99 does not grow with the budget "
         "(kvlab.grading.lab09.roofline.choose_sweep('chats'))",
     ),
 }
+SWEEP_SETUP = dict(
+    cache="paged", kv_capacity_tokens=200_000, max_seq_len=8192, chunked_prefill=True
+)
 
 
 @functools.cache
@@ -159,17 +162,9 @@ def choose_sweep(day: str = "documents") -> dict:
     """budget -> the day's SimResult with chunked prefill under that budget."""
     from kvlab.perf.roofline import StepTime
 
-    step_time = StepTime(LLAMA_3_8B, H100_SXM)
+    step_time, guests = StepTime(LLAMA_3_8B, H100_SXM), SWEEPS[day][0]
     return {
-        b: simulate(
-            SWEEPS[day][0],
-            cache="paged",
-            kv_capacity_tokens=200_000,
-            max_seq_len=8192,
-            step_time=step_time,
-            max_num_batched_tokens=b,
-            chunked_prefill=True,
-        )
+        b: simulate(guests, step_time=step_time, max_num_batched_tokens=b, **SWEEP_SETUP)
         for b in CHOOSE_BUDGETS
     }
 
