@@ -40,17 +40,12 @@ kernel_ex = exercise(
 )
 
 
-def describe(
-    num_computed: int,
-    n: int,
-    block_size: int = 4,
-    q_heads=2,
-    kv_heads=1,
-    dtype=None,
-    sharpness=1.0,
-    **_,
-) -> str:
-    kind = "" if dtype in (None, torch.float32) else f", q and the caches in {dtype}"
+def describe(args, sharpness: float = 1.0) -> str:
+    """A case of :func:`make_chunk_case` (its tensors ``args``; q made ``sharpness`` times
+    larger) as the report says it."""
+    q, k_cache, _, _, num_computed = args
+    (n, q_heads, _), (block_size, kv_heads) = q.shape, k_cache.shape[1:3]
+    kind = "" if q.dtype == torch.float32 else f", q and the caches in {q.dtype}"
     if sharpness != 1.0:
         kind += f", q {sharpness:g}× larger (scores in the tens)"
     return (
@@ -155,8 +150,8 @@ def _close(a, b) -> bool:
 
 
 def _expect_chunk(fn, run, kernel: bool, **case) -> None:
-    what = describe(**case)
     args = make_chunk_case(**case)
+    what = describe(args, case.get("sharpness", 1.0))
     want = chunk_attention_reference(*args)
     got = run(fn, args)
     expect_tensor_like(
@@ -347,7 +342,7 @@ def _far_rooms(fn):
     right_near = _close(_launch_far(fn, on_device), chunk_attention_reference(*near))
     raise CheckFailed(
         "the answer differs when the rooms are numbered far into the cache",
-        input=f"{describe(**FAR_CASE)}; rooms numbered from {int(args[3].min()):,} on "
+        input=f"{describe(near)}; rooms numbered from {int(args[3].min()):,} on "
         f"(stride_kb {args[1].stride(0)}: room * stride_kb past 2**31)",
         expected=preview(want[0, 0].float()),
         got=preview(got[0, 0].float()) if isinstance(got, torch.Tensor) else got,
