@@ -103,8 +103,7 @@ def _expect_free(fn, spec, gpu: GPU, batch: int, context: int) -> None:
             got=short(got, typed=True),
         )
     if got != want:
-        args = (spec, gpu, batch, context)
-        found = slips.matching(ALMOST_FREE_SLIPS, got, args, want)
+        found = slips.matching(ALMOST_FREE_SLIPS, got, (spec, gpu, batch, context), want)
         found = slips.told_apart(
             found, fn, FREE_INPUTS, almost_free_tokens, always=True, readable=_whole_number
         )
