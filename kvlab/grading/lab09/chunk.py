@@ -70,9 +70,8 @@ def attend(args, visible, kv_of=None, rescale=True, softmax_dtype=None):
     size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = q_heads // kv_heads
     kv_of = [h // group for h in range(q_heads)] if kv_of is None else kv_of
-    reach = (len(table)) * size
-    keys = torch.stack([k_cache[int(table[j // size]), j % size] for j in range(reach)])
-    values = torch.stack([v_cache[int(table[j // size]), j % size] for j in range(reach)])
+    keys, values = (cache[table.long()].flatten(0, 1) for cache in (k_cache, v_cache))
+    reach = len(keys)  # every bed of every room the key card lists
     scale = 1.0 / math.sqrt(head_dim)
     out = torch.empty(n, q_heads, head_dim)
     for i in range(n):
