@@ -189,3 +189,31 @@ def call_without_mutation(fn, *args, names: tuple[str, ...] = ()):
                 hint=f"leave `{name}` as it came in: build new values instead of modifying it",
             )
     return result
+
+
+def expect_tensor_like(
+    got, expected, what: str, input=None, axes="", shape_hint=None, dtype_hint=None
+):
+    """Fail unless ``got`` is a tensor of ``expected``'s shape and dtype: what a check whose answer
+    is a tensor asks before it compares the values (Labs 04 and 09). ``axes`` names the shape's
+    axes in the report; ``shape_hint`` and ``dtype_hint`` are the advice for a wrong shape or
+    dtype. Every tensor exercise returns q's dtype."""
+    import torch
+
+    expect_type(got, torch.Tensor, what, input=input)
+    if got.shape != expected.shape:
+        raise CheckFailed(
+            f"{what} has the wrong shape",
+            input=input,
+            expected=f"{tuple(expected.shape)}{axes and f' ({axes})'}",
+            got=str(tuple(got.shape)),
+            hint=shape_hint,
+        )
+    if got.dtype != expected.dtype:
+        raise CheckFailed(
+            f"{what} is {got.dtype}, not q's dtype",
+            input=input,
+            expected=str(expected.dtype),
+            got=str(got.dtype),
+            hint=dtype_hint,
+        )

@@ -11,6 +11,7 @@ that inherits from kvlab's manager or hands its calls to one fails (``refuse_ref
 from __future__ import annotations
 
 import random
+from functools import partial
 
 from kvlab.core.block_manager import BlockManager
 from kvlab.grading import slips
@@ -264,87 +265,76 @@ class _Judge(KeyCardJudge):
 # --- checks, method by method ----------------------------------------------------------------
 
 
+def scene(hotel: tuple, *steps, **options):
+    """A part of a check: ``_Judge(cls, *hotel, **options)`` (``hotel`` is num_blocks and
+    block_size) plays ``steps`` (:func:`kvlab.grading.key_cards.play`), each a string of calls
+    ("allocate a 5, free a") or a refusal (:func:`refused`)."""
+    calls = [c for step in steps for c in (step.split(", ") if isinstance(step, str) else [step])]
+    return lambda cls: play(_Judge(cls, *hotel, **options), *calls)
+
+
+def refused(errors, method: str, *args, why: str, missing: str | None = None) -> tuple:
+    """A step of a scene: ``method(*args)`` must raise one of ``errors`` and change nothing;
+    ``why`` it must, ``missing`` the hint when it raises nothing."""
+    return ("refused", errors, method, *args, {"why": why, "missing": missing})
+
+
+def in_turn(*scenes):
+    """A check of several scenes, played one after another."""
+
+    def check(cls):
+        for part in scenes:
+            part(cls)
+
+    return check
+
+
 FULL = "{}'s last room is full and no room is free"
-# the checks as data: the name the learner reads -> one judge or more, each (its options, calls)
+TWICE = "an id checks in only once: raise ValueError when seq_id already has a key card"
+NO_TOKENS = "a guest brings at least one token: raise ValueError when num_tokens < 1"
+# the checks as data: the name the learner reads -> the check, a function of the class
 SCENES = {
     "allocate: n tokens get a key card of ceil(n / block_size) rooms (n = 1, 8, 7, 9 with 4 beds "
-    "a room)": [
-        (
-            (32, 4, {"returns": True}),  # allocate's return value is judged here only
-            *("allocate one 1", "allocate exact 8", "allocate minus 7", "allocate plus 9"),
-        )
-    ],
+    "a room)": scene(
+        (32, 4),
+        "allocate one 1, allocate exact 8, allocate minus 7, allocate plus 9",
+        returns=True,  # allocate's return value is judged here only
+    ),
     "allocate refuses without changing anything: too few free rooms, a duplicate id, "
-    "num_tokens < 1": [
-        (
-            (4, 4),
-            "allocate a 9",  # 3 rooms, 1 left
-            (
-                "refused",
-                MemoryError,
-                "allocate",
-                "b",
-                5,
-                {"why": "'b' needs 2 rooms and 1 is free"},
-            ),
-            (
-                *("refused", ValueError, "allocate", "a", 2),
-                {
-                    "why": "'a' is already checked in",
-                    "missing": "an id checks in only once: raise ValueError when seq_id already "
-                    "has a key card",
-                },
-            ),
-            (
-                *("refused", ValueError, "allocate", "z", 0),
-                {
-                    "why": "a guest with 0 tokens",
-                    "missing": "a guest brings at least one token: raise ValueError when "
-                    "num_tokens < 1",
-                },
-            ),
-            "allocate b 4",  # exactly the one free room
-        )
-    ],
-    "append_slot takes a new room exactly when the last room is full": None,  # two_guests_grow
-    "append_slot refuses without changing anything: last room full and none free, an unknown id": [
-        (
+    "num_tokens < 1": scene(
+        (4, 4),
+        "allocate a 9",  # 3 rooms, 1 left
+        refused(MemoryError, "allocate", "b", 5, why="'b' needs 2 rooms and 1 is free"),
+        refused(ValueError, "allocate", "a", 2, why="'a' is already checked in", missing=TWICE),
+        refused(ValueError, "allocate", "z", 0, why="a guest with 0 tokens", missing=NO_TOKENS),
+        "allocate b 4",  # exactly the one free room
+    ),
+    "append_slot takes a new room exactly when the last room is full": partial(
+        two_guests_grow, _Judge
+    ),
+    "append_slot refuses without changing anything: last room full and none free, an unknown id": (
+        scene(
             (2, 4),
-            "allocate a 4",  # a full room
-            "allocate b 3",  # the last room, one bed empty
-            "append b",  # fills it: no new room needed
-            ("refused", MemoryError, "append_slot", "a", {"why": FULL.format("a")}),
-            ("refused", MemoryError, "append_slot", "b", {"why": FULL.format("b")}),
+            "allocate a 4, allocate b 3, append b",  # a full room; a room with an empty bed, filled
+            refused(MemoryError, "append_slot", "a", why=FULL.format("a")),
+            refused(MemoryError, "append_slot", "b", why=FULL.format("b")),
             "refused_unknown append_slot",
         )
-    ],
-    "free gives every room back, and the rooms are reused": [
-        ((6, 2), "allocate a 5", "allocate b 6", "free a", "allocate c 6", "free b", "free c")
-    ],
-    "free forgets the guest: afterwards their id is unknown (KeyError) and may check in again": [
-        (
-            (4, 2),
-            *("allocate a 3", "free a", "forgotten a"),
-            "allocate a 4",  # back again, as a preempted guest is
-            "refused_unknown free",
-        )
-    ],
-    "block_size 1 and a hotel of one room": [
-        ((5, 1), "allocate a 2", "append a", "free a"),
-        ((1, 8), "allocate only 8", "free only", "allocate again 1"),
-    ],
+    ),
+    "free gives every room back, and the rooms are reused": scene(
+        (6, 2), "allocate a 5, allocate b 6, free a, allocate c 6, free b, free c"
+    ),
+    "free forgets the guest: afterwards their id is unknown (KeyError) and may check in again": (
+        # a, forgotten, checks in again, as a preempted guest does
+        scene((4, 2), "allocate a 3, free a, forgotten a, allocate a 4, refused_unknown free")
+    ),
+    "block_size 1 and a hotel of one room": in_turn(
+        scene((5, 1), "allocate a 2, append a, free a"),
+        scene((1, 8), "allocate only 8, free only, allocate again 1"),
+    ),
 }
-
-
-def _scenes(cls, judges) -> None:
-    if judges is None:
-        return two_guests_grow(_Judge, cls)
-    for (num_blocks, block_size, *options), *steps in judges:
-        play(_Judge(cls, num_blocks, block_size, **(options[0] if options else {})), *steps)
-
-
-for _name, _judges in SCENES.items():
-    manager.check(_name)(lambda cls, judges=_judges: _scenes(cls, judges))
+for _name, _check in SCENES.items():
+    manager.check(_name)(_check)
 
 
 EVENING_SEED, EVENING_STEPS = 11, 300
@@ -388,9 +378,9 @@ BEDS_KEYS = ("used", "future", "free")
 
 
 def _reference_beds(m: BlockManager) -> dict:
-    used = sum(m.num_tokens(s) for s in m.seq_ids)
-    held = sum(len(m.block_table(s)) for s in m.seq_ids) * m.block_size
-    return {"used": used, "future": held - used, "free": m.num_free_blocks * m.block_size}
+    """kvlab's own report (``BlockManager.memory_report``), in the exercise's three keys."""
+    report = m.memory_report()
+    return {key: getattr(report, key) for key in BEDS_KEYS}
 
 
 FULL_ROOM_FUTURE = (

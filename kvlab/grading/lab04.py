@@ -21,11 +21,7 @@ from kvlab.grading.attention_diagnosis import (
     read_far_padding,
 )
 from kvlab.grading.blame import explain_exception
-from kvlab.grading.expect import (
-    CheckFailed,
-    call_without_mutation,
-    expect_type,
-)
+from kvlab.grading.expect import CheckFailed, call_without_mutation, expect_tensor_like
 from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise
 from kvlab.ops import testing
@@ -92,7 +88,6 @@ def _fp32(args) -> list:
 def _expect_case(fn, what: str, unread=None, **case):
     args = make_case(**case)
     expected = paged_decode_attention_ref(*args)
-
     variants = Variants(case, make_case, lambda variant: fn(*variant))
 
     try:
@@ -100,45 +95,27 @@ def _expect_case(fn, what: str, unread=None, **case):
             paged_decode_attention_ref, gather_kv, learner=fn, task="attending through key cards"
         ):
             got = call_without_mutation(fn, *args, names=NAMES)
-    except NotImplementedError:
-        raise
-    except Exception as error:
+    except Exception as error:  # (NotImplementedError passes through: it names no padding)
         if str(FAR) in str(error):
             _far_read_elsewhere(error, what, case, variants)
         read_far_padding(error, what)
         raise
-    expect_type(got, torch.Tensor, "the output", input=what)
-    if got.shape != expected.shape:
-        raise CheckFailed(
-            "wrong output shape",
-            input=what,
-            expected=str(tuple(expected.shape)),
-            got=str(tuple(got.shape)),
-            hint="return one output per guest and query head: [num_seqs, num_q_heads, head_dim]",
-        )
-    if got.dtype != expected.dtype:
-        raise CheckFailed(
-            "the output must have q's dtype",
-            input=what,
-            expected=str(expected.dtype),
-            got=str(got.dtype),
-            hint="compute in float32, then cast the result with .to(q.dtype)",
-        )
-
-    def rerun_fp32():
-        if args[0].dtype == torch.float32:
-            return None
-        return fn(*_fp32(args))
-
-    reference = "attention on its contiguous K and V"
+    expect_tensor_like(
+        got,
+        expected,
+        "the output",
+        input=what,
+        shape_hint="return one output per guest and query head: [num_seqs, num_q_heads, head_dim]",
+        dtype_hint="compute in float32, then cast the result with .to(q.dtype)",
+    )
     expect_attention(
         got,
         expected,
         args,
         what,
-        reference,
+        "attention on its contiguous K and V",
         hints=HINTS,
-        rerun_fp32=rerun_fp32,
+        rerun_fp32=lambda: None if args[0].dtype == torch.float32 else fn(*_fp32(args)),
         unread=unread,
         replay=rebuild(case),
         variants=variants,
@@ -172,48 +149,6 @@ def _far_read_elsewhere(error, what: str, case: dict, variants: Variants) -> Non
     ) from error
 
 
-@paged.check("one guest in one room")
-def _one(fn):
-    _expect_case(fn, "1 guest of 3 tokens, block_size 4", seq_lens=[3], block_size=4)
-
-
-@paged.check("lengths 1, k·block_size and k·block_size ± 1")
-def _lengths(fn):
-    _expect_case(
-        fn,
-        "seq_lens [1, 32, 31, 33], block_size 16, head_dim 32",
-        seq_lens=[1, 32, 31, 33],
-        block_size=16,
-        head_dim=32,
-    )
-
-
-@paged.check("block_size 1 (every token in its own room)")
-def _size_one(fn):
-    _expect_case(fn, "seq_lens [1, 5, 9], block_size 1", seq_lens=[1, 5, 9], block_size=1)
-
-
-@paged.check("grouped-query (8 query heads on 2 KV heads) and multi-query (1 KV head)")
-def _gqa(fn):
-    _expect_case(fn, "GQA 8/2", seq_lens=[7, 20], block_size=4, q_heads=8, kv_heads=2)
-    _expect_case(fn, "MQA 6/1", seq_lens=[7, 20], block_size=4, q_heads=6, kv_heads=1)
-
-
-@paged.check("unused key-card entries (-1, a room full of NaN, 10**9) are never read")
-def _garbage(fn):
-    case = dict(seq_lens=[5, 17], block_size=4)
-    _expect_case(fn, "padding -1", garbage=-1, **case)
-    _expect_case(fn, NAN_WHAT, unread=PADDING, garbage=NAN_ROOM, **case)
-    _expect_case(fn, "padding 10**9", garbage=FAR, **case)
-
-
-@paged.check("two guests sharing their rooms (a shared prefix)")
-def _shared(fn):
-    _expect_case(
-        fn, "both key cards list the same rooms", seq_lens=[9, 12], block_size=4, shared=True
-    )
-
-
 # a guest of 4,096 tokens whose scores spread widely (q × 16, so q·k / sqrt(head_dim) has a
 # standard deviation of 16) and whose values are large (V × 8): scores rounded to fp16 lose about
 # 2**-11 of their size, which moves the softmax weights by ~1% and the output by 10 to 60 times
@@ -226,16 +161,54 @@ LONG_FP16 = dict(
     q_scale=16.0,
     v_scale=8.0,
 )
+GARBAGE = dict(seq_lens=[5, 17], block_size=4)
 
 
-@paged.check("fp16: head_dim 40, and 4,096 tokens with large scores (compute in fp32, return fp16)")
-def _fp16(fn):
-    _expect_case(
-        fn, "fp16, head_dim 40", seq_lens=[3, 50], block_size=8, head_dim=40, dtype=torch.float16
-    )
-    _expect_case(
-        fn,
+def _check(name: str, *cases):
+    """Register the check ``name``: its cases, each (what the report says, the case), in turn."""
+
+    def check(fn):
+        for what, case in cases:
+            _expect_case(fn, what, **case)
+
+    return paged.check(name)(check)
+
+
+_one = _check(
+    "one guest in one room", ("1 guest of 3 tokens, block_size 4", dict(seq_lens=[3], block_size=4))
+)
+_lengths = _check(
+    "lengths 1, k·block_size and k·block_size ± 1",
+    (
+        "seq_lens [1, 32, 31, 33], block_size 16, head_dim 32",
+        dict(seq_lens=[1, 32, 31, 33], block_size=16, head_dim=32),
+    ),
+)
+_size_one = _check(
+    "block_size 1 (every token in its own room)",
+    ("seq_lens [1, 5, 9], block_size 1", dict(seq_lens=[1, 5, 9], block_size=1)),
+)
+_gqa = _check(
+    "grouped-query (8 query heads on 2 KV heads) and multi-query (1 KV head)",
+    ("GQA 8/2", dict(seq_lens=[7, 20], block_size=4, q_heads=8, kv_heads=2)),
+    ("MQA 6/1", dict(seq_lens=[7, 20], block_size=4, q_heads=6, kv_heads=1)),
+)
+_garbage = _check(
+    "unused key-card entries (-1, a room full of NaN, 10**9) are never read",
+    ("padding -1", dict(garbage=-1, **GARBAGE)),
+    (NAN_WHAT, dict(unread=PADDING, garbage=NAN_ROOM, **GARBAGE)),
+    ("padding 10**9", dict(garbage=FAR, **GARBAGE)),
+)
+_shared = _check(
+    "two guests sharing their rooms (a shared prefix)",
+    ("both key cards list the same rooms", dict(seq_lens=[9, 12], block_size=4, shared=True)),
+)
+_fp16 = _check(
+    "fp16: head_dim 40, and 4,096 tokens with large scores (compute in fp32, return fp16)",
+    ("fp16, head_dim 40", dict(seq_lens=[3, 50], block_size=8, head_dim=40, dtype=torch.float16)),
+    (
         "fp16, seq_lens [4096, 1000], block_size 16, head_dim 128, q × 16 and V × 8 (large "
         "scores and values)",
-        **LONG_FP16,
-    )
+        LONG_FP16,
+    ),
+)

@@ -134,9 +134,8 @@ SIM_SETUP = dict(
 )
 SIM_TEXT = (
     "40 chats with long documents among them at a tenth of their length "
-    "(kvlab.grading.lab09.budget.SIM_DAY), simulate(SIM_DAY, cache='paged', "
-    "kv_capacity_tokens=1024, max_seq_len=1024, block_size=8, max_num_batched_tokens=48, "
-    "chunked_prefill=True)"
+    "(kvlab.grading.lab09.budget.SIM_DAY), simulate(SIM_DAY, "
+    f"{', '.join(f'{key}={value!r}' for key, value in SIM_SETUP.items())})"
 )
 
 

@@ -18,7 +18,7 @@ import math
 import torch
 
 from kvlab.grading import slips
-from kvlab.grading.expect import CheckFailed, max_error, preview
+from kvlab.grading.expect import CheckFailed, expect_tensor_like, max_error, preview
 from kvlab.grading.lab09 import hints
 from kvlab.grading.launchers import (
     BLOCK_Q,
@@ -40,17 +40,12 @@ kernel_ex = exercise(
 )
 
 
-def describe(
-    num_computed: int,
-    n: int,
-    block_size: int = 4,
-    q_heads=2,
-    kv_heads=1,
-    dtype=None,
-    sharpness=1.0,
-    **_,
-) -> str:
-    kind = "" if dtype in (None, torch.float32) else f", q and the caches in {dtype}"
+def describe(args, sharpness: float = 1.0) -> str:
+    """A case of :func:`make_chunk_case` (its tensors ``args``; q made ``sharpness`` times
+    larger) as the report says it."""
+    q, k_cache, _, _, num_computed = args
+    (n, q_heads, _), (block_size, kv_heads) = q.shape, k_cache.shape[1:3]
+    kind = "" if q.dtype == torch.float32 else f", q and the caches in {q.dtype}"
     if sharpness != 1.0:
         kind += f", q {sharpness:g}× larger (scores in the tens)"
     return (
@@ -75,9 +70,8 @@ def attend(args, visible, kv_of=None, rescale=True, softmax_dtype=None):
     size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = q_heads // kv_heads
     kv_of = [h // group for h in range(q_heads)] if kv_of is None else kv_of
-    reach = (len(table)) * size
-    keys = torch.stack([k_cache[int(table[j // size]), j % size] for j in range(reach)])
-    values = torch.stack([v_cache[int(table[j // size]), j % size] for j in range(reach)])
+    keys, values = (cache[table.long()].flatten(0, 1) for cache in (k_cache, v_cache))
+    reach = len(keys)  # every bed of every room the key card lists
     scale = 1.0 / math.sqrt(head_dim)
     out = torch.empty(n, q_heads, head_dim)
     for i in range(n):
@@ -155,27 +149,18 @@ def _close(a, b) -> bool:
 
 
 def _expect_chunk(fn, run, kernel: bool, **case) -> None:
-    what = describe(**case)
     args = make_chunk_case(**case)
+    what = describe(args, case.get("sharpness", 1.0))
     want = chunk_attention_reference(*args)
     got = run(fn, args)
-    if not isinstance(got, torch.Tensor):
-        raise CheckFailed("chunk attention must return a tensor", input=what, got=repr(got)[:80])
-    if got.shape != want.shape:
-        raise CheckFailed(
-            "the output has the wrong shape",
-            input=what,
-            expected=f"{tuple(want.shape)} (the chunk's queries, q_heads, head_dim)",
-            got=str(tuple(got.shape)),
-        )
-    if got.dtype != want.dtype:
-        raise CheckFailed(
-            f"the output is {got.dtype}, not q's dtype",
-            input=what,
-            expected=str(want.dtype),
-            got=str(got.dtype),
-            hint="compute in fp32 as asked, then return the output in q's dtype: .to(q.dtype)",
-        )
+    expect_tensor_like(
+        got,
+        want,
+        "the output",
+        input=what,
+        axes="the chunk's queries, q_heads, head_dim",
+        dtype_hint="compute in fp32 as asked, then return the output in q's dtype: .to(q.dtype)",
+    )
     if _close(got, want):
         return
     diff = (got.float() - want.float()).abs().nan_to_num(nan=math.inf)
@@ -356,7 +341,7 @@ def _far_rooms(fn):
     right_near = _close(_launch_far(fn, on_device), chunk_attention_reference(*near))
     raise CheckFailed(
         "the answer differs when the rooms are numbered far into the cache",
-        input=f"{describe(**FAR_CASE)}; rooms numbered from {int(args[3].min()):,} on "
+        input=f"{describe(near)}; rooms numbered from {int(args[3].min()):,} on "
         f"(stride_kb {args[1].stride(0)}: room * stride_kb past 2**31)",
         expected=preview(want[0, 0].float()),
         got=preview(got[0, 0].float()) if isinstance(got, torch.Tensor) else got,

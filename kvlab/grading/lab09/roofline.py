@@ -6,6 +6,8 @@ answers on the same input; a hint is given only when one slip explains it."""
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 
 from kvlab.grading import slips
 from kvlab.grading.expect import CheckFailed, short
@@ -101,8 +103,7 @@ def _expect_free(fn, spec, gpu: GPU, batch: int, context: int) -> None:
             got=short(got, typed=True),
         )
     if got != want:
-        args = (spec, gpu, batch, context)
-        found = slips.matching(ALMOST_FREE_SLIPS, got, args, want)
+        found = slips.matching(ALMOST_FREE_SLIPS, got, (spec, gpu, batch, context), want)
         found = slips.told_apart(
             found, fn, FREE_INPUTS, almost_free_tokens, always=True, readable=_whole_number
         )
@@ -133,23 +134,26 @@ for name, inputs in FREE_CHECKS.items():
 
 # --- 09.choose_chunk --------------------------------------------------------------------------
 
-# a small day of chats with documents (in steps of the roofline: Llama-3-8B on an H100)
-CHOOSE_DAY = documents_among_chats(60, seed=2, rate=40.0, document_share=0.1)
-# a day of chats alone: no long prompt to chunk, so the p99 does not grow with the budget (512's
-# is over 1,024's, 2,048's and 4,096's)
-FLAT_DAY = documents_among_chats(60, seed=3, rate=40.0, document_share=0.0)
 CHOOSE_BUDGETS = (256, 512, 1024, 2048, 4096)
+# the days swept (in steps of the roofline: Llama-3-8B on an H100): their guests, and the report's
+# words for them
 SWEEPS = {
+    # a small day of chats with documents
     "documents": (
-        CHOOSE_DAY,
+        documents_among_chats(60, seed=2, rate=40.0, document_share=0.1),
         "60 chats with documents (kvlab.grading.lab09.roofline.choose_sweep())",
     ),
+    # a day of chats alone: no long prompt to chunk, so the p99 does not grow with the budget
+    # (512's is over 1,024's, 2,048's and 4,096's)
     "chats": (
-        FLAT_DAY,
+        documents_among_chats(60, seed=3, rate=40.0, document_share=0.0),
         "60 chats and no documents, where the p99 does not grow with the budget "
         "(kvlab.grading.lab09.roofline.choose_sweep('chats'))",
     ),
 }
+SWEEP_SETUP = dict(
+    cache="paged", kv_capacity_tokens=200_000, max_seq_len=8192, chunked_prefill=True
+)
 
 
 @functools.cache
@@ -157,17 +161,9 @@ def choose_sweep(day: str = "documents") -> dict:
     """budget -> the day's SimResult with chunked prefill under that budget."""
     from kvlab.perf.roofline import StepTime
 
-    step_time = StepTime(LLAMA_3_8B, H100_SXM)
+    step_time, guests = StepTime(LLAMA_3_8B, H100_SXM), SWEEPS[day][0]
     return {
-        b: simulate(
-            SWEEPS[day][0],
-            cache="paged",
-            kv_capacity_tokens=200_000,
-            max_seq_len=8192,
-            step_time=step_time,
-            max_num_batched_tokens=b,
-            chunked_prefill=True,
-        )
+        b: simulate(guests, step_time=step_time, max_num_batched_tokens=b, **SWEEP_SETUP)
         for b in CHOOSE_BUDGETS
     }
 
@@ -183,17 +179,10 @@ def largest_chunk(
     """The largest (or, slipped, smallest) budget whose measure is under the target, or None;
     slipped too: ``strict`` (a measure at the target does not meet it), ``walk`` (the budgets in
     order, stopping at the first over the target)."""
-
-    def meets(r):
-        return measure(r) < target if strict else measure(r) <= target
-
-    under = [b for b, r in results.items() if meets(r)]
+    meets = operator.lt if strict else operator.le
+    under = [b for b, r in results.items() if meets(measure(r), target)]
     if walk:
-        under = []
-        for b in sorted(results):
-            if measure(results[b]) > target:
-                break
-            under.append(b)
+        under = list(itertools.takewhile(lambda b: measure(results[b]) <= target, sorted(results)))
     if not under:
         return None
     return max(under) if largest else min(under)
@@ -225,8 +214,10 @@ def probe_targets(day: str = "documents") -> tuple[float, ...]:
     return between + tuple(values)
 
 
-def _expect_choice(fn, target: float, day: str = "documents") -> None:
+def _expect_choice(fn, target_of, day: str) -> None:
+    """``fn`` on the day's sweep and the target ``target_of`` it."""
     results = choose_sweep(day)
+    target = target_of(results)
     what = (
         f"a sweep of budgets {', '.join(map(str, CHOOSE_BUDGETS))} over {SWEEPS[day][1]}, "
         f"target {target * 1e3:g} ms"
@@ -246,33 +237,27 @@ def _expect_choice(fn, target: float, day: str = "documents") -> None:
         )
 
 
-def _target_between(a: int, b: int, day: str = "documents") -> float:
+def _between(results: dict, a: int, b: int) -> float:
     """A target between the p99 gaps of budgets a and b."""
-    results = choose_sweep(day)
     return (results[a].itl(99) + results[b].itl(99)) / 2
 
 
-@choose_ex.check("the target of the lab's sweep: 30 ms")
-def _thirty(fn):
-    _expect_choice(fn, 0.030)
-
-
-@choose_ex.check("a target between two budgets' p99 gaps")
-def _between(fn):
-    _expect_choice(fn, _target_between(512, 1024))
-
-
-@choose_ex.check("a target exactly at 1,024's p99: a p99 at the target meets it")
-def _at_target(fn):
-    _expect_choice(fn, choose_sweep()[1024].itl(99))
-
-
-@choose_ex.check("a sweep whose p99 does not grow with the budget: 512's over, 4,096's under")
-def _flat(fn):
-    _expect_choice(fn, _target_between(512, 1024, "chats"), "chats")
-
-
-@choose_ex.check("a target that no budget meets: None")
-def _none(fn):
-    results = choose_sweep()
-    _expect_choice(fn, min(r.itl(99) for r in results.values()) / 2)
+# the checks as data: the name the learner reads -> (its target, from the day's sweep; the day)
+CHOICES = {
+    "the target of the lab's sweep: 30 ms": (lambda results: 0.030, "documents"),
+    "a target between two budgets' p99 gaps": (lambda r: _between(r, 512, 1024), "documents"),
+    "a target exactly at 1,024's p99: a p99 at the target meets it": (
+        lambda results: results[1024].itl(99),
+        "documents",
+    ),
+    "a sweep whose p99 does not grow with the budget: 512's over, 4,096's under": (
+        lambda results: _between(results, 512, 1024),
+        "chats",
+    ),
+    "a target that no budget meets: None": (
+        lambda results: min(r.itl(99) for r in results.values()) / 2,
+        "documents",
+    ),
+}
+for _name, (_target, _day) in CHOICES.items():
+    choose_ex.check(_name)(functools.partial(_expect_choice, target_of=_target, day=_day))
