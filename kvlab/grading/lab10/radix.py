@@ -77,10 +77,6 @@ SLIPS = (
 # --- the cases --------------------------------------------------------------------------------
 
 
-def page(*ids):
-    return list(ids)
-
-
 P = [[10 * i + t for t in range(4)] for i in range(1, 8)]  # pages P0..P6 of 4 tokens
 Q3, Z, TAIL = [71, 72, 73, 74], [9, 9, 9, 9], [5]
 
@@ -211,8 +207,7 @@ def _slip(fn, case: Case, got) -> str | None:
 
 def expect_match(fn, case: Case) -> None:
     where = case.describe()
-    manager = case.build()
-    tree: RadixTreeCache = manager.prefix_cache
+    tree: RadixTreeCache = case.build().prefix_cache
     size = tree.block_size
     shadow = {b.block_id: t for n in tree.nodes() for b, t in zip(n.blocks, n.tokens, strict=True)}
     order = tree.cached_block_ids()
@@ -229,26 +224,20 @@ def expect_match(fn, case: Case) -> None:
             "match_prefix returns a node of the tree (tree.root, or one of its nodes)",
             got=short(got, typed=True),
         )
-    in_tree = got is tree.root or any(n is got for n in tree.nodes())
-    if not in_tree:
+    if got is not tree.root and not any(n is got for n in tree.nodes()):
         fail("that node is not in the tree (any more)", got=repr(got))
     path = list(path_of(got))
     if path != want_blocks:
+        pages = [case.prompt[i * size : (i + 1) * size] for i in range(len(path))]
         wrong = next(
-            (
-                i
-                for i, room in enumerate(path)
-                if shadow.get(room) != tuple(case.prompt[i * size : (i + 1) * size])
-            ),
-            None,
+            (i for i, room in enumerate(path) if shadow.get(room) != tuple(pages[i])), None
         )
         detail = ""
         if wrong is not None:
-            page_ids = case.prompt[wrong * size : (wrong + 1) * size]
             held = shadow.get(path[wrong])
             detail = (
                 f" (room {path[wrong]} holds {list(held) if held else 'nothing cached'}, the "
-                f"prompt's page {wrong} is {page_ids or 'past its end'}"
+                f"prompt's page {wrong} is {pages[wrong] or 'past its end'}"
                 + (", its last token" if len(case.prompt) - 1 < (wrong + 1) * size else "")
                 + ")"
             )
@@ -269,39 +258,22 @@ def expect_match(fn, case: Case) -> None:
         )
 
 
-@match_ex.check("an empty tree: the root")
-def _empty(fn):
-    expect_match(fn, CASES["empty"])
+# (check, its cases); the random trees come last
+for _name, _cases in (
+    ("an empty tree: the root", [CASES["empty"]]),
+    ("a prompt that follows a whole edge", [CASES["edge"]]),
+    ("a prompt that leaves an edge part way: a split", [CASES["partial"], CASES["fork"]]),
+    ("down two edges, the second split", [CASES["deep"]]),
+    ("a prompt that ends on a room's last bed", [CASES["boundary"], CASES["inner"]]),
+    ("rooms a guest holds and rooms nobody holds, in one tree", [CASES["held"]]),
+    (
+        "30 random trees, 2 beds a room, checked against tree.match",
+        [random_case(seed) for seed in range(30)],
+    ),
+):
 
+    def _check(fn, cases=_cases):
+        for case in cases:
+            expect_match(fn, case)
 
-@match_ex.check("a prompt that follows a whole edge")
-def _edge(fn):
-    expect_match(fn, CASES["edge"])
-
-
-@match_ex.check("a prompt that leaves an edge part way: a split")
-def _partial(fn):
-    expect_match(fn, CASES["partial"])
-    expect_match(fn, CASES["fork"])
-
-
-@match_ex.check("down two edges, the second split")
-def _deep(fn):
-    expect_match(fn, CASES["deep"])
-
-
-@match_ex.check("a prompt that ends on a room's last bed")
-def _boundary(fn):
-    expect_match(fn, CASES["boundary"])
-    expect_match(fn, CASES["inner"])
-
-
-@match_ex.check("rooms a guest holds and rooms nobody holds, in one tree")
-def _held(fn):
-    expect_match(fn, CASES["held"])
-
-
-@match_ex.check("30 random trees, 2 beds a room, checked against tree.match")
-def _random(fn):
-    for seed in range(30):
-        expect_match(fn, random_case(seed))
+    match_ex.check(_name)(_check)
