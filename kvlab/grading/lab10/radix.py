@@ -106,14 +106,12 @@ class Case:
         return m
 
     def describe(self) -> str:
-        parts = [self.story]
         size = self.block_size
-        pages = [tuple(self.prompt[i : i + size]) for i in range(0, len(self.prompt), size)]
-        text = " ".join("".join(f"{t}," for t in p).rstrip(",") for p in pages)
+        pages = [self.prompt[i : i + size] for i in range(0, len(self.prompt), size)]
+        text = " ".join(",".join(map(str, p)) for p in pages)
         if len(text) > 90:
             text = text[:88] + "…"
-        parts.append(f"match_prefix(tree, prompt of {len(self.prompt)} tokens: {text})")
-        return "; ".join(parts)
+        return f"{self.story}; match_prefix(tree, prompt of {len(self.prompt)} tokens: {text})"
 
 
 def path_of(node) -> tuple[int, ...]:
