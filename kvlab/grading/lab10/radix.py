@@ -13,6 +13,7 @@ several do, answers the other cases as the learner's code does.
 
 from __future__ import annotations
 
+import functools
 import random
 
 from kvlab.core.block_manager import BlockManager
@@ -120,11 +121,7 @@ def path_of(node) -> tuple[int, ...]:
 
 def answer(fn, case: Case):
     """The rooms along the path of the node ``fn`` returns on a fresh build of ``case``."""
-    tree = case.build().prefix_cache
-    try:
-        got = fn(tree, list(case.prompt))
-    except Exception:
-        return slips.RAISED
+    got = slips.answer_of(fn, case.build().prefix_cache, list(case.prompt))
     return path_of(got) if isinstance(got, Node) else slips.RAISED
 
 
@@ -204,26 +201,21 @@ def _slip(fn, case: Case, got) -> str | None:
 
 
 def expect_match(fn, case: Case) -> None:
-    where = case.describe()
     tree: RadixTreeCache = case.build().prefix_cache
     size = tree.block_size
     shadow = {b.block_id: t for n in tree.nodes() for b, t in zip(n.blocks, n.tokens, strict=True)}
     order = tree.cached_block_ids()
     want_blocks = [b.block_id for b in tree.match(case.prompt).blocks]
     got = fn(tree, list(case.prompt))
-
-    def fail(message, **details):
-        raise CheckFailed(
-            message, input=where, expected=f"the node ending at rooms {want_blocks}", **details
-        )
-
+    want = f"the node ending at rooms {want_blocks}"
+    fail = functools.partial(CheckFailed, input=case.describe(), expected=want)
     if not isinstance(got, Node):
-        fail(
+        raise fail(
             "match_prefix returns a node of the tree (tree.root, or one of its nodes)",
             got=short(got, typed=True),
         )
     if got is not tree.root and not any(n is got for n in tree.nodes()):
-        fail("that node is not in the tree (any more)", got=repr(got))
+        raise fail("that node is not in the tree (any more)", got=repr(got))
     path = list(path_of(got))
     if path != want_blocks:
         pages = [case.prompt[i * size : (i + 1) * size] for i in range(len(path))]
@@ -239,7 +231,7 @@ def expect_match(fn, case: Case) -> None:
                 + (", its last token" if len(case.prompt) - 1 < (wrong + 1) * size else "")
                 + ")"
             )
-        fail(
+        raise fail(
             "a different prefix" + detail,
             got=f"the node ending at rooms {path}",
             hint=_slip(fn, case, tuple(path)),
@@ -247,10 +239,10 @@ def expect_match(fn, case: Case) -> None:
     try:
         tree.check_invariants()
     except AssertionError as e:
-        fail("the tree is broken after the walk", got=str(e))
+        raise fail("the tree is broken after the walk", got=str(e)) from e
     after = {b.block_id: t for n in tree.nodes() for b, t in zip(n.blocks, n.tokens, strict=True)}
     if after != shadow or tree.cached_block_ids() != order:
-        fail(
+        raise fail(
             "the walk changed which rooms the tree holds, or their order of eviction",
             got="rooms or their order changed",
         )
