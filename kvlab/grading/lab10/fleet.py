@@ -193,11 +193,8 @@ for _name, (_story, _rows) in CASES.items():
 @score_ex.check("40 random fleets of 2 to 6 replicas")
 def _random(fn):
     for seed in range(40):
-        expect_pick(
-            fn,
-            f"random fleet {seed} (kvlab.grading.lab10.fleet.random_rows({seed}))",
-            random_rows(seed),
-        )
+        story = f"random fleet {seed} (kvlab.grading.lab10.fleet.random_rows({seed}))"
+        expect_pick(fn, story, random_rows(seed))
 
 
 @score_ex.check("the views listed from replica 1 on: the answer is view.index, not a place")
@@ -206,12 +203,8 @@ def _rotated(fn):
         story, rows = CASES[name]
         expect_pick(fn, story + ", listed from replica 1 on (replica 0 last)", rows, rotated=True)
     for seed in range(10):
-        expect_pick(
-            fn,
-            f"random fleet {seed} listed from replica 1 on (replica 0 last)",
-            random_rows(seed),
-            rotated=True,
-        )
+        story = f"random fleet {seed} listed from replica 1 on (replica 0 last)"
+        expect_pick(fn, story, random_rows(seed), rotated=True)
 
 
 @functools.cache
