@@ -214,11 +214,10 @@ def head_dim_hint(layer) -> str:
     )
 
 
-def _output(options: dict, layer, *inputs):
-    """A slip's output: the heads ``step_with(**options)`` computes, through ``wo(layer.wo)``
+def _output(layer, *inputs, wo=lambda w: w, **slip):
+    """A slip's output: the heads ``step_with(**slip)`` computes, through ``wo(layer.wo)``
     (nn.Linear's ``wo.T``; ``wo=None``: not projected)."""
-    wo = options.get("wo", lambda w: w)
-    heads = step_with(layer, *inputs, **{k: v for k, v in options.items() if k != "wo"})
+    heads = step_with(layer, *inputs, **slip)
     return heads if wo is None else heads @ wo(layer.wo)
 
 
@@ -241,7 +240,7 @@ def step_slips(layer) -> list[Slip]:
     )
     fill = dict(group=heads // kv, kv_heads=kv)
     return [
-        Slip(STEP_HINTS.get(key, key).format(**fill), functools.partial(_output, options))
+        Slip(STEP_HINTS.get(key, key).format(**fill), functools.partial(_output, **options))
         for key, shown, options in rows
         if shown
     ]
