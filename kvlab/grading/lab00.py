@@ -109,16 +109,14 @@ def _expect_bytes(fn, spec: ModelSpec):
     right, where, number = spec.kv_bytes_per_token, _describe(spec), _is_number(got)
     if got is None:
         raise CheckFailed("no byte count came back", input=where, got="None", hint=RETURNED_NONE)
-    if not number or got == right:
-        hint = None
-        if number:
-            hint = "the count is right but not an int: build it with `*` only, or wrap it in int()"
-        elif isinstance(got, str) and got.strip().replace(",", "") == str(right):
-            hint = "return the number itself, not its text (no str() or f-string)"
+    if number and got == right:  # only its type can be wrong
+        hint = "the count is right but not an int: build it with `*` only, or wrap it in int()"
+        return expect_type(got, int, "the byte count", input=where, hint=hint)
+    if not number:  # a bool, a text, ...: never an int
+        text = isinstance(got, str) and got.strip().replace(",", "") == str(right)
+        hint = "return the number itself, not its text (no str() or f-string)" if text else None
         expect_type(got, int, "the byte count", input=where, hint=hint)
-        if number:
-            return
-    shown = f"{got:,}" if number and math.isfinite(got) else expect.short(got)
+    shown = f"{got:,}" if math.isfinite(got) else expect.short(got)
     hint = diagnose_kv_bytes(fn, spec, got)
     raise CheckFailed("wrong byte count", input=where, expected=f"{right:,}", got=shown, hint=hint)
 
@@ -216,11 +214,10 @@ def head_dim_hint(layer) -> str:
     )
 
 
-def _output(options: dict, layer, *inputs):
-    """A slip's output: the heads ``step_with(**options)`` computes, through ``wo(layer.wo)``
+def _output(layer, *inputs, wo=lambda w: w, **slip):
+    """A slip's output: the heads ``step_with(**slip)`` computes, through ``wo(layer.wo)``
     (nn.Linear's ``wo.T``; ``wo=None``: not projected)."""
-    wo = options.get("wo", lambda w: w)
-    heads = step_with(layer, *inputs, **{k: v for k, v in options.items() if k != "wo"})
+    heads = step_with(layer, *inputs, **slip)
     return heads if wo is None else heads @ wo(layer.wo)
 
 
@@ -243,7 +240,7 @@ def step_slips(layer) -> list[Slip]:
     )
     fill = dict(group=heads // kv, kv_heads=kv)
     return [
-        Slip(STEP_HINTS.get(key, key).format(**fill), functools.partial(_output, options))
+        Slip(STEP_HINTS.get(key, key).format(**fill), functools.partial(_output, **options))
         for key, shown, options in rows
         if shown
     ]
@@ -257,15 +254,12 @@ def diagnose_step(layer, x_t, k_cache, v_cache, y) -> str | None:
 
 
 def _two_steps(fn, layer):
-    """(x, the learner's outputs for two tokens through ``layer`` from an empty cache, whether
-    each is full recompute's)."""
+    """(x, the learner's first output, whether both are full recompute's) for two tokens x
+    through ``layer`` from an empty cache."""
     x = torch.randn(2, layer.d_model, generator=torch.Generator().manual_seed(7))
-    k_cache, v_cache = layer.empty_cache()
-    outputs = []
-    for t in range(2):
-        y, k_cache, v_cache = fn(layer, x[t], k_cache, v_cache)
-        outputs.append(y)
-    return x, outputs, all(_close(y, r) for y, r in zip(outputs, layer.forward(x), strict=True))
+    y_0, k_cache, v_cache = fn(layer, x[0], *layer.empty_cache())
+    y_1, _, _ = fn(layer, x[1], k_cache, v_cache)
+    return x, y_0, all(_close(y, r) for y, r in zip((y_0, y_1), layer.forward(x), strict=True))
 
 
 def diagnose_error(fn, layer) -> tuple[str, str, str | None] | None:
@@ -291,7 +285,7 @@ def diagnose_error(fn, layer) -> tuple[str, str, str | None] | None:
         if probe is not None and probe[2]:
             message = f"{plural(heads, 'head')} of {d} make {heads * d} here, not d_model = {width}"
             return f"{message}; your step runs when they make d_model", head_dim_hint(layer), None
-        y = None if probe is None else probe[1][0]
+        y = None if probe is None else probe[1]
         if isinstance(y, torch.Tensor) and (
             diagnose_step(square, probe[0][0], *square.empty_cache(), y) == LINEAR_HINT
         ):

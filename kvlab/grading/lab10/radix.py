@@ -13,6 +13,7 @@ several do, answers the other cases as the learner's code does.
 
 from __future__ import annotations
 
+import functools
 import random
 
 from kvlab.core.block_manager import BlockManager
@@ -77,10 +78,6 @@ SLIPS = (
 # --- the cases --------------------------------------------------------------------------------
 
 
-def page(*ids):
-    return list(ids)
-
-
 P = [[10 * i + t for t in range(4)] for i in range(1, 8)]  # pages P0..P6 of 4 tokens
 Q3, Z, TAIL = [71, 72, 73, 74], [9, 9, 9, 9], [5]
 
@@ -110,14 +107,12 @@ class Case:
         return m
 
     def describe(self) -> str:
-        parts = [self.story]
         size = self.block_size
-        pages = [tuple(self.prompt[i : i + size]) for i in range(0, len(self.prompt), size)]
-        text = " ".join("".join(f"{t}," for t in p).rstrip(",") for p in pages)
+        pages = [self.prompt[i : i + size] for i in range(0, len(self.prompt), size)]
+        text = " ".join(",".join(map(str, p)) for p in pages)
         if len(text) > 90:
             text = text[:88] + "…"
-        parts.append(f"match_prefix(tree, prompt of {len(self.prompt)} tokens: {text})")
-        return "; ".join(parts)
+        return f"{self.story}; match_prefix(tree, prompt of {len(self.prompt)} tokens: {text})"
 
 
 def path_of(node) -> tuple[int, ...]:
@@ -126,11 +121,7 @@ def path_of(node) -> tuple[int, ...]:
 
 def answer(fn, case: Case):
     """The rooms along the path of the node ``fn`` returns on a fresh build of ``case``."""
-    tree = case.build().prefix_cache
-    try:
-        got = fn(tree, list(case.prompt))
-    except Exception:
-        return slips.RAISED
+    got = slips.answer_of(fn, case.build().prefix_cache, list(case.prompt))
     return path_of(got) if isinstance(got, Node) else slips.RAISED
 
 
@@ -210,49 +201,37 @@ def _slip(fn, case: Case, got) -> str | None:
 
 
 def expect_match(fn, case: Case) -> None:
-    where = case.describe()
-    manager = case.build()
-    tree: RadixTreeCache = manager.prefix_cache
+    tree: RadixTreeCache = case.build().prefix_cache
     size = tree.block_size
     shadow = {b.block_id: t for n in tree.nodes() for b, t in zip(n.blocks, n.tokens, strict=True)}
     order = tree.cached_block_ids()
     want_blocks = [b.block_id for b in tree.match(case.prompt).blocks]
     got = fn(tree, list(case.prompt))
-
-    def fail(message, **details):
-        raise CheckFailed(
-            message, input=where, expected=f"the node ending at rooms {want_blocks}", **details
-        )
-
+    want = f"the node ending at rooms {want_blocks}"
+    fail = functools.partial(CheckFailed, input=case.describe(), expected=want)
     if not isinstance(got, Node):
-        fail(
+        raise fail(
             "match_prefix returns a node of the tree (tree.root, or one of its nodes)",
             got=short(got, typed=True),
         )
-    in_tree = got is tree.root or any(n is got for n in tree.nodes())
-    if not in_tree:
-        fail("that node is not in the tree (any more)", got=repr(got))
+    if got is not tree.root and not any(n is got for n in tree.nodes()):
+        raise fail("that node is not in the tree (any more)", got=repr(got))
     path = list(path_of(got))
     if path != want_blocks:
+        pages = [case.prompt[i * size : (i + 1) * size] for i in range(len(path))]
         wrong = next(
-            (
-                i
-                for i, room in enumerate(path)
-                if shadow.get(room) != tuple(case.prompt[i * size : (i + 1) * size])
-            ),
-            None,
+            (i for i, room in enumerate(path) if shadow.get(room) != tuple(pages[i])), None
         )
         detail = ""
         if wrong is not None:
-            page_ids = case.prompt[wrong * size : (wrong + 1) * size]
             held = shadow.get(path[wrong])
             detail = (
                 f" (room {path[wrong]} holds {list(held) if held else 'nothing cached'}, the "
-                f"prompt's page {wrong} is {page_ids or 'past its end'}"
+                f"prompt's page {wrong} is {pages[wrong] or 'past its end'}"
                 + (", its last token" if len(case.prompt) - 1 < (wrong + 1) * size else "")
                 + ")"
             )
-        fail(
+        raise fail(
             "a different prefix" + detail,
             got=f"the node ending at rooms {path}",
             hint=_slip(fn, case, tuple(path)),
@@ -260,48 +239,31 @@ def expect_match(fn, case: Case) -> None:
     try:
         tree.check_invariants()
     except AssertionError as e:
-        fail("the tree is broken after the walk", got=str(e))
+        raise fail("the tree is broken after the walk", got=str(e)) from e
     after = {b.block_id: t for n in tree.nodes() for b, t in zip(n.blocks, n.tokens, strict=True)}
     if after != shadow or tree.cached_block_ids() != order:
-        fail(
+        raise fail(
             "the walk changed which rooms the tree holds, or their order of eviction",
             got="rooms or their order changed",
         )
 
 
-@match_ex.check("an empty tree: the root")
-def _empty(fn):
-    expect_match(fn, CASES["empty"])
+# (check, its cases); the random trees come last
+for _name, _cases in (
+    ("an empty tree: the root", [CASES["empty"]]),
+    ("a prompt that follows a whole edge", [CASES["edge"]]),
+    ("a prompt that leaves an edge part way: a split", [CASES["partial"], CASES["fork"]]),
+    ("down two edges, the second split", [CASES["deep"]]),
+    ("a prompt that ends on a room's last bed", [CASES["boundary"], CASES["inner"]]),
+    ("rooms a guest holds and rooms nobody holds, in one tree", [CASES["held"]]),
+    (
+        "30 random trees, 2 beds a room, checked against tree.match",
+        [random_case(seed) for seed in range(30)],
+    ),
+):
 
+    def _check(fn, cases=_cases):
+        for case in cases:
+            expect_match(fn, case)
 
-@match_ex.check("a prompt that follows a whole edge")
-def _edge(fn):
-    expect_match(fn, CASES["edge"])
-
-
-@match_ex.check("a prompt that leaves an edge part way: a split")
-def _partial(fn):
-    expect_match(fn, CASES["partial"])
-    expect_match(fn, CASES["fork"])
-
-
-@match_ex.check("down two edges, the second split")
-def _deep(fn):
-    expect_match(fn, CASES["deep"])
-
-
-@match_ex.check("a prompt that ends on a room's last bed")
-def _boundary(fn):
-    expect_match(fn, CASES["boundary"])
-    expect_match(fn, CASES["inner"])
-
-
-@match_ex.check("rooms a guest holds and rooms nobody holds, in one tree")
-def _held(fn):
-    expect_match(fn, CASES["held"])
-
-
-@match_ex.check("30 random trees, 2 beds a room, checked against tree.match")
-def _random(fn):
-    for seed in range(30):
-        expect_match(fn, random_case(seed))
+    match_ex.check(_name)(_check)

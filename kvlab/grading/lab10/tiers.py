@@ -12,6 +12,8 @@ does on every input of the checks, the failing one and all the others.
 
 from __future__ import annotations
 
+import functools
+
 from kvlab.grading import slips
 from kvlab.grading.expect import CheckFailed, short
 from kvlab.grading.lab10 import hints
@@ -172,24 +174,18 @@ def _where(spec, gpu, n, link) -> str:
 
 def _answer(fn, spec, gpu, n, link):
     got = fn(spec, gpu, n, link)
-    if type(got).__name__ in ("bool", "bool_"):  # numpy's too
-        return bool(got)
-    return got
+    return bool(got) if type(got).__name__ in ("bool", "bool_") else got  # numpy's too
 
 
 def _slip(fn, inp, got):
     """The hint of the one slip that answers as ``fn`` does on every input of the checks, the
     failing one and all the others (none where ``fn`` raises on one)."""
-
-    def mine(*inp):
-        return _answer(fn, *inp)
-
+    mine = functools.partial(_answer, fn)
     if any(slips.answer_of(mine, *other) is slips.RAISED for other in INPUTS):
         return None
     found = slips.matching(SLIPS, got, inp, reference_rule(*inp))
-    return slips.hint(
-        slips.only(slips.told_apart(found, mine, INPUTS, reference_rule, always=True))
-    )
+    found = slips.told_apart(found, mine, INPUTS, reference_rule, always=True)
+    return slips.hint(slips.only(found))
 
 
 def expect_rule(fn, spec, gpu, n, link) -> None:
