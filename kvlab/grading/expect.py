@@ -192,12 +192,20 @@ def call_without_mutation(fn, *args, names: tuple[str, ...] = ()):
 
 
 def expect_tensor_like(
-    got, expected, what: str, input=None, axes="", shape_hint=None, dtype_hint=None
+    got,
+    expected,
+    what: str,
+    input=None,
+    axes="",
+    shape_hint=None,
+    dtype_hint=None,
+    replay=None,
+    dtype_of="q",
 ):
     """Fail unless ``got`` is a tensor of ``expected``'s shape and dtype: what a check whose answer
-    is a tensor asks before it compares the values (Labs 04 and 09). ``axes`` names the shape's
+    is a tensor asks before it compares the values (Labs 04, 09 and 11). ``axes`` names the shape's
     axes in the report; ``shape_hint`` and ``dtype_hint`` are the advice for a wrong shape or
-    dtype. Every tensor exercise returns q's dtype."""
+    dtype; the answer's dtype is that of the input ``dtype_of``."""
     import torch
 
     expect_type(got, torch.Tensor, what, input=input)
@@ -208,10 +216,11 @@ def expect_tensor_like(
             expected=f"{tuple(expected.shape)}{axes and f' ({axes})'}",
             got=str(tuple(got.shape)),
             hint=shape_hint,
+            replay=replay,
         )
     if got.dtype != expected.dtype:
         raise CheckFailed(
-            f"{what} is {got.dtype}, not q's dtype",
+            f"{what} is {got.dtype}, not {dtype_of}'s dtype",
             input=input,
             expected=str(expected.dtype),
             got=str(got.dtype),

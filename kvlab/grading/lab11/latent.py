@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from kvlab.grading.expect import CheckFailed, max_error, preview, short
+from kvlab.grading.expect import CheckFailed, expect_tensor_like, max_error, preview
 from kvlab.grading.own_code import call_own
 from kvlab.grading.registry import exercise, own_answers
 from kvlab.grading.slips import Slip, matching, only, quietly, told_apart
@@ -199,26 +199,19 @@ def expect_latent(fn, what: str, case_args: dict) -> None:
     replay = f"kvlab.ops.mla.make_mla_case(**{case_args})"
     got = _run(fn, case)
     heads, rank, v_dim = case[0].shape[0], case[3].shape[2], case[4].shape[1]
-    if not isinstance(got, torch.Tensor):
-        raise CheckFailed("mla_decode must return a tensor", input=what, got=short(got, typed=True))
-    if got.shape != want.shape:
-        latent_out = tuple(got.shape) == (heads, rank) and rank != v_dim
-        raise CheckFailed(
-            "the output has the wrong shape",
-            input=what,
-            expected=f"{tuple(want.shape)} (heads, v_dim)",
-            got=str(tuple(got.shape)),
-            hint=LATENT_OUT if latent_out else None,
-            replay=replay,
-        )
-    if got.dtype != want.dtype:
-        raise CheckFailed(
-            f"the output is {got.dtype}, not q_nope's dtype",
-            input=what,
-            expected=str(want.dtype),
-            got=str(got.dtype),
-            hint=DTYPE,
-        )
+    shape = tuple(got.shape) if isinstance(got, torch.Tensor) else None
+    latent_out = shape == (heads, rank) and rank != v_dim
+    expect_tensor_like(
+        got,
+        want,
+        "the output",
+        input=what,
+        axes="heads, v_dim",
+        shape_hint=LATENT_OUT if latent_out else None,
+        dtype_hint=DTYPE,
+        replay=replay,
+        dtype_of="q_nope",
+    )
     if _close(got, want, want.dtype):
         return
     diff = (got.float() - want.float()).abs().nan_to_num(nan=math.inf)
