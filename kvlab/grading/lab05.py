@@ -241,6 +241,7 @@ def _expect_kernel(fn, what: str, seq_lens: list, unread=None, read=None, **opti
         "the reference",
         hints=KERNEL_HINTS,
         rerun_fp32=lambda: None if fp32 is None else guarded_launch(fn, fp32).got,
+        fp32_expected=lambda: paged_decode_attention_ref(*fp32),
         unread=unread,
         extra_slips=list(_kernel_slips(fn, args, run.got, case)),
         replay=rebuild(case),
