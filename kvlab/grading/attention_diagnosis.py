@@ -165,10 +165,10 @@ def diagnose(
             found = slip.probe()
         if found:
             return slip.cause, hints[slip.cause].format(**fill)
-    if rerun_fp32 is not None:
-        again = rerun_fp32()
+    again = None if rerun_fp32 is None else rerun_fp32()
+    if again is not None:  # the inputs were fp16/bf16: the reference on fp32 inputs is wanted
         want = expected if fp32_expected is None else fp32_expected().float().cpu()
-        if again is not None and torch.allclose(again.float().cpu(), want, atol=1e-4, rtol=1e-4):
+        if torch.allclose(again.float().cpu(), want, atol=1e-4, rtol=1e-4):
             return "low precision", hints["low precision"].format(**fill)
     for fallback in fallbacks:
         found = fallback()

@@ -291,6 +291,13 @@ class KeyCardJudge(ClassDriver):
         self.unaliased("allocate", seq, table)
         return table
 
+    def free(self, seq) -> None:
+        """``free(seq)`` on both managers, then the invariants (the rooms it held may go back)."""
+        before = self.obj.num_free_blocks
+        rooms = len(self.tables()[seq])
+        self.twin("free", seq)
+        self.check("free", before, rooms)
+
 
 def play(judge, *steps) -> None:
     """Make ``steps`` on ``judge`` in order: a check written as data. Each step is

@@ -378,7 +378,7 @@ def _run_decode(fn, layer: TinyAttention, steps: int, seed: int, build: str):
             if isinstance(result, list) and len(result) == 3:
                 hint = "return the three values as a tuple: `return y_t, k_cache, v_cache`"
             what = "decode_step must return a tuple (y_t, k_cache, v_cache)"
-            raise CheckFailed(what, input=where, got=expect.short(result), hint=hint)
+            raise fail(what, got=expect.short(result), hint=hint)
         y, k_new, v_new = result
         cache = (t + 1, layer.num_kv_heads, layer.head_dim)
         for name, value, shape in zip(OUTPUTS, result, ((width,), cache, cache), strict=True):

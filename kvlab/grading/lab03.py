@@ -227,12 +227,6 @@ class _Judge(KeyCardJudge):
             )
         self.others_kept("append_slot", others, self.others(seq))
 
-    def free(self, seq) -> None:
-        before = self.obj.num_free_blocks
-        rooms = len(self.tables()[seq])
-        self.twin("free", seq)
-        self.check("free", before, rooms)
-
     def forgotten(self, seq) -> None:
         """After free, the guest is unknown: its key card and token count are gone."""
         for reader in ("block_table", "num_tokens"):

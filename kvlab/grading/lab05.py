@@ -130,9 +130,9 @@ def _lookalike_slips(args):
     yield Slip(None, lambda a: attend_read(a, values=twins.own_kv), "v is k")
     yield Slip(None, lambda a: attend_read(a, exp2=True), "exp2 without log2(e)")
     yield Slip(None, lambda a: attend_beds(a, whole))  # lab04's "whole last room"
-    if kv_heads not in (1, q_heads):
-        modulo = [h % kv_heads for h in range(q_heads)]
-        yield Slip(None, lambda a: attend_beds(a, kv_of_head=modulo))
+    if kv_heads not in (1, q_heads):  # lab04's "kv head modulo", on each case's own heads
+        modulo = lambda a: [h % a[1].shape[2] for h in range(a[0].shape[1])]  # noqa: E731
+        yield Slip(None, lambda a: attend_beds(a, kv_of_head=modulo(a)))
 
 
 def _kv_head_divided(args) -> list[int]:
@@ -241,6 +241,7 @@ def _expect_kernel(fn, what: str, seq_lens: list, unread=None, read=None, **opti
         "the reference",
         hints=KERNEL_HINTS,
         rerun_fp32=lambda: None if fp32 is None else guarded_launch(fn, fp32).got,
+        fp32_expected=lambda: paged_decode_attention_ref(*fp32),
         unread=unread,
         extra_slips=list(_kernel_slips(fn, args, run.got, case)),
         replay=rebuild(case),

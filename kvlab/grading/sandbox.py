@@ -319,10 +319,10 @@ class TreeGuard:
 # --------------------------------------------------------------------- process-count limit
 
 
-def _pids_cgroup() -> Path | None:
-    """A fresh pids cgroup for one run, or None where none is writable (not root, no pids
-    controller). Needed because processes of uid 0 ignore RLIMIT_NPROC, even in a user
-    namespace whose root maps to the real root."""
+def _fresh_cgroup(controller: str, set_limits) -> Path | None:
+    """A fresh cgroup for one run on the first hierarchy (v1 or v2) with ``controller`` that
+    this process may write, its limits set by ``set_limits(group, version)``; None where there
+    is none."""
     try:
         mounts = Path("/proc/self/mounts").read_text().splitlines()
     except OSError:
@@ -331,21 +331,22 @@ def _pids_cgroup() -> Path | None:
         _dev, mnt, fstype, opts = line.split()[:4]
         base = Path(mnt)
         try:
-            if fstype == "cgroup" and "pids" in opts.split(","):
-                pass
-            elif (
-                fstype == "cgroup2" and "pids" in (base / "cgroup.controllers").read_text().split()
+            if fstype == "cgroup" and controller in opts.split(","):
+                version = 1
+            elif fstype == "cgroup2" and controller in (
+                (base / "cgroup.controllers").read_text().split()
             ):
                 control = base / "cgroup.subtree_control"
-                if "pids" not in control.read_text().split():
-                    control.write_text("+pids")
+                if controller not in control.read_text().split():
+                    control.write_text(f"+{controller}")
+                version = 2
             else:
                 continue
             _remove_stale_groups(base)
             group = base / f"kvlab-sandbox-{os.getpid()}-{next(_serial)}"
             group.mkdir()
             try:
-                (group / "pids.max").write_text("1")  # raised by the caller
+                set_limits(group, version)
             except OSError:
                 group.rmdir()
                 raise
@@ -353,6 +354,24 @@ def _pids_cgroup() -> Path | None:
         except OSError:
             continue
     return None
+
+
+def _pids_cgroup() -> Path | None:
+    """A fresh pids cgroup for one run, or None where none is writable (not root, no pids
+    controller). Needed because processes of uid 0 ignore RLIMIT_NPROC, even in a user
+    namespace whose root maps to the real root."""
+
+    def set_limits(group: Path, _version: int) -> None:
+        (group / "pids.max").write_text("1")  # raised by the caller
+
+    return _fresh_cgroup("pids", set_limits)
+
+
+# the files of a memory cgroup's limits, by cgroup version: RAM, and RAM with swap (v1) or swap
+_MEMORY_FILES = {
+    1: ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"),
+    2: ("memory.max", "memory.swap.max"),
+}
 
 
 def _memory_cgroup(limit: int | None) -> Path | None:
@@ -360,39 +379,14 @@ def _memory_cgroup(limit: int | None) -> Path | None:
     tmpfs pages it writes, all its processes together), or None where none is writable."""
     if limit is None or os.geteuid() != 0:
         return None
-    try:
-        mounts = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return None
-    for line in mounts:
-        _dev, mnt, fstype, opts = line.split()[:4]
-        base = Path(mnt)
-        try:
-            if fstype == "cgroup" and "memory" in opts.split(","):
-                files = ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes")
-            elif fstype == "cgroup2" and "memory" in (
-                (base / "cgroup.controllers").read_text().split()
-            ):
-                control = base / "cgroup.subtree_control"
-                if "memory" not in control.read_text().split():
-                    control.write_text("+memory")
-                files = ("memory.max", "memory.swap.max")
-            else:
-                continue
-            _remove_stale_groups(base)
-            group = base / f"kvlab-sandbox-{os.getpid()}-{next(_serial)}"
-            group.mkdir()
-            try:
-                (group / files[0]).write_text(str(limit))
-            except OSError:
-                group.rmdir()
-                raise
-            with contextlib.suppress(OSError):  # no swap beyond it (absent without swap accounting)
-                (group / files[1]).write_text(str(limit) if fstype == "cgroup" else "0")
-            return group
-        except OSError:
-            continue
-    return None
+
+    def set_limits(group: Path, version: int) -> None:
+        ram, swap = _MEMORY_FILES[version]
+        (group / ram).write_text(str(limit))
+        with contextlib.suppress(OSError):  # no swap beyond it (absent without swap accounting)
+            (group / swap).write_text(str(limit) if version == 1 else "0")
+
+    return _fresh_cgroup("memory", set_limits)
 
 
 def _memory_peak(group: Path | None) -> int | None:

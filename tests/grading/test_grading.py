@@ -206,7 +206,9 @@ def test_wrong_decode_shapes_and_math(capsys):
     assert "hint:     return the caches with the new token's row appended" in out
 
     check("00.decode_step", lambda layer, x_t, k, v: math.pi)
-    assert "must return a tuple (y_t, k_cache, v_cache)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "must return a tuple (y_t, k_cache, v_cache)" in out
+    assert "replay:   layer = TinyAttention(16, 2, seed=1); x = torch.randn(1, 16" in out
 
 
 def test_results_are_logged_for_kvlab_grade(tmp_path, monkeypatch, capsys):

@@ -232,6 +232,33 @@ def test_the_two_kv_head_slips_are_told_apart_where_they_look_alike():
     assert not torch.allclose(zero, attend_beds(variant, kv_of_head=_kv_head_divided(variant)))
 
 
+def test_arithmetic_in_bf16_is_named_where_the_kernel_is_right_in_fp32():
+    """Loads kept in bf16 and bf16 accumulators: right on fp32 inputs, wrong on bf16 ones. The
+    rerun on fp32 inputs is compared with the reference on those inputs, not the bf16 answer."""
+    in_bf16 = kernel(
+        ").to(tl.float32) => )",
+        "acc = tl.zeros([GROUP_P2, D_P2], tl.float32) => "
+        "acc = tl.zeros([GROUP_P2, D_P2], q_ptr.dtype.element_ty)",
+        "denom = tl.zeros([GROUP_P2], tl.float32) => "
+        "denom = tl.zeros([GROUP_P2], q_ptr.dtype.element_ty)",
+    )
+    *fp32, bf16 = run_checks("05.kernel", in_bf16).outcomes
+    assert all(o.status is Status.PASSED for o in fp32), [o.details for o in fp32]
+    assert "right in float32, wrong in bfloat16" in hints(bf16)[0], bf16.details
+
+
+def test_every_look_alike_answers_on_the_variants_heads_not_the_cases():
+    """The slips are listed for the failing case, then answered on the variants: each one reads
+    the variant's own heads (h % kv_heads for 8 query heads over 4 KV heads, not over 2)."""
+    from kvlab.grading.lab05 import LOOKALIKE_VARIANTS, _lookalike_slips, attend_beds
+
+    table = list(_lookalike_slips(make_case([5, 9], 4, q_heads=6, kv_heads=2)))
+    variant = make_case([5, 9], 4, **LOOKALIKE_VARIANTS[0])
+    modulo = attend_beds(variant, kv_of_head=[h % 4 for h in range(8)])
+    assert torch.equal(table[-1].answer(variant), modulo)
+    assert all(slip.answer(variant).shape == modulo.shape for slip in table)
+
+
 def test_the_whole_last_room_is_still_named_where_one_bed_too_many_looks_the_same():
     """seq_lens [3] in rooms of 4: scoring the whole last room and one bed too many agree; the
     variant tells them apart, so a kernel that scores every bed is not told about <=."""

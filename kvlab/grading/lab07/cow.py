@@ -212,10 +212,6 @@ class _Judge(KeyCardJudge):
         self.check("fork")
         self.unaliased("fork", child, table)  # the given fork returns nothing; a card is a copy
 
-    def free(self, seq) -> None:
-        self.twin("free", seq)
-        self.check("free")
-
     def want(self, seq) -> tuple[str, int]:
         """What append_slot should do for ``seq`` (as kvlab's), and the holders of its last room."""
         ref = self.reference
