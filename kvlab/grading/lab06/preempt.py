@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 from collections import deque
 
 from kvlab.core.block_manager import PagedCache
@@ -47,13 +48,14 @@ def _booked(d) -> bool:
     return d.victim in d.got.tokens
 
 
+def _queue(name: str, says: str, hint=None) -> Field:
+    return Field(f"scheduler.{name}", lambda s: ids(getattr(s, name)), each(show), says, hint)
+
+
 # what the scheduler holds once the right guest left, in the order a difference is reported
 SCHEDULER = (
-    Field(
-        "scheduler.running",
-        lambda s: ids(s.running),
-        show=each(show),
-        says="the guests who stay keep their places in scheduler.running (check-in order)",
+    _queue(
+        "running", "the guests who stay keep their places in scheduler.running (check-in order)"
     ),
     Field(
         "the cache",
@@ -66,13 +68,7 @@ SCHEDULER = (
         ),
         hint=lambda d: hints.LEAK if _booked(d) else None,
     ),
-    Field(
-        "scheduler.waiting",
-        lambda s: ids(s.waiting),
-        show=each(show),
-        says="{victim} waits first in line in scheduler.waiting",
-        hint=_queue_hint,
-    ),
+    _queue("waiting", "{victim} waits first in line in scheduler.waiting", _queue_hint),
 )
 
 
@@ -144,9 +140,8 @@ def _wrongs(scheduler, before: Scheduler, guests: dict, value, error):
     expected, got, hint, cause), the last ones left out where None. ``before``: a copy of the
     scheduler made before, ``guests`` the learner's, by seq_id."""
     running, waiting = before.running, ids(before.waiting)
-    if not running:
-        now = (ids(scheduler.waiting), scheduler.cache.state())
-        if error is None and now != (waiting, before.cache.state()):
+    if not running:  # the cache and the queue as they were
+        if error is None and read(SCHEDULER[1:], scheduler) != read(SCHEDULER[1:], before):
             yield ("with nobody in the hotel there is nobody to ask to leave: nothing may change",)
         return
     reference = copy.deepcopy(before)
@@ -201,11 +196,12 @@ def _wrongs(scheduler, before: Scheduler, guests: dict, value, error):
 # --- the hotels ------------------------------------------------------------------------------
 
 
-def _hotel(mode: str, running, waiting, num_blocks: int = 16, block_size: int = 4) -> Scheduler:
-    """A scheduler with guests checked in in the order given: ``running`` rows are (seq_id,
-    prompt_len, output_len, arrival, generated, computed, times preempted before), ``waiting``
-    rows (seq_id, prompt_len, output_len, arrival, status, generated)."""
-    s = Scheduler(PagedCache(num_blocks, block_size), preemption=mode)
+def _ask(fn, mode: str, running, waiting, num_blocks: int = 16, calls: int = 1) -> None:
+    """The learner's preempt asked ``calls`` times of a scheduler of ``num_blocks`` rooms of 4
+    beds with guests checked in in the order given: ``running`` rows are (seq_id, prompt_len,
+    output_len, arrival, generated, computed, times preempted before), ``waiting`` rows
+    (seq_id, prompt_len, output_len, arrival, status, generated)."""
+    s = Scheduler(PagedCache(num_blocks, 4), preemption=mode)
     for seq_id, prompt, output, arrival, generated, computed, preempted in running:
         s.add(seq := Sequence(seq_id, prompt, output, arrival))
         seq.num_generated, seq.num_preemptions = generated, preempted
@@ -214,43 +210,37 @@ def _hotel(mode: str, running, waiting, num_blocks: int = 16, block_size: int = 
     for seq_id, prompt, output, arrival, status, generated in waiting:
         s.add(seq := Sequence(seq_id, prompt, output, arrival))
         seq.num_generated, seq.status = generated, status
-    return s
+    for call in range(1, calls + 1):
+        again = f"call {call} of {calls} on the same scheduler: " if calls > 1 else ""
+        judge_preempt(fn, s, again + scheduler_text(s))
 
 
 # running in check-in order: cy came first, bo last (back after a preemption: it arrived early);
 # di arrived last, ana holds the most rooms: each wrong choice is told apart
-BUSY_RUNNING = (
-    ("cy", 6, 8, 1.0, 3, 8, 0),
-    ("ana", 13, 4, 2.0, 1, 13, 0),
-    ("di", 5, 6, 3.0, 2, 6, 0),
-    ("bo", 3, 9, 0.5, 5, 7, 1),
+BUSY = dict(
+    running=(
+        ("cy", 6, 8, 1.0, 3, 8, 0),
+        ("ana", 13, 4, 2.0, 1, 13, 0),
+        ("di", 5, 6, 3.0, 2, 6, 0),
+        ("bo", 3, 9, 0.5, 5, 7, 1),
+    ),
+    waiting=(("eve", 4, 2, 4.0, WAITING, 0), ("fay", 7, 3, 5.0, WAITING, 0)),
 )
-BUSY_WAITING = (("eve", 4, 2, 4.0, WAITING, 0), ("fay", 7, 3, 5.0, WAITING, 0))
-
-
-def _busy(fn, mode: str) -> None:
-    s = _hotel(mode, BUSY_RUNNING, BUSY_WAITING)
-    judge_preempt(fn, s, scheduler_text(s))
-
-
-BUSY = {  # each check's preemption mode, and what it asks
+IN_TURN = dict(
+    running=(("ana", 5, 4, 0.0, 2, 6, 0), ("bo", 8, 3, 0.0, 1, 8, 0), ("cy", 2, 6, 1.0, 0, 0, 0)),
+    waiting=(("zed", 3, 5, 0.0, PREEMPTED, 2), ("eve", 4, 1, 2.0, WAITING, 0)),
+    num_blocks=8,
+    calls=4,
+)
+BUSY_CHECKS = {  # each check's preemption mode on the busy hotel, and what it asks
     "recompute": "the guest checked in last leaves, their rooms are freed, they wait first in line",
     "swap": "the same guest leaves, with their K and V kept (num_computed stays)",
 }
-for mode, name in BUSY.items():
-    preempt_ex.check(f"{mode}: {name}")(functools.partial(_busy, mode=mode))
-
-
-@preempt_ex.check("every guest asked to leave in turn, then once more with nobody in the hotel")
-def _in_turn(fn):
-    s = _hotel(
-        "recompute",
-        (("ana", 5, 4, 0.0, 2, 6, 0), ("bo", 8, 3, 0.0, 1, 8, 0), ("cy", 2, 6, 1.0, 0, 0, 0)),
-        (("zed", 3, 5, 0.0, PREEMPTED, 2), ("eve", 4, 1, 2.0, WAITING, 0)),
-        num_blocks=8,
-    )
-    for call in range(1, 5):
-        judge_preempt(fn, s, f"call {call} of 4 on the same scheduler: {scheduler_text(s)}")
+for mode, name in BUSY_CHECKS.items():
+    preempt_ex.check(f"{mode}: {name}")(functools.partial(_ask, mode=mode, **BUSY))
+preempt_ex.check("every guest asked to leave in turn, then once more with nobody in the hotel")(
+    functools.partial(_ask, mode="recompute", **IN_TURN)
+)
 
 
 # --- a day with the learner's preempt --------------------------------------------------------
@@ -269,19 +259,14 @@ DAY_TEXT = (
 )
 
 
-class JudgedPreempt:
-    """The learner's preempt as a simulated day calls it: each call judged beside kvlab's."""
-
-    def __init__(self, fn, mode: str):
-        self.fn, self.mode, self.calls = fn, mode, 0
-
-    def __call__(self, scheduler):
-        self.calls += 1
-        where = (
-            f"preemption {self.calls} of {DAY_TEXT}, with preemption={self.mode!r} and "
-            f"preempt=preempt; before it: {state_text(scheduler)}"
-        )
-        return judge_preempt(self.fn, scheduler, where)
+def _judged(fn, mode: str, calls, scheduler):
+    """The learner's preempt as a simulated day calls it (``calls`` counts them, from 1): each
+    call judged beside kvlab's."""
+    where = (
+        f"preemption {next(calls)} of {DAY_TEXT}, with preemption={mode!r} and "
+        f"preempt=preempt; before it: {state_text(scheduler)}"
+    )
+    return judge_preempt(fn, scheduler, where)
 
 
 # kvlab's objections to a preempt (Scheduler._counted, _make_room), and their hints
@@ -308,6 +293,6 @@ def serve_day(preempt, mode: str):
 @preempt_ex.check("a day with your preempt: every preemption, and the day's figures, as kvlab's")
 def _preempt_day(fn):
     for mode in ("recompute", "swap"):
-        got = serve_day(JudgedPreempt(fn, mode), mode)
+        got = serve_day(functools.partial(_judged, fn, mode, itertools.count(1)), mode)
         want = simulate(DAY, preemption=mode, **DAY_SETUP)
         same_figures(figures(got), figures(want), f"{DAY_TEXT}, preemption={mode!r}")

@@ -25,9 +25,6 @@ from kvlab.serving import make_cache, simulate
 
 step_ex = exercise("06.step", "one scheduler step: retire, decode, admit")
 
-# fay's prompt fits in the 6 beds left, her booking does not
-CONTIGUOUS = functools.partial(make_cache, "contiguous-oracle", 64, 32)
-
 DAYS = {
     day.name: day
     for day in (
@@ -46,9 +43,10 @@ DAYS = {
         # guests asks the cache about a guest it no longer knows). By swap, skipping nobody and
         # skipping only the PREEMPTED guests are the same step; the recompute day tells them apart
         Day("swap", paged(6, 4), FULL_HOTEL, preemption="swap", second="preemption"),
+        # fay's prompt fits in the 6 beds left, her booking does not
         Day(
             "contiguous",
-            CONTIGUOUS,
+            functools.partial(make_cache, "contiguous-oracle", 64, 32),
             "ann 10+6@0, ben 20+10@0, cat 8+4@0, fay 5+4@1, dan 30+2@1, eve 2+2@1",
         ),
         # DAY as simulate() serves it
