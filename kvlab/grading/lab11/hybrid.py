@@ -184,35 +184,32 @@ def diagnose(fn, case, got) -> str | None:
     return slips.hint(slips.only(found))
 
 
-def expect_layout(fn, case) -> None:
-    args = _args(case)
-    want = reference(*args)
-    with refuse_reference(*REFERENCES, learner=fn, task=TASK):
-        got = fn(*args)
-    where = _where(case)
-    if not _readable(got):
-        raise CheckFailed(
-            f"hybrid_layout returns a dict of ints with the keys {', '.join(FIELDS)}",
-            input=where,
-            expected=short(want),
-            got=short(got, typed=True),
-        )
-    got = _plain(got)
-    for field in FIELDS:
-        if got[field] != want[field]:
+def expect_layout(fn, cases) -> None:
+    """hybrid_layout on each of a check's cases (see :data:`CHECKS`)."""
+    for case in cases:
+        args = _args(case)
+        want = reference(*args)
+        with refuse_reference(*REFERENCES, learner=fn, task=TASK):
+            got = fn(*args)
+        where = _where(case)
+        if not _readable(got):
             raise CheckFailed(
-                f"wrong {field} ({WORDS[field]})",
+                f"hybrid_layout returns a dict of ints with the keys {', '.join(FIELDS)}",
                 input=where,
-                expected=f"{want[field]:,}",
-                got=f"{got[field]:,}",
-                hint=diagnose(fn, case, got),
+                expected=short(want),
+                got=short(got, typed=True),
             )
+        got = _plain(got)
+        for field in FIELDS:
+            if got[field] != want[field]:
+                raise CheckFailed(
+                    f"wrong {field} ({WORDS[field]})",
+                    input=where,
+                    expected=f"{want[field]:,}",
+                    got=f"{got[field]:,}",
+                    hint=diagnose(fn, case, got),
+                )
 
 
 for _title, _cases in CHECKS.items():
-
-    def _check(fn, cases=_cases):
-        for case in cases:
-            expect_layout(fn, case)
-
-    hybrid_ex.check(_title)(_check)
+    hybrid_ex.check(_title)(functools.partial(expect_layout, cases=_cases))
