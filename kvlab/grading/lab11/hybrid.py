@@ -51,11 +51,6 @@ WORDS = {  # the answer's keys, and what each is
 FIELDS = tuple(WORDS)
 
 
-@functools.cache
-def model_groups(name: str) -> tuple[LayerGroup, ...]:
-    return vendored_spec(name).layer_groups
-
-
 # --- kvlab's answer and its slips --------------------------------------------------------------
 
 
@@ -117,8 +112,9 @@ MADE_UP = {"13 full + 12 window layers": NEAR_EQUAL, "8 full + 12 window layers"
            "4 full layers of 8 KV heads + 20 window layers of 4": HALF_HEADS}  # fmt: skip
 
 
+@functools.cache
 def groups_of(name: str) -> tuple[LayerGroup, ...]:
-    return MADE_UP[name] if name in MADE_UP else model_groups(name)
+    return MADE_UP[name] if name in MADE_UP else vendored_spec(name).layer_groups
 
 
 # (what the learner reads, [(model, max_model_len, max_num_batched_tokens, block_size)]), in
