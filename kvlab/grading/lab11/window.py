@@ -190,31 +190,26 @@ def snapshot(hotel: HybridBlockManager) -> Snapshot:
     return Snapshot(cards, hotel.num_free_blocks)
 
 
-def _moments(d: Day):
-    """(event index, event) for every moment a snapshot is taken: a growth token by token."""
-    for i, (kind, guest, n) in enumerate(d.events):
-        yield from [(i, (kind, guest, n))] * (n if kind == "grow" else 1)
-
-
 def play(d: Day, step, hotel_class=HybridBlockManager):
     """The day with ``step`` as every window group's hand-back (None: ``hotel_class``'s own
     window manager), moment by moment: (event index, the hotel, its snapshot, the error that
     stopped the day or None)."""
     hotel = hotel_class(d.num_blocks, d.block_size, d.specs, window_step=step)
-    for i, (kind, guest, n) in _moments(d):
-        try:
-            if kind == "in":
-                hotel.allocate(guest, n)
-            elif kind == "grow":
-                hotel.append_slot(guest)
-            else:
-                hotel.free(guest)
-        except (CheckFailed, NotImplementedError):
-            raise
-        except Exception as error:  # OutOfBlocks too: the rooms a slip lost
-            yield i, hotel, Snapshot(raised=type(error).__name__), error
-            return
-        yield i, hotel, snapshot(hotel), None
+    for i, (kind, guest, n) in enumerate(d.events):
+        for _ in range(n if kind == "grow" else 1):  # a growth is a moment a token
+            try:
+                if kind == "in":
+                    hotel.allocate(guest, n)
+                elif kind == "grow":
+                    hotel.append_slot(guest)
+                else:
+                    hotel.free(guest)
+            except (CheckFailed, NotImplementedError):
+                raise
+            except Exception as error:  # OutOfBlocks too: the rooms a slip lost
+                yield i, hotel, Snapshot(raised=type(error).__name__), error
+                return
+            yield i, hotel, snapshot(hotel), None
 
 
 def snapshots(d: Day, step=None, hotel_class=HybridBlockManager) -> tuple[Snapshot, ...]:
