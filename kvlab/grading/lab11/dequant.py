@@ -18,7 +18,7 @@ import functools
 
 import torch
 
-from kvlab.grading.expect import CheckFailed, max_error, preview
+from kvlab.grading.expect import CheckFailed, furthest, preview
 from kvlab.grading.guarded import GuardedLaunch
 from kvlab.grading.registry import exercise
 from kvlab.grading.slips import Slip, matching, only
@@ -202,12 +202,9 @@ def expect_dequantized(fn, what: str, case: dict, clean: dict | None = None) -> 
     if _close(got, want, args[0].dtype):
         return
     hint = _diagnose(fn, run, args, got, clean)
-    diff = (got - want).abs().nan_to_num(nan=float("inf"))
-    seq = int(diff.amax(dim=(1, 2)).argmax())
-    head = int(diff[seq].amax(dim=1).argmax())
+    (seq, head), error = furthest(got, want)
     raise CheckFailed(
-        f"guest {seq}, query head {head} differs from the dequantised reference "
-        f"({max_error(got, diff)})",
+        f"guest {seq}, query head {head} differs from the dequantised reference ({error})",
         input=what,
         expected=preview(want[seq, head]),
         got=preview(got[seq, head]),

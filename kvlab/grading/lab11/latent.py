@@ -14,11 +14,10 @@ is kvlab's steps (:mod:`kvlab.ops.mla`) with that one decision changed.
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
-from kvlab.grading.expect import CheckFailed, expect_tensor_like, max_error, preview
+from kvlab.grading.expect import CheckFailed, expect_tensor_like, furthest, preview
 from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise, own_answers
 from kvlab.grading.slips import Slip, matching, only, quietly, told_apart
@@ -215,10 +214,9 @@ def expect_latent(fn, what: str, case_args: dict) -> None:
     )
     if _close(got, want, want.dtype):
         return
-    diff = (got.float() - want.float()).abs().nan_to_num(nan=math.inf)
-    head = int(diff.amax(dim=1).argmax())
+    (head,), error = furthest(got, want)
     raise CheckFailed(
-        f"head {head} differs from the expanded per-head K/V ({max_error(got.float(), diff)})",
+        f"head {head} differs from the expanded per-head K/V ({error})",
         input=what,
         expected=preview(want[head].float()),
         got=preview(got[head].float()),
