@@ -116,12 +116,6 @@ def absorbed(*case, scale=None, rope=True, rope_first=False, rope_scaled=True, u
     return mla.up_project(o_lat, w_v)
 
 
-def _identity(w_uv):
-    """No up-projection: the weighted latent returned as it is (heads x rank x rank of 1s)."""
-    heads, rank = w_uv.shape[0], w_uv.shape[2]
-    return torch.eye(rank).expand(heads, rank, rank)
-
-
 def _slip(hint, **changed):
     return Slip(hint, functools.partial(absorbed, **changed))
 
@@ -139,7 +133,8 @@ SLIPS = (
     _slip(UV_TRANSPOSED, uv=lambda uk, uv: uv.transpose(1, 2)),
     _slip(UK_FOR_VALUES, uv=lambda uk, uv: uk),
     _slip(SOFTMAX_OVER_HEADS, over=0),
-    _slip(LATENT_OUT, uv=lambda uk, uv: _identity(uv)),
+    # no up-projection: the weighted latent returned as it is (an identity W_UV per head)
+    _slip(LATENT_OUT, uv=lambda uk, uv: torch.eye(uv.shape[2]).expand(uv.shape[0], -1, -1)),
 )
 
 # (what the learner reads, make_mla_case's arguments), in the order of the checks; the first is
