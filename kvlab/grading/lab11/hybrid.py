@@ -143,8 +143,7 @@ INPUTS = tuple(case for cases in CHECKS.values() for case in cases)
 
 
 def _args(case) -> tuple:
-    name, length, batched, block = case
-    return groups_of(name), length, batched, block
+    return groups_of(case[0]), *case[1:]  # the model's layer groups for its name
 
 
 def _where(case) -> str:
