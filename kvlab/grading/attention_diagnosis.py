@@ -13,7 +13,7 @@ import torch
 
 from kvlab.grading.attention_twins import attend_beds
 from kvlab.grading.blame import explain_exception
-from kvlab.grading.expect import CheckFailed, max_error, preview
+from kvlab.grading.expect import CheckFailed, furthest, preview
 from kvlab.grading.slips import Slip
 from kvlab.ops.attention import paged_decode_attention_ref
 from kvlab.ops.testing import FAR, TOLERANCE, close
@@ -191,16 +191,14 @@ def expect_attention(
     got, expected = got.float().cpu(), expected.float().cpu()
     if torch.allclose(got, expected, atol=atol, rtol=rtol):
         return
-    diff = (got - expected).abs().nan_to_num(nan=math.inf)
-    seq = int(diff.amax(dim=(1, 2)).argmax())
-    head = int(diff[seq].amax(dim=1).argmax())
+    (seq, head), error = furthest(got, expected)
     if unread is not None:
         read, hint, cause = unread
         read = f": {read}"
     else:
         read, (cause, hint) = "", diagnose(got, expected, args, atol, rtol, **diagnosis)
     raise CheckFailed(
-        f"guest {seq}, query head {head} differs from {reference} ({max_error(got, diff)}){read}",
+        f"guest {seq}, query head {head} differs from {reference} ({error}){read}",
         input=what,
         expected=preview(expected[seq, head]),
         got=preview(got[seq, head]),

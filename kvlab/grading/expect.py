@@ -80,6 +80,18 @@ def max_error(got, diff) -> str:
     return f"max error {diff.max().item():.3g}"
 
 
+def furthest(got, expected) -> tuple[tuple[int, ...], str]:
+    """Where a tensor answer is furthest from ``expected`` (NaN counting as furthest off): the
+    index of its worst vector, found axis by axis (the worst guest, then its worst head), and
+    how far off the answer is (:func:`max_error`)."""
+    diff = (got.float() - expected.float()).abs().nan_to_num(nan=float("inf"))
+    at, part = (), diff
+    while part.dim() > 1:
+        at += (int(part.flatten(1).amax(dim=1).argmax()),)
+        part = part[at[-1]]
+    return at, max_error(got, diff)
+
+
 def preview(vector, n: int = 4) -> str:
     """The first values of a tensor: enough to compare by eye."""
     values = ", ".join(f"{x:.4g}" for x in vector.reshape(-1)[:n].tolist())

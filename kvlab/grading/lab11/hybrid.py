@@ -51,11 +51,6 @@ WORDS = {  # the answer's keys, and what each is
 FIELDS = tuple(WORDS)
 
 
-@functools.cache
-def model_groups(name: str) -> tuple[LayerGroup, ...]:
-    return vendored_spec(name).layer_groups
-
-
 # --- kvlab's answer and its slips --------------------------------------------------------------
 
 
@@ -117,8 +112,9 @@ MADE_UP = {"13 full + 12 window layers": NEAR_EQUAL, "8 full + 12 window layers"
            "4 full layers of 8 KV heads + 20 window layers of 4": HALF_HEADS}  # fmt: skip
 
 
+@functools.cache
 def groups_of(name: str) -> tuple[LayerGroup, ...]:
-    return MADE_UP[name] if name in MADE_UP else model_groups(name)
+    return MADE_UP[name] if name in MADE_UP else vendored_spec(name).layer_groups
 
 
 # (what the learner reads, [(model, max_model_len, max_num_batched_tokens, block_size)]), in
@@ -147,8 +143,7 @@ INPUTS = tuple(case for cases in CHECKS.values() for case in cases)
 
 
 def _args(case) -> tuple:
-    name, length, batched, block = case
-    return groups_of(name), length, batched, block
+    return groups_of(case[0]), *case[1:]  # the model's layer groups for its name
 
 
 def _where(case) -> str:
@@ -184,35 +179,32 @@ def diagnose(fn, case, got) -> str | None:
     return slips.hint(slips.only(found))
 
 
-def expect_layout(fn, case) -> None:
-    args = _args(case)
-    want = reference(*args)
-    with refuse_reference(*REFERENCES, learner=fn, task=TASK):
-        got = fn(*args)
-    where = _where(case)
-    if not _readable(got):
-        raise CheckFailed(
-            f"hybrid_layout returns a dict of ints with the keys {', '.join(FIELDS)}",
-            input=where,
-            expected=short(want),
-            got=short(got, typed=True),
-        )
-    got = _plain(got)
-    for field in FIELDS:
-        if got[field] != want[field]:
+def expect_layout(fn, cases) -> None:
+    """hybrid_layout on each of a check's cases (see :data:`CHECKS`)."""
+    for case in cases:
+        args = _args(case)
+        want = reference(*args)
+        with refuse_reference(*REFERENCES, learner=fn, task=TASK):
+            got = fn(*args)
+        where = _where(case)
+        if not _readable(got):
             raise CheckFailed(
-                f"wrong {field} ({WORDS[field]})",
+                f"hybrid_layout returns a dict of ints with the keys {', '.join(FIELDS)}",
                 input=where,
-                expected=f"{want[field]:,}",
-                got=f"{got[field]:,}",
-                hint=diagnose(fn, case, got),
+                expected=short(want),
+                got=short(got, typed=True),
             )
+        got = _plain(got)
+        for field in FIELDS:
+            if got[field] != want[field]:
+                raise CheckFailed(
+                    f"wrong {field} ({WORDS[field]})",
+                    input=where,
+                    expected=f"{want[field]:,}",
+                    got=f"{got[field]:,}",
+                    hint=diagnose(fn, case, got),
+                )
 
 
 for _title, _cases in CHECKS.items():
-
-    def _check(fn, cases=_cases):
-        for case in cases:
-            expect_layout(fn, case)
-
-    hybrid_ex.check(_title)(_check)
+    hybrid_ex.check(_title)(functools.partial(expect_layout, cases=_cases))

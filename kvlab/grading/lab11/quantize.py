@@ -13,6 +13,8 @@ format's largest value (the whole range is used). A wrong answer is named when o
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from kvlab.grading.expect import CheckFailed, short
@@ -173,12 +175,8 @@ def make_vectors(tokens=5, kv_heads=2, head_dim=16, seed=0, spread=0, dtype=torc
 
 
 def _describe(fmt, scale, args) -> str:
-    x, spread, zero, nan = (
-        make_vectors(**args),
-        args.get("spread"),
-        args.get("zero"),
-        args.get("nan"),
-    )
+    x = make_vectors(**args)
+    spread, zero, nan = (args.get(key) for key in ("spread", "zero", "nan"))
     extra = [f"magnitudes 1e-{spread} .. 1e{spread}"] if spread else []
     extra += [f"x[{zero[0]}, {zero[1]}] all zeros"] if zero is not None else []
     extra += [f"a NaN in x[{nan[0]}, {nan[1]}]"] if nan is not None else []
@@ -238,29 +236,31 @@ def _judge(x, fmt, scale, got):
     return None
 
 
-def expect_quantized(fn, fmt, scale, args) -> None:
-    x = make_vectors(**args)
-    where = _describe(fmt, scale, args)
-    extra = () if scale is None else (scale,)
-    got, error = call_own(fn, x.clone(), fmt, *extra, guard=GUARD, task=TASK, where=where)
-    if error is not None:
-        raise error
-    wrong = _judge(x, fmt, scale, got)
-    if wrong is None:
-        return
-    message, expected, shown, hint = wrong
-    if hint is None and isinstance(got, tuple | list):
-        right = quant.quantize(x, fmt, scale)
-        found = matching(SLIPS, tuple(got), (x, fmt, *extra), right, _same)
-        hint = getattr(only(found), "hint", None)
-    raise CheckFailed(
-        message,
-        input=where,
-        expected=expected,
-        got=shown,
-        hint=hint,
-        replay=f"kvlab.grading.lab11.quantize.make_vectors(**{args})",
-    )
+def expect_quantized(fn, cases) -> None:
+    """The learner's quantize on each case: (fmt, scale, make_vectors' arguments)."""
+    for fmt, scale, args in cases:
+        x = make_vectors(**args)
+        where = _describe(fmt, scale, args)
+        extra = () if scale is None else (scale,)
+        got, error = call_own(fn, x.clone(), fmt, *extra, guard=GUARD, task=TASK, where=where)
+        if error is not None:
+            raise error
+        wrong = _judge(x, fmt, scale, got)
+        if wrong is None:
+            continue
+        message, expected, shown, hint = wrong
+        if hint is None and isinstance(got, tuple | list):
+            right = quant.quantize(x, fmt, scale)
+            found = matching(SLIPS, tuple(got), (x, fmt, *extra), right, _same)
+            hint = getattr(only(found), "hint", None)
+        raise CheckFailed(
+            message,
+            input=where,
+            expected=expected,
+            got=shown,
+            hint=hint,
+            replay=f"kvlab.grading.lab11.quantize.make_vectors(**{args})",
+        )
 
 
 # (what the learner reads, [(fmt, scale, make_vectors' arguments)]), in the order of the checks
@@ -286,9 +286,4 @@ CHECKS = {
 }  # fmt: skip
 
 for _name, _cases in CHECKS.items():
-
-    def _check(fn, cases=_cases):
-        for fmt, scale, args in cases:
-            expect_quantized(fn, fmt, scale, args)
-
-    quantize_ex.check(_name)(_check)
+    quantize_ex.check(_name)(functools.partial(expect_quantized, cases=_cases))

@@ -51,9 +51,11 @@ FREE_TAKES = "free takes a list"  # SteppedWindowManager's TypeError for free(ro
 # --- kvlab's step and its slips: the window manager with one hook changed ---------------------
 
 
-def _slip(hint: str, name: str, **hook) -> tuple[str, type[SlidingWindowManager]]:
-    """A row: the hint, and kvlab's window manager with one hook (one decision) changed."""
-    return hint, type(name, (SlidingWindowManager,), hook)
+def _slip(hint: str, name: str, **hook) -> tuple[str, type[HybridBlockManager]]:
+    """A row: the hint, and kvlab's hotel whose window groups are kvlab's window manager with
+    one hook (one decision) changed."""
+    manager = type(name, (SlidingWindowManager,), hook)
+    return hint, type(f"Hotel{name}", (HybridBlockManager,), {"window_manager": manager})
 
 
 Ref = SlidingWindowManager  # kvlab's step, whose hooks the slips change
@@ -188,57 +190,40 @@ def snapshot(hotel: HybridBlockManager) -> Snapshot:
     return Snapshot(cards, hotel.num_free_blocks)
 
 
-def _moments(d: Day):
-    """(event index, event) for every moment a snapshot is taken: a growth token by token."""
-    for i, (kind, guest, n) in enumerate(d.events):
-        yield from [(i, (kind, guest, n))] * (n if kind == "grow" else 1)
-
-
-def play(d: Day, step, on_moment=None, hotel_class=HybridBlockManager) -> list[Snapshot]:
+def play(d: Day, step, hotel_class=HybridBlockManager):
     """The day with ``step`` as every window group's hand-back (None: ``hotel_class``'s own
-    window manager); ``on_moment(i, hotel, snap, error)`` after each moment may stop the day by
-    raising."""
+    window manager), moment by moment: (event index, the hotel, its snapshot, the error that
+    stopped the day or None)."""
     hotel = hotel_class(d.num_blocks, d.block_size, d.specs, window_step=step)
-    snaps = []
-    for i, event in _moments(d):
-        try:
-            if event[0] == "in":
-                hotel.allocate(event[1], event[2])
-            elif event[0] == "grow":
-                hotel.append_slot(event[1])
-            else:
-                hotel.free(event[1])
-        except (CheckFailed, NotImplementedError):
-            raise
-        except Exception as error:  # OutOfBlocks too: the rooms a slip lost
-            snaps.append(Snapshot(raised=type(error).__name__))
-            if on_moment is not None:
-                on_moment(i, hotel, snaps[-1], error)
-            return snaps
-        snaps.append(snapshot(hotel))
-        if on_moment is not None:
-            on_moment(i, hotel, snaps[-1], None)
-    return snaps
+    for i, (kind, guest, n) in enumerate(d.events):
+        for _ in range(n if kind == "grow" else 1):  # a growth is a moment a token
+            try:
+                if kind == "in":
+                    hotel.allocate(guest, n)
+                elif kind == "grow":
+                    hotel.append_slot(guest)
+                else:
+                    hotel.free(guest)
+            except (CheckFailed, NotImplementedError):
+                raise
+            except Exception as error:  # OutOfBlocks too: the rooms a slip lost
+                yield i, hotel, Snapshot(raised=type(error).__name__), error
+                return
+            yield i, hotel, snapshot(hotel), None
+
+
+def snapshots(d: Day, step=None, hotel_class=HybridBlockManager) -> tuple[Snapshot, ...]:
+    return tuple(snap for _, _, snap, _ in play(d, step, hotel_class))
 
 
 @functools.lru_cache(maxsize=256)
 def reference_day(d: Day) -> tuple[Snapshot, ...]:
-    return tuple(play(d, None))
-
-
-def slipped_hotel(manager_class: type[SlidingWindowManager]) -> type[HybridBlockManager]:
-    """kvlab's hotel whose window groups are ``manager_class`` (one of its decisions changed)."""
-    return type(
-        f"Hotel{manager_class.__name__}", (HybridBlockManager,), {"window_manager": manager_class}
-    )
-
-
-SLIPPED_HOTELS = tuple(slipped_hotel(cls) for _, cls in SLIPPED)
+    return snapshots(d)
 
 
 @functools.lru_cache(maxsize=4096)
 def slip_day(d: Day, index: int) -> tuple[Snapshot, ...]:
-    return tuple(play(d, None, hotel_class=SLIPPED_HOTELS[index]))
+    return snapshots(d, hotel_class=SLIPPED[index][1])
 
 
 SLIPS = tuple(Slip(h, functools.partial(slip_day, index=i)) for i, (h, _) in enumerate(SLIPPED))
@@ -246,12 +231,8 @@ SLIPS = tuple(Slip(h, functools.partial(slip_day, index=i)) for i, (h, _) in enu
 
 def diagnose(fn, d: Day) -> str | None:
     """The hint of the one slip that plays ``d`` and the probe days as ``fn`` does."""
-
-    def answer(day):
-        return tuple(play(day, fn))
-
-    got = answer(d)
-    found = slips.matching(SLIPS, got, (d,), reference_day(d))
+    answer = functools.partial(snapshots, step=fn)
+    found = slips.matching(SLIPS, answer(d), (d,), reference_day(d))
     probes = [(DAYS[name],) for name in PROBES if DAYS[name] != d]
     found = slips.told_apart(found, answer, probes, reference_day, always=True)
     hint = slips.hint(slips.only(found))
@@ -263,19 +244,25 @@ def diagnose(fn, d: Day) -> str | None:
 # --- judging one day -------------------------------------------------------------------------
 
 
-def guarded(fn):
-    """The learner's step, kvlab's references refused while it runs."""
+def guarded(fn, where, replay):
+    """The learner's step, kvlab's references refused while it runs; a failure in the step is
+    placed at ``where()``, the day so far."""
 
     def step(block_table, num_computed, **kw):
-        with refuse_reference(*REFERENCES, learner=fn, task=TASK):
-            got = fn(block_table, num_computed, **kw)
-        if isinstance(got, list) and got != block_table:
-            raise CheckFailed(
-                "hand_back returned a new key card and left block_table as it was",
-                expected=f"None, block_table changed in place (now {block_table})",
-                got=f"a new list {got}",
-                hint=hints.IN_PLACE,
-            )
+        try:
+            with refuse_reference(*REFERENCES, learner=fn, task=TASK):
+                got = fn(block_table, num_computed, **kw)
+            if isinstance(got, list) and got != block_table:
+                raise CheckFailed(
+                    "hand_back returned a new key card and left block_table as it was",
+                    expected=f"None, block_table changed in place (now {block_table})",
+                    got=f"a new list {got}",
+                    hint=hints.IN_PLACE,
+                )
+        except CheckFailed as failure:
+            failure.input = failure.input or where()
+            failure.replay = failure.replay or replay
+            raise
 
     return step
 
@@ -311,7 +298,6 @@ def _difference(d: Day, hotel, seq, group: int, want: str, got: str, n: int) -> 
 def expect_day(fn, d: Day) -> None:
     """Play ``d`` with the learner's step, failing at the first moment that differs from
     kvlab's step (a card, the rooms free, a room moved, the hotel's books)."""
-    right = iter(reference_day(d))
     rooms: dict = {}  # (guest, group, place) -> the room first seen there
     now = ""
 
@@ -319,12 +305,12 @@ def expect_day(fn, d: Day) -> None:
         hint = hint or diagnose(fn, d)
         raise CheckFailed(message, input=d.describe(i, now), hint=hint, replay=d.replay, **details)
 
-    def on_moment(i, hotel, snap, error):
-        nonlocal now
+    step = guarded(fn, lambda: d.describe(None, now), d.replay)
+    for (i, hotel, snap, error), want in zip(play(d, step), reference_day(d), strict=False):
         kind, guest, _ = d.events[i]
         if kind == "grow" and guest in hotel:
             now = f"after {guest}'s token {hotel.num_tokens(guest)}"
-        want, null = next(right), hotel.null_block
+        null = hotel.null_block
         if error is not None:
             one_room = isinstance(error, TypeError) and str(error).startswith(FREE_TAKES)
             hint = hints.FREE_A_LIST if one_room else None
@@ -358,13 +344,6 @@ def expect_day(fn, d: Day) -> None:
             hotel.check_invariants()
         except AssertionError as broken:
             fail(i, "the hotel's books do not add up after your step", got=str(broken))
-
-    try:
-        play(d, guarded(fn), on_moment)
-    except CheckFailed as failure:  # raised by the step itself
-        failure.input = failure.input or d.describe(None, now)
-        failure.replay = failure.replay or d.replay
-        raise
 
 
 # (what the learner reads, the days: DAYS' names, or seeds of random days), in the checks' order
