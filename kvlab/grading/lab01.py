@@ -6,13 +6,14 @@
 
 from __future__ import annotations
 
+import functools
 import numbers
 import random
 
 from kvlab.core.accounting import split_waste
 from kvlab.core.contiguous import ArenaAllocator, ContiguousKVCache
 from kvlab.grading import slips
-from kvlab.grading.blame import explain_exception
+from kvlab.grading.blame import raised
 from kvlab.grading.class_driver import ClassDriver
 from kvlab.grading.expect import CheckFailed, call_without_mutation, plural, short
 from kvlab.grading.key_cards import play
@@ -21,6 +22,9 @@ from kvlab.grading.registry import exercise
 from kvlab.grading.slips import Slip
 
 RETURNED_NONE = "your function returned None: end it with `return used, future, internal`"
+AS_TUPLE = "return the three numbers as a tuple: `return used, future, internal`"
+WHOLE_BEDS = "beds are counted in whole numbers: use `//` or int(), not `/`"
+NONE_FINAL = "final can be None (nobody knows the length yet): test `final is None` first"
 
 # --- splitting one booking -------------------------------------------------------------------
 
@@ -116,41 +120,6 @@ def diagnose_split(fn, got, booked, tokens, final) -> str | None:
     return slips.hint(found) or negative_part(got)
 
 
-def _shape_of_answer(got, args: str, right: tuple):
-    """Fail, naming the problem, when the answer is not a tuple of three ints."""
-    if got is None:
-        raise CheckFailed("nothing came back", input=args, got="None", hint=RETURNED_NONE)
-    if isinstance(got, list) and len(got) == 3:
-        raise CheckFailed(
-            "return a tuple, not a list",
-            input=args,
-            expected=short(right),
-            got=short(got),
-            hint="return the three numbers as a tuple: `return used, future, internal`",
-        )
-    if not isinstance(got, tuple) or len(got) != 3:
-        many = len(got) if isinstance(got, (tuple, list)) else None
-        raise CheckFailed(
-            "return a tuple (used, future, internal)",
-            input=args,
-            expected=short(right),
-            got=short(got),
-            hint=f"return exactly three numbers, not {many}" if many is not None else None,
-        )
-    for name, value in zip(("used", "future", "internal"), got, strict=True):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            whole = isinstance(value, float) and value.is_integer()
-            raise CheckFailed(
-                f"{name} should be an int",
-                input=args,
-                expected=short(right),
-                got=short(got),
-                hint="beds are counted in whole numbers: use `//` or int(), not `/`"
-                if whole
-                else None,
-            )
-
-
 def _expect_split(fn, booked, tokens, final):
     args = f"booked={booked}, tokens={tokens}, final={final}"
     right = split_waste(booked, tokens, final)
@@ -160,21 +129,23 @@ def _expect_split(fn, booked, tokens, final):
     except TypeError as e:
         if final is not None or "NoneType" not in str(e):
             raise
-        raise CheckFailed(
-            "\n   ".join(explain_exception(e)),
-            input=args,
-            expected=short(right),
-            hint="final can be None (nobody knows the length yet): test `final is None` first",
-        ) from None
-    _shape_of_answer(got, args, right)
-    if tuple(got) != right:
-        raise CheckFailed(
-            "wrong split",
-            input=args,
-            expected=short(right),
-            got=short(got),
-            hint=diagnose_split(fn, got, booked, tokens, final),
-        )
+        raise raised(e, NONE_FINAL, input=args, expected=short(right)) from None
+    fail = functools.partial(CheckFailed, input=args, expected=short(right), got=short(got))
+    # the answer's shape first: a tuple of three ints
+    if got is None:
+        raise fail("nothing came back", expected=None, hint=RETURNED_NONE)
+    if isinstance(got, list) and len(got) == 3:
+        raise fail("return a tuple, not a list", hint=AS_TUPLE)
+    if not isinstance(got, tuple) or len(got) != 3:
+        counted = isinstance(got, (tuple, list))
+        hint = f"return exactly three numbers, not {len(got)}" if counted else None
+        raise fail("return a tuple (used, future, internal)", hint=hint)
+    for name, value in zip(("used", "future", "internal"), got, strict=True):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            whole = isinstance(value, float) and value.is_integer()
+            raise fail(f"{name} should be an int", hint=WHOLE_BEDS if whole else None)
+    if got != right:
+        raise fail("wrong split", hint=diagnose_split(fn, got, booked, tokens, final))
 
 
 # each check: its name and the (booked, tokens, final) it splits
