@@ -83,13 +83,9 @@ OFF_BY_ONE = tuple(
 PROBES = ((100, 10, 40), (100, 10, None), (100, 10, 150))
 
 
-def _as_tuple(value):
-    return tuple(value) if isinstance(value, (tuple, list)) else value
-
-
 def _same_split(a, b) -> bool:
-    a, b = _as_tuple(a), _as_tuple(b)
-    return isinstance(a, tuple) and a == b
+    """Whether answer ``a`` (a list too) is the split ``b`` (a tuple: the rule's or a slip's)."""
+    return isinstance(a, (tuple, list)) and tuple(a) == b
 
 
 def negative_part(got) -> str | None:
@@ -113,10 +109,8 @@ def diagnose_split(fn, got, booked, tokens, final) -> str | None:
     args, right = (booked, tokens, final), split_waste(booked, tokens, final)
     found = slips.matching(SPLIT_SLIPS, got, args, right, _same_split)
     found = slips.only(slips.told_apart(found, fn, PROBES, split_waste, _same_split))
-    if found is None:
-        for slip in slips.matching(OFF_BY_ONE, got, args, right, _same_split):
-            if slips.confirmed(slip, fn, _same_split):
-                found = slip
+    off = slips.matching(OFF_BY_ONE, got, args, right, _same_split)  # one at most: they differ
+    found = found or slips.first(s for s in off if slips.confirmed(s, fn, _same_split))
     return slips.hint(found) or negative_part(got)
 
 
