@@ -416,12 +416,10 @@ class Cache(ClassDriver):
             self.fail("memory_report() is off", expected=short(right), got=short(got), hint=hint)
 
 
-# the calls of the checks below are rows of kvlab.grading.key_cards.play: `call` on the learner's
-# cache alone, `do` on it and kvlab's, `refuses <reason>` a call that must be refused
-@cache.check("check-in: num_slots guests fit, the next is refused with a MemoryError")
-def _suites_run_out(cls):
-    # a stay of exactly max_seq_len fits
-    play(Cache(cls, 2, 16), "call admit a 3 4", "call admit b 16 0", "refuses full admit c 3 4")
+def _day(num_slots: int, max_seq_len: int, *calls, twin: bool = False):
+    """The check that plays ``calls`` on the learner's hotel of ``num_slots`` suites of
+    ``max_seq_len`` beds (with ``twin``, kvlab's max-length cache beside it)."""
+    return lambda cls: play(Cache(cls, num_slots, max_seq_len, twin=twin), *calls)
 
 
 REFUSED_CHECK_INS = (
@@ -429,54 +427,53 @@ REFUSED_CHECK_INS = (
     "refuses twice admit a 2 2",
     "refuses too_long admit b 10 7",
 )
-
-
-@cache.check("check-in refuses a guest already in the hotel and a stay over max_seq_len")
-def _bad_check_in(cls):
-    play(Cache(cls, 2, 16), *REFUSED_CHECK_INS)
-
-
-@cache.check("a refused check-in takes no suite")
-def _refusal_takes_nothing(cls):
-    play(Cache(cls, 2, 16), *REFUSED_CHECK_INS, ("call", "admit", "b", 3, 4, {"full": HALF_FULL}))
-
-
-@cache.check("check-out frees the suite: a full hotel takes a new guest")
-def _check_out_frees(cls):
-    later = ("call", "admit", "b", 5, 1, {"full": CHECKED_OUT})
-    play(Cache(cls, 1, 8), "call admit a 3 4", "call release a", later)
-
-
-@cache.check("unknown guests: append and release raise KeyError")
-def _unknown_guests(cls):
-    play(
-        Cache(cls, 2, 16),
+# the checks as data: the name the learner reads -> its hotel and calls, rows of
+# kvlab.grading.key_cards.play: `call` on the learner's cache alone, `do` on it and kvlab's,
+# `refuses <reason>` a call that must be refused
+CHECKS = {
+    # a stay of exactly max_seq_len fits
+    "check-in: num_slots guests fit, the next is refused with a MemoryError": _day(
+        2, 16, "call admit a 3 4", "call admit b 16 0", "refuses full admit c 3 4"
+    ),
+    "check-in refuses a guest already in the hotel and a stay over max_seq_len": _day(
+        2, 16, *REFUSED_CHECK_INS
+    ),
+    "a refused check-in takes no suite": _day(
+        2, 16, *REFUSED_CHECK_INS, ("call", "admit", "b", 3, 4, {"full": HALF_FULL})
+    ),
+    "check-out frees the suite: a full hotel takes a new guest": _day(
+        1,
+        8,
         "call admit a 3 4",
-        "refuses unknown append nobody",
-        "refuses unknown release nobody",
-    )
-
-
-@cache.check("the accounts of one guest: a whole suite of max_seq_len beds")
-def _one_guest(cls):
-    play(Cache(cls, 4, 64, twin=True), "do admit a 10 20")
-
-
-@cache.check("append moves one bed from future to used")
-def _append(cls):
-    play(Cache(cls, 2, 32, twin=True), "do admit a 1 3", *["do append a"] * 3)
-
-
-@cache.check("check-out returns all max_seq_len beds to free")
-def _release(cls):
-    play(Cache(cls, 2, 32, twin=True), "do admit a 1 3", "do admit b 5 1", "do release a")
-
-
-@cache.check("refused calls leave the accounts unchanged")
-def _refusals_change_nothing(cls):
-    twin = Cache(cls, 2, 16, twin=True)
-    play(twin, "do admit a 3 4", "do admit b 3 4", "refuses full admit c 3 4", "do release a")
-    play(twin, "refuses twice admit b 2 2", "refuses too_long admit c 10 7")
+        "call release a",
+        ("call", "admit", "b", 5, 1, {"full": CHECKED_OUT}),
+    ),
+    "unknown guests: append and release raise KeyError": _day(
+        2, 16, "call admit a 3 4", "refuses unknown append nobody", "refuses unknown release nobody"
+    ),
+    "the accounts of one guest: a whole suite of max_seq_len beds": _day(
+        4, 64, "do admit a 10 20", twin=True
+    ),
+    "append moves one bed from future to used": _day(
+        2, 32, "do admit a 1 3", *["do append a"] * 3, twin=True
+    ),
+    "check-out returns all max_seq_len beds to free": _day(
+        2, 32, "do admit a 1 3", "do admit b 5 1", "do release a", twin=True
+    ),
+    "refused calls leave the accounts unchanged": _day(
+        2,
+        16,
+        "do admit a 3 4",
+        "do admit b 3 4",
+        "refuses full admit c 3 4",
+        "do release a",
+        "refuses twice admit b 2 2",
+        "refuses too_long admit c 10 7",
+        twin=True,
+    ),
+}
+for _name, _check in CHECKS.items():
+    cache.check(_name)(_check)
 
 
 def random_day(seed: int = 5, num_slots: int = 3, max_seq_len: int = 40, steps: int = 120):
