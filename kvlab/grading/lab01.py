@@ -277,10 +277,10 @@ def refusals_leak(cls) -> bool:
     """Whether a refused check-in keeps a suite, on probe hotels: after a refused check-in (an id
     already in the hotel; a stay over max_seq_len), a check-in that has a free suite is refused
     with a MemoryError."""
-    for admitted, refused in (([("a", 3, 4)], ("a", 2, 2)), ([], ("b", 10, 7))):
-        if _check_in_works(cls, admitted) and not _check_in_works(cls, admitted, refused):
-            return True
-    return False
+    return any(
+        _check_in_works(cls, admitted) and not _check_in_works(cls, admitted, refused)
+        for admitted, refused in (([("a", 3, 4)], ("a", 2, 2)), ([], ("b", 10, 7)))
+    )
 
 
 def _check_in_works(cls, admitted: list, refused: tuple | None = None) -> bool:
@@ -341,19 +341,14 @@ class Cache(ClassDriver):
     def not_refused(self, error, errors, reason: tuple[str, str]) -> None:
         why, fix = reason
         names = " or ".join(e.__name__ for e in errors)
-        if error is None:
-            self.fail(f"{why}: expected {names}", expected=names, got="no error", hint=fix)
-        kind = type(error).__name__
-        hint, cause = f"{fix}, not {kind}", None
-        if isinstance(error, MemoryError) and MemoryError not in errors and refusals_leak(self.cls):
-            hint, cause = LEAK_FOUND, LEAK  # the hotel is full because a refusal kept a suite
-        self.fail(
-            f"{why}: expected {names}",
-            expected=names,
-            got=f"{kind}: {short(str(error), 80)}",
-            hint=hint,
-            cause=cause,
-        )
+        got, hint, cause = "no error", fix, None
+        if error is not None:
+            kind = type(error).__name__
+            got, hint = f"{kind}: {short(str(error), 80)}", f"{fix}, not {kind}"
+            if isinstance(error, MemoryError) and MemoryError not in errors:
+                if refusals_leak(self.cls):  # the hotel is full because a refusal kept a suite
+                    hint, cause = LEAK_FOUND, LEAK
+        self.fail(f"{why}: expected {names}", expected=names, got=got, hint=hint, cause=cause)
 
     def state(self):
         return self.report() if self.reference is not None else None
