@@ -101,6 +101,13 @@ def preview(vector, n: int = 4) -> str:
 # --- expectations ----------------------------------------------------------------------------
 
 
+def as_int(value):
+    """A whole float (``3.0``) as the int it is, where a check takes a whole number that may have
+    been computed with ``/`` (Lab 09's token count, Lab 10's replica index); any other value as
+    it came."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def expect_type(got, kind, what: str, input=None, hint=None):
     """Fail unless ``got`` is a ``kind`` (numpy integers count as int; bools never do)."""
     accepted = numbers.Integral if kind is int else kind

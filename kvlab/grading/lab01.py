@@ -6,13 +6,14 @@
 
 from __future__ import annotations
 
+import functools
 import numbers
 import random
 
 from kvlab.core.accounting import split_waste
 from kvlab.core.contiguous import ArenaAllocator, ContiguousKVCache
 from kvlab.grading import slips
-from kvlab.grading.blame import explain_exception
+from kvlab.grading.blame import raised
 from kvlab.grading.class_driver import ClassDriver
 from kvlab.grading.expect import CheckFailed, call_without_mutation, plural, short
 from kvlab.grading.key_cards import play
@@ -21,6 +22,9 @@ from kvlab.grading.registry import exercise
 from kvlab.grading.slips import Slip
 
 RETURNED_NONE = "your function returned None: end it with `return used, future, internal`"
+AS_TUPLE = "return the three numbers as a tuple: `return used, future, internal`"
+WHOLE_BEDS = "beds are counted in whole numbers: use `//` or int(), not `/`"
+NONE_FINAL = "final can be None (nobody knows the length yet): test `final is None` first"
 
 # --- splitting one booking -------------------------------------------------------------------
 
@@ -79,13 +83,9 @@ OFF_BY_ONE = tuple(
 PROBES = ((100, 10, 40), (100, 10, None), (100, 10, 150))
 
 
-def _as_tuple(value):
-    return tuple(value) if isinstance(value, (tuple, list)) else value
-
-
 def _same_split(a, b) -> bool:
-    a, b = _as_tuple(a), _as_tuple(b)
-    return isinstance(a, tuple) and a == b
+    """Whether answer ``a`` (a list too) is the split ``b`` (a tuple: the rule's or a slip's)."""
+    return isinstance(a, (tuple, list)) and tuple(a) == b
 
 
 def negative_part(got) -> str | None:
@@ -109,46 +109,9 @@ def diagnose_split(fn, got, booked, tokens, final) -> str | None:
     args, right = (booked, tokens, final), split_waste(booked, tokens, final)
     found = slips.matching(SPLIT_SLIPS, got, args, right, _same_split)
     found = slips.only(slips.told_apart(found, fn, PROBES, split_waste, _same_split))
-    if found is None:
-        for slip in slips.matching(OFF_BY_ONE, got, args, right, _same_split):
-            if slips.confirmed(slip, fn, _same_split):
-                found = slip
+    off = slips.matching(OFF_BY_ONE, got, args, right, _same_split)  # one at most: they differ
+    found = found or slips.first(s for s in off if slips.confirmed(s, fn, _same_split))
     return slips.hint(found) or negative_part(got)
-
-
-def _shape_of_answer(got, args: str, right: tuple):
-    """Fail, naming the problem, when the answer is not a tuple of three ints."""
-    if got is None:
-        raise CheckFailed("nothing came back", input=args, got="None", hint=RETURNED_NONE)
-    if isinstance(got, list) and len(got) == 3:
-        raise CheckFailed(
-            "return a tuple, not a list",
-            input=args,
-            expected=short(right),
-            got=short(got),
-            hint="return the three numbers as a tuple: `return used, future, internal`",
-        )
-    if not isinstance(got, tuple) or len(got) != 3:
-        many = len(got) if isinstance(got, (tuple, list)) else None
-        raise CheckFailed(
-            "return a tuple (used, future, internal)",
-            input=args,
-            expected=short(right),
-            got=short(got),
-            hint=f"return exactly three numbers, not {many}" if many is not None else None,
-        )
-    for name, value in zip(("used", "future", "internal"), got, strict=True):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            whole = isinstance(value, float) and value.is_integer()
-            raise CheckFailed(
-                f"{name} should be an int",
-                input=args,
-                expected=short(right),
-                got=short(got),
-                hint="beds are counted in whole numbers: use `//` or int(), not `/`"
-                if whole
-                else None,
-            )
 
 
 def _expect_split(fn, booked, tokens, final):
@@ -160,21 +123,23 @@ def _expect_split(fn, booked, tokens, final):
     except TypeError as e:
         if final is not None or "NoneType" not in str(e):
             raise
-        raise CheckFailed(
-            "\n   ".join(explain_exception(e)),
-            input=args,
-            expected=short(right),
-            hint="final can be None (nobody knows the length yet): test `final is None` first",
-        ) from None
-    _shape_of_answer(got, args, right)
-    if tuple(got) != right:
-        raise CheckFailed(
-            "wrong split",
-            input=args,
-            expected=short(right),
-            got=short(got),
-            hint=diagnose_split(fn, got, booked, tokens, final),
-        )
+        raise raised(e, NONE_FINAL, input=args, expected=short(right)) from None
+    fail = functools.partial(CheckFailed, input=args, expected=short(right), got=short(got))
+    # the answer's shape first: a tuple of three ints
+    if got is None:
+        raise fail("nothing came back", expected=None, hint=RETURNED_NONE)
+    if isinstance(got, list) and len(got) == 3:
+        raise fail("return a tuple, not a list", hint=AS_TUPLE)
+    if not isinstance(got, tuple) or len(got) != 3:
+        counted = isinstance(got, (tuple, list))
+        hint = f"return exactly three numbers, not {len(got)}" if counted else None
+        raise fail("return a tuple (used, future, internal)", hint=hint)
+    for name, value in zip(("used", "future", "internal"), got, strict=True):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            whole = isinstance(value, float) and value.is_integer()
+            raise fail(f"{name} should be an int", hint=WHOLE_BEDS if whole else None)
+    if got != right:
+        raise fail("wrong split", hint=diagnose_split(fn, got, booked, tokens, final))
 
 
 # each check: its name and the (booked, tokens, final) it splits
@@ -187,16 +152,13 @@ BOOKINGS = (
 )
 
 
-def _splits(bookings):
-    def check(fn):
-        for booked, tokens, final in bookings:
-            _expect_split(fn, booked, tokens, final)
-
-    return check
+def _splits(bookings, fn):
+    for booked, tokens, final in bookings:
+        _expect_split(fn, booked, tokens, final)
 
 
 for _name, _bookings in BOOKINGS:
-    waste.check(_name)(_splits(_bookings))
+    waste.check(_name)(functools.partial(_splits, _bookings))
 
 
 @waste.check("200 random bookings: the parts always add up to the booking")
@@ -312,10 +274,10 @@ def refusals_leak(cls) -> bool:
     """Whether a refused check-in keeps a suite, on probe hotels: after a refused check-in (an id
     already in the hotel; a stay over max_seq_len), a check-in that has a free suite is refused
     with a MemoryError."""
-    for admitted, refused in (([("a", 3, 4)], ("a", 2, 2)), ([], ("b", 10, 7))):
-        if _check_in_works(cls, admitted) and not _check_in_works(cls, admitted, refused):
-            return True
-    return False
+    return any(
+        _check_in_works(cls, admitted) and not _check_in_works(cls, admitted, refused)
+        for admitted, refused in (([("a", 3, 4)], ("a", 2, 2)), ([], ("b", 10, 7)))
+    )
 
 
 def _check_in_works(cls, admitted: list, refused: tuple | None = None) -> bool:
@@ -376,19 +338,14 @@ class Cache(ClassDriver):
     def not_refused(self, error, errors, reason: tuple[str, str]) -> None:
         why, fix = reason
         names = " or ".join(e.__name__ for e in errors)
-        if error is None:
-            self.fail(f"{why}: expected {names}", expected=names, got="no error", hint=fix)
-        kind = type(error).__name__
-        hint, cause = f"{fix}, not {kind}", None
-        if isinstance(error, MemoryError) and MemoryError not in errors and refusals_leak(self.cls):
-            hint, cause = LEAK_FOUND, LEAK  # the hotel is full because a refusal kept a suite
-        self.fail(
-            f"{why}: expected {names}",
-            expected=names,
-            got=f"{kind}: {short(str(error), 80)}",
-            hint=hint,
-            cause=cause,
-        )
+        got, hint, cause = "no error", fix, None
+        if error is not None:
+            kind = type(error).__name__
+            got, hint = f"{kind}: {short(str(error), 80)}", f"{fix}, not {kind}"
+            if isinstance(error, MemoryError) and MemoryError not in errors:
+                if refusals_leak(self.cls):  # the hotel is full because a refusal kept a suite
+                    hint, cause = LEAK_FOUND, LEAK
+        self.fail(f"{why}: expected {names}", expected=names, got=got, hint=hint, cause=cause)
 
     def state(self):
         return self.report() if self.reference is not None else None
@@ -451,12 +408,10 @@ class Cache(ClassDriver):
             self.fail("memory_report() is off", expected=short(right), got=short(got), hint=hint)
 
 
-# the calls of the checks below are rows of kvlab.grading.key_cards.play: `call` on the learner's
-# cache alone, `do` on it and kvlab's, `refuses <reason>` a call that must be refused
-@cache.check("check-in: num_slots guests fit, the next is refused with a MemoryError")
-def _suites_run_out(cls):
-    # a stay of exactly max_seq_len fits
-    play(Cache(cls, 2, 16), "call admit a 3 4", "call admit b 16 0", "refuses full admit c 3 4")
+def _day(num_slots: int, max_seq_len: int, *calls, twin: bool = False):
+    """The check that plays ``calls`` on the learner's hotel of ``num_slots`` suites of
+    ``max_seq_len`` beds (with ``twin``, kvlab's max-length cache beside it)."""
+    return lambda cls: play(Cache(cls, num_slots, max_seq_len, twin=twin), *calls)
 
 
 REFUSED_CHECK_INS = (
@@ -464,54 +419,53 @@ REFUSED_CHECK_INS = (
     "refuses twice admit a 2 2",
     "refuses too_long admit b 10 7",
 )
-
-
-@cache.check("check-in refuses a guest already in the hotel and a stay over max_seq_len")
-def _bad_check_in(cls):
-    play(Cache(cls, 2, 16), *REFUSED_CHECK_INS)
-
-
-@cache.check("a refused check-in takes no suite")
-def _refusal_takes_nothing(cls):
-    play(Cache(cls, 2, 16), *REFUSED_CHECK_INS, ("call", "admit", "b", 3, 4, {"full": HALF_FULL}))
-
-
-@cache.check("check-out frees the suite: a full hotel takes a new guest")
-def _check_out_frees(cls):
-    later = ("call", "admit", "b", 5, 1, {"full": CHECKED_OUT})
-    play(Cache(cls, 1, 8), "call admit a 3 4", "call release a", later)
-
-
-@cache.check("unknown guests: append and release raise KeyError")
-def _unknown_guests(cls):
-    play(
-        Cache(cls, 2, 16),
+# the checks as data: the name the learner reads -> its hotel and calls, rows of
+# kvlab.grading.key_cards.play: `call` on the learner's cache alone, `do` on it and kvlab's,
+# `refuses <reason>` a call that must be refused
+CHECKS = {
+    # a stay of exactly max_seq_len fits
+    "check-in: num_slots guests fit, the next is refused with a MemoryError": _day(
+        2, 16, "call admit a 3 4", "call admit b 16 0", "refuses full admit c 3 4"
+    ),
+    "check-in refuses a guest already in the hotel and a stay over max_seq_len": _day(
+        2, 16, *REFUSED_CHECK_INS
+    ),
+    "a refused check-in takes no suite": _day(
+        2, 16, *REFUSED_CHECK_INS, ("call", "admit", "b", 3, 4, {"full": HALF_FULL})
+    ),
+    "check-out frees the suite: a full hotel takes a new guest": _day(
+        1,
+        8,
         "call admit a 3 4",
-        "refuses unknown append nobody",
-        "refuses unknown release nobody",
-    )
-
-
-@cache.check("the accounts of one guest: a whole suite of max_seq_len beds")
-def _one_guest(cls):
-    play(Cache(cls, 4, 64, twin=True), "do admit a 10 20")
-
-
-@cache.check("append moves one bed from future to used")
-def _append(cls):
-    play(Cache(cls, 2, 32, twin=True), "do admit a 1 3", *["do append a"] * 3)
-
-
-@cache.check("check-out returns all max_seq_len beds to free")
-def _release(cls):
-    play(Cache(cls, 2, 32, twin=True), "do admit a 1 3", "do admit b 5 1", "do release a")
-
-
-@cache.check("refused calls leave the accounts unchanged")
-def _refusals_change_nothing(cls):
-    twin = Cache(cls, 2, 16, twin=True)
-    play(twin, "do admit a 3 4", "do admit b 3 4", "refuses full admit c 3 4", "do release a")
-    play(twin, "refuses twice admit b 2 2", "refuses too_long admit c 10 7")
+        "call release a",
+        ("call", "admit", "b", 5, 1, {"full": CHECKED_OUT}),
+    ),
+    "unknown guests: append and release raise KeyError": _day(
+        2, 16, "call admit a 3 4", "refuses unknown append nobody", "refuses unknown release nobody"
+    ),
+    "the accounts of one guest: a whole suite of max_seq_len beds": _day(
+        4, 64, "do admit a 10 20", twin=True
+    ),
+    "append moves one bed from future to used": _day(
+        2, 32, "do admit a 1 3", *["do append a"] * 3, twin=True
+    ),
+    "check-out returns all max_seq_len beds to free": _day(
+        2, 32, "do admit a 1 3", "do admit b 5 1", "do release a", twin=True
+    ),
+    "refused calls leave the accounts unchanged": _day(
+        2,
+        16,
+        "do admit a 3 4",
+        "do admit b 3 4",
+        "refuses full admit c 3 4",
+        "do release a",
+        "refuses twice admit b 2 2",
+        "refuses too_long admit c 10 7",
+        twin=True,
+    ),
+}
+for _name, _check in CHECKS.items():
+    cache.check(_name)(_check)
 
 
 def random_day(seed: int = 5, num_slots: int = 3, max_seq_len: int = 40, steps: int = 120):

@@ -10,7 +10,7 @@ import itertools
 import operator
 
 from kvlab.grading import slips
-from kvlab.grading.expect import CheckFailed, short
+from kvlab.grading.expect import CheckFailed, as_int, short
 from kvlab.grading.lab09 import hints
 from kvlab.grading.registry import exercise
 from kvlab.grading.slips import Slip
@@ -92,9 +92,7 @@ def _whole_number(answer) -> bool:
 def _expect_free(fn, spec, gpu: GPU, batch: int, context: int) -> None:
     what = f"{spec.name} on an {gpu.name}, {batch} guests decoding with {context} tokens each"
     want = almost_free_tokens(spec, gpu, batch, context)
-    got = fn(spec, gpu, batch, context)
-    if isinstance(got, float) and got.is_integer():
-        got = int(got)
+    got = as_int(fn(spec, gpu, batch, context))
     if not isinstance(got, int) or isinstance(got, bool):
         raise CheckFailed(
             "almost_free_tokens must return an int (a number of tokens)",

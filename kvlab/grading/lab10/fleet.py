@@ -15,7 +15,7 @@ import functools
 import random
 
 from kvlab.grading import slips
-from kvlab.grading.expect import CheckFailed, short
+from kvlab.grading.expect import CheckFailed, as_int, short
 from kvlab.grading.lab10 import hints
 from kvlab.grading.registry import exercise, own_answers
 from kvlab.grading.slips import Slip
@@ -147,9 +147,7 @@ def expect_pick(fn, story: str, rows, rotated: bool = False) -> None:
     views = _views(rows, rotated)
     where = f"{story}; load_penalty {PENALTY:g}: " + "; ".join(map(repr, views))
     want = right_pick(rows, rotated)
-    got = fn(None, views, 0.0)
-    if isinstance(got, float) and got.is_integer():
-        got = int(got)
+    got = as_int(fn(None, views, 0.0))
     if not isinstance(got, int) or isinstance(got, bool) or not 0 <= got < len(views):
         raise CheckFailed(
             f"the router returns a replica's index (an int from 0 to {len(views) - 1})",
