@@ -14,7 +14,7 @@ import random
 
 from kvlab.core.contiguous import ArenaAllocator, best_fit, external_fragmentation, first_fit
 from kvlab.grading import slips
-from kvlab.grading.blame import explain_exception
+from kvlab.grading.blame import raised
 from kvlab.grading.expect import CheckFailed, call_without_mutation, plural, short
 from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise
@@ -109,36 +109,18 @@ def _expect_fit(fn, extents, n, replay=None):
     except Exception as e:
         if expected is not None:
             raise
-        raise CheckFailed(
-            "\n   ".join(explain_exception(e)),
-            input=args,
-            replay=replay,
-            expected="None",
-            hint="when no extent fits, return None: the arena turns that into OutOfSpace itself",
-        ) from None
+        hint = "when no extent fits, return None: the arena turns that into OutOfSpace itself"
+        raise raised(e, hint, input=args, replay=replay, expected="None") from None
+    at = {"input": args, "replay": replay, "expected": short(expected), "got": short(got)}
     if got is not None and (isinstance(got, bool) or not isinstance(got, numbers.Integral)):
         hint = None
         if isinstance(got, tuple) and len(got) == 2 and got[0] == expected:
             hint = "return only the offset (an int), not the whole (offset, length) pair"
         elif got is False and expected is None:
             hint = "when nothing fits, return None (not False)"
-        raise CheckFailed(
-            "return an int offset, or None",
-            input=args,
-            replay=replay,
-            expected=short(expected),
-            got=short(got),
-            hint=hint,
-        )
+        raise CheckFailed("return an int offset, or None", hint=hint, **at)
     if not _same_offset_exact(got, expected):
-        raise CheckFailed(
-            "wrong offset",
-            input=args,
-            replay=replay,
-            expected=short(expected),
-            got=short(got),
-            hint=diagnose_fit(got, extents, n, fn),
-        )
+        raise CheckFailed("wrong offset", hint=diagnose_fit(got, extents, n, fn), **at)
 
 
 # each check: its name and the (free_extents, n) it books
@@ -260,34 +242,19 @@ def _expect_frag(fn, extents, replay=None):
     except (ZeroDivisionError, ValueError) as e:
         if extents:
             raise
-        raise CheckFailed(
-            "\n   ".join(explain_exception(e)),
-            input=args,
-            expected=f"{expected:.6g}",
-            hint="nothing is free here: return 0.0 before dividing by the total (or taking max)",
-        ) from None
+        hint = "nothing is free here: return 0.0 before dividing by the total (or taking max)"
+        raise raised(e, hint, input=args, expected=f"{expected:.6g}") from None
+    at = {"input": args, "replay": replay, "got": short(got)}
     if got is None or isinstance(got, bool) or not isinstance(got, numbers.Real):
-        raise CheckFailed(
-            "return a number between 0 and 1",
-            input=args,
-            replay=replay,
-            got=short(got),
-            hint="your function returned None: end it with `return ...`" if got is None else None,
-        )
+        hint = "your function returned None: end it with `return ...`" if got is None else None
+        raise CheckFailed("return a number between 0 and 1", hint=hint, **at)
     if not _same_fraction(got, expected):
         if extents:
             rule, table = external_fragmentation, FRAG_SLIPS
             hint = _diagnose(rule, table, got, (extents,), _same_fraction, fn, FRAG_PROBES)
         else:
             hint = EMPTY_FRAG
-        raise CheckFailed(
-            "wrong value",
-            input=args,
-            replay=replay,
-            expected=f"{expected:.6g}",
-            got=short(got),
-            hint=hint,
-        )
+        raise CheckFailed("wrong value", expected=f"{expected:.6g}", hint=hint, **at)
 
 
 # each check: its name, the free extents, and how to rebuild them where they are long
