@@ -35,6 +35,12 @@ kernel = exercise("05.kernel", "a Triton paged-attention kernel", isolate=INTERP
 # the interpreter runs on the CPU; only compiled kernels need (and may touch) the GPU
 DEVICE = "cuda" if kernel_mode() == "compiled" and torch.cuda.is_available() else "cpu"
 INPUTS = ("q", "k_cache", "v_cache")
+# why the arithmetic is done in fp32 ({dtype} is filled in when the hint is given)
+WITHOUT_FP32 = (
+    "the interpreter gets {dtype} math wrong otherwise"
+    if INTERPRETED
+    else "in {dtype} the scores and the softmax lose the precision the answer needs"
+)
 
 KERNEL_HINTS = {
     **HINTS,
@@ -48,7 +54,7 @@ KERNEL_HINTS = {
     "kv head modulo": "program kvh serves query heads kvh * GROUP + g for g < GROUP: query head "
     "h reads KV head h // {group}, not h % {kv_heads}",
     "low precision": "right in float32, wrong in {dtype}: convert every loaded tensor with "
-    ".to(tl.float32) before any arithmetic (the interpreter gets {dtype} math wrong otherwise)",
+    f".to(tl.float32) before any arithmetic ({WITHOUT_FP32})",
     "nan": "NaN: a softmax over nothing but -inf, or 0 / 0. Does m start at -inf and l at 0, "
     "does every program read tl.cdiv(seq_len, BLOCK_SIZE) rooms, and are only beds past seq_len "
     "masked?",

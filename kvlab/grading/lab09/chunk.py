@@ -18,7 +18,7 @@ import math
 import torch
 
 from kvlab.grading import slips
-from kvlab.grading.expect import CheckFailed, expect_tensor_like, max_error, preview
+from kvlab.grading.expect import CheckFailed, expect_tensor_like, furthest, preview
 from kvlab.grading.lab09 import hints
 from kvlab.grading.launchers import (
     BLOCK_Q,
@@ -163,17 +163,14 @@ def _expect_chunk(fn, run, kernel: bool, **case) -> None:
     )
     if _close(got, want):
         return
-    diff = (got.float() - want.float()).abs().nan_to_num(nan=math.inf)
-    row = int(diff.amax(dim=(1, 2)).argmax())
-    head = int(diff[row].amax(dim=1).argmax())
+    (row, head), error = furthest(got, want)
     zeroed = make_chunk_case(**case, garbage=0.0)
     if _close(slips.quietly(lambda: run(fn, zeroed)), chunk_attention_reference(*zeroed)):
         hint = hints.READ_PAST
     else:
         hint = _named(fn, run, kernel, case, args, got, want)
     raise CheckFailed(
-        f"query {row} of the chunk, head {head} differs from the reference "
-        f"({max_error(got.float(), diff)})",
+        f"query {row} of the chunk, head {head} differs from the reference ({error})",
         input=what,
         expected=preview(want[row, head]),
         got=preview(got[row, head].float()),
