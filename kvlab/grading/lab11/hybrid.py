@@ -15,12 +15,7 @@ from __future__ import annotations
 import functools
 import numbers
 
-from kvlab.core.kv_spec import (
-    FullAttentionSpec,
-    KVCacheSpec,
-    LayerGroup,
-    SlidingWindowSpec,
-)
+from kvlab.core.kv_spec import FullAttentionSpec, KVCacheSpec, LayerGroup, SlidingWindowSpec
 from kvlab.grading import slips
 from kvlab.grading.expect import CheckFailed, short
 from kvlab.grading.lab11 import hints
@@ -186,20 +181,15 @@ def expect_layout(fn, cases) -> None:
         want = reference(*args)
         with refuse_reference(*REFERENCES, learner=fn, task=TASK):
             got = fn(*args)
-        where = _where(case)
+        fail = functools.partial(CheckFailed, input=_where(case))
         if not _readable(got):
-            raise CheckFailed(
-                f"hybrid_layout returns a dict of ints with the keys {', '.join(FIELDS)}",
-                input=where,
-                expected=short(want),
-                got=short(got, typed=True),
-            )
+            message = f"hybrid_layout returns a dict of ints with the keys {', '.join(FIELDS)}"
+            raise fail(message, expected=short(want), got=short(got, typed=True))
         got = _plain(got)
         for field in FIELDS:
             if got[field] != want[field]:
-                raise CheckFailed(
+                raise fail(
                     f"wrong {field} ({WORDS[field]})",
-                    input=where,
                     expected=f"{want[field]:,}",
                     got=f"{got[field]:,}",
                     hint=diagnose(fn, case, got),
