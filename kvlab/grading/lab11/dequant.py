@@ -88,10 +88,6 @@ UNWRITTEN = "no value stored for guest {seq}, query head {head}: was the given t
 # --- the slips: the reference given other scales -------------------------------------------------
 
 
-def _per_room(s: torch.Tensor) -> torch.Tensor:
-    return s[:, :1].expand_as(s)
-
-
 def _partial_rooms_nan(out: torch.Tensor, case) -> torch.Tensor | None:
     """``out`` with NaN for the guests whose last room is partly filled: there a masked bed
     loads 0 for its value and its label, and 0 / 0 is NaN (None when every guest's is)."""
@@ -120,7 +116,8 @@ SLIPS = (
     _slip(NEITHER, k_scales=lambda ks, vs: torch.ones_like(ks), v_scales=lambda ks, vs: torch.ones_like(vs)),
     _slip(V_WITH_K, v_scales=lambda ks, vs: ks),
     _slip(SWAPPED, k_scales=lambda ks, vs: vs, v_scales=lambda ks, vs: ks),
-    _slip(ONE_PER_ROOM, k_scales=lambda ks, vs: _per_room(ks), v_scales=lambda ks, vs: _per_room(vs)),
+    _slip(ONE_PER_ROOM, k_scales=lambda ks, vs: ks[:, :1].expand_as(ks),  # bed 0's, room by room
+          v_scales=lambda ks, vs: vs[:, :1].expand_as(vs)),
     Slip(DIVIDED, lambda *case: _partial_rooms_nan(slipped(*case, k_scales=lambda ks, vs: 1 / ks,
                                                            v_scales=lambda ks, vs: 1 / vs), case)),
 )  # fmt: skip
