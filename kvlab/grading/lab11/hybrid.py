@@ -21,7 +21,6 @@ from kvlab.grading.expect import CheckFailed, short
 from kvlab.grading.lab11 import hints
 from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise, own_answers
-from kvlab.grading.slips import Slip
 from kvlab.models.hf_config import vendored_spec
 from kvlab.perf import kv_groups
 from kvlab.perf.kv_groups import KVCacheLayout, KVGroup, kv_cache_layout
@@ -78,7 +77,7 @@ def _as_full(g, length, batched):  # a window reserving as full attention does
 
 
 def _slip(hint, **changed):
-    return Slip(hint, functools.partial(reference, **changed))
+    return slips.Slip(hint, functools.partial(reference, **changed))
 
 
 SLIPS = (
