@@ -22,7 +22,7 @@ from kvlab.grading.expect import CheckFailed, furthest, preview
 from kvlab.grading.guarded import GuardedLaunch
 from kvlab.grading.registry import exercise
 from kvlab.grading.slips import Slip, matching, only
-from kvlab.grading.triton_errors import explain_triton_error, unwrap_unimplemented
+from kvlab.grading.triton_errors import launched
 from kvlab.ops.kernels import launch_paged_decode_quantized
 from kvlab.ops.kernels.quantized import paged_decode_quantized_ref
 from kvlab.ops.kernels.sizes import pow2
@@ -146,14 +146,7 @@ def guarded_launch(fn, args) -> GuardedLaunch:
 
 
 def _run(fn, what: str, args) -> GuardedLaunch:
-    try:
-        run = guarded_launch(fn, [t.to(DEVICE) for t in args])
-    except NotImplementedError:
-        raise
-    except Exception as error:
-        unwrap_unimplemented(error)  # Triton wraps what a kernel raised
-        explain_triton_error(error, what)
-        raise
+    run = launched(what, guarded_launch, fn, [t.to(DEVICE) for t in args])
     if row := run.first_unwritten():
         raise CheckFailed("a row of the output was never stored", input=what,
                           hint=UNWRITTEN.format(seq=row[0], head=row[1]))  # fmt: skip
