@@ -21,7 +21,7 @@ import torch
 from kvlab.grading.expect import CheckFailed, furthest, preview
 from kvlab.grading.guarded import GuardedLaunch
 from kvlab.grading.registry import exercise
-from kvlab.grading.slips import Slip, matching, only
+from kvlab.grading.slips import Slip, changed, matching, only
 from kvlab.grading.triton_errors import launched
 from kvlab.ops.kernels import launch_paged_decode_quantized
 from kvlab.ops.kernels.quantized import paged_decode_quantized_ref
@@ -106,10 +106,7 @@ def slipped(q, kq, vq, ks, vs, tables, lens, *, k_scales=None, v_scales=None):
     return paged_decode_quantized_ref(q.float(), kq, vq, k_by, v_by, tables, lens)
 
 
-def _slip(hint, **scales) -> Slip:
-    return Slip(hint, lambda *case: slipped(*case, **scales))
-
-
+_slip = functools.partial(changed, slipped)  # the reference given other scales
 SLIPS = (
     _slip(K_UNSCALED, k_scales=lambda ks, vs: torch.ones_like(ks)),
     _slip(V_UNSCALED, v_scales=lambda ks, vs: torch.ones_like(vs)),

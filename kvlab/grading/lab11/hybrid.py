@@ -76,10 +76,7 @@ def _as_full(g, length, batched):  # a window reserving as full attention does
     return spec.blocks_reserved(g.spec, length, g.block_size, batched)
 
 
-def _slip(hint, **changed):
-    return slips.Slip(hint, functools.partial(reference, **changed))
-
-
+_slip = functools.partial(slips.changed, reference)  # kvlab's layout with one rule changed
 SLIPS = (
     _slip(hints.RATIO_MIN, group_size_ratio=1),
     _slip(hints.RATIO_EDGE, group_size_ratio=1.5 + 1e-9),  # 12 < 8 x 1.5: "<=" for "<"
