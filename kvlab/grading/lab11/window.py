@@ -27,7 +27,6 @@ from kvlab.grading.expect import CheckFailed
 from kvlab.grading.lab11 import hints
 from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise, own_answers
-from kvlab.grading.slips import Slip
 
 window_ex = exercise("11.window", "a sliding-window key card: rooms handed back")
 own_answers(
@@ -226,7 +225,7 @@ def slip_day(d: Day, index: int) -> tuple[Snapshot, ...]:
     return snapshots(d, hotel_class=SLIPPED[index][1])
 
 
-SLIPS = tuple(Slip(h, functools.partial(slip_day, index=i)) for i, (h, _) in enumerate(SLIPPED))
+SLIPS = tuple(slips.changed(slip_day, h, index=i) for i, (h, _) in enumerate(SLIPPED))
 
 
 def diagnose(fn, d: Day) -> str | None:
