@@ -118,9 +118,9 @@ def events(text: str) -> tuple:
     return tuple((kind.get(n[0], "in"), g, 0 if n == "out" else int(n)) for g, n in said)
 
 
-def day(story, text, *, window=8, block_size=4, num_blocks=40, full=False, replay=None):
+def day(story, text, *, window=8, block_size=4, num_blocks=40, full=False):
     specs = ((FullAttentionSpec(1, 8),) if full else ()) + _window(window)
-    return Day(story, specs, block_size, num_blocks, events(text), replay)
+    return Day(story, specs, block_size, num_blocks, events(text))
 
 
 DAYS = {
