@@ -45,6 +45,12 @@ class Slip:
         return self.hint if self.cause is None else self.cause
 
 
+def changed(rule: Callable[..., Any], hint: str | None, **decision) -> Slip:
+    """The slip whose answer is ``rule`` with one decision changed, ``rule(*args, **decision)``:
+    a lab's reference that takes each decision it may get wrong as a keyword."""
+    return Slip(hint, functools.partial(rule, **decision))
+
+
 def quietly(probe: Callable[[], Any]):
     """A probe's result, or None when the learner's code raises (a probe never fails a check)."""
     try:

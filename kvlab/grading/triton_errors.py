@@ -115,3 +115,17 @@ def unwrap_unimplemented(error: BaseException) -> None:
     for seen in exception_chain(error):
         if isinstance(seen, NotImplementedError) or "NotImplementedError" in repr(seen):
             raise NotImplementedError from error
+
+
+def launched(what: str, launch, *args):
+    """``launch(*args)``, the learner's kernel run (Lab 09's chunk kernel, Lab 11's quantised
+    decode): an unwritten kernel Triton wrapped is reported as not implemented, and an error
+    that names a usual mistake fails at ``what`` with its hint; any other error is raised."""
+    try:
+        return launch(*args)
+    except NotImplementedError:
+        raise
+    except Exception as error:
+        unwrap_unimplemented(error)  # Triton wraps what a kernel raised
+        explain_triton_error(error, what)
+        raise

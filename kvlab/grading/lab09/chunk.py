@@ -28,7 +28,7 @@ from kvlab.grading.launchers import (
 )
 from kvlab.grading.registry import exercise
 from kvlab.grading.slips import Slip
-from kvlab.grading.triton_errors import explain_triton_error, unwrap_unimplemented
+from kvlab.grading.triton_errors import launched, unwrap_unimplemented
 from kvlab.ops.attention import chunk_attention_reference
 from kvlab.ops.runtime import kernel_mode
 
@@ -241,14 +241,7 @@ _register(attention_ex, _call_torch, kernel=False)
 
 
 def _call_kernel(fn, args):
-    try:
-        return launch_chunk_kernel(fn, *args)
-    except NotImplementedError:
-        raise
-    except Exception as error:
-        unwrap_unimplemented(error)
-        explain_triton_error(error, "launching your kernel")
-        raise
+    return launched("launching your kernel", launch_chunk_kernel, fn, *args)
 
 
 _register(kernel_ex, _call_kernel, kernel=True)

@@ -62,13 +62,13 @@ def almost_free_tokens(spec, gpu: GPU, batch: int, context: int, **options) -> i
 
 
 ALMOST_FREE_SLIPS = (
-    Slip(hints.WEIGHTS_ONLY, functools.partial(almost_free_tokens, kv=False, attention=False)),
-    Slip(hints.NO_ATTENTION, functools.partial(almost_free_tokens, attention=False)),
+    slips.changed(almost_free_tokens, hints.WEIGHTS_ONLY, kv=False, attention=False),
+    slips.changed(almost_free_tokens, hints.NO_ATTENTION, attention=False),
     Slip(hints.TOTAL_TOKENS, lambda spec, gpu, b, c: almost_free_tokens(spec, gpu, b, c) + b),
     # answers as the one above on every input (batch more): the same hint names both ways
-    Slip(hints.TOTAL_TOKENS, functools.partial(almost_free_tokens, decodes=False)),
+    slips.changed(almost_free_tokens, hints.TOTAL_TOKENS, decodes=False),
     Slip(hints.ONE_PAST, lambda spec, gpu, b, c: almost_free_tokens(spec, gpu, b, c) + 1),
-    Slip(hints.DECODE_OWN_TOKEN, functools.partial(almost_free_tokens, own=0)),
+    slips.changed(almost_free_tokens, hints.DECODE_OWN_TOKEN, own=0),
 )
 
 # every input the checks ask about: a slip found on one is confirmed on all of them (a slip that
@@ -192,10 +192,10 @@ MEASURES = {
     hints.TTFT: lambda r: r.ttft(99),
 }
 CHOOSE_SLIPS = (
-    *(Slip(hint, functools.partial(largest_chunk, measure=m)) for hint, m in MEASURES.items()),
-    Slip(hints.SMALLEST, functools.partial(largest_chunk, largest=False)),
-    Slip(hints.AT_TARGET, functools.partial(largest_chunk, strict=True)),
-    Slip(hints.FIRST_OVER, functools.partial(largest_chunk, walk=True)),
+    *(slips.changed(largest_chunk, hint, measure=m) for hint, m in MEASURES.items()),
+    slips.changed(largest_chunk, hints.SMALLEST, largest=False),
+    slips.changed(largest_chunk, hints.AT_TARGET, strict=True),
+    slips.changed(largest_chunk, hints.FIRST_OVER, walk=True),
 )
 
 

@@ -21,8 +21,8 @@ import torch
 from kvlab.grading.expect import CheckFailed, furthest, preview
 from kvlab.grading.guarded import GuardedLaunch
 from kvlab.grading.registry import exercise
-from kvlab.grading.slips import Slip, matching, only
-from kvlab.grading.triton_errors import explain_triton_error, unwrap_unimplemented
+from kvlab.grading.slips import Slip, changed, matching, only
+from kvlab.grading.triton_errors import launched
 from kvlab.ops.kernels import launch_paged_decode_quantized
 from kvlab.ops.kernels.quantized import paged_decode_quantized_ref
 from kvlab.ops.kernels.sizes import pow2
@@ -88,10 +88,6 @@ UNWRITTEN = "no value stored for guest {seq}, query head {head}: was the given t
 # --- the slips: the reference given other scales -------------------------------------------------
 
 
-def _per_room(s: torch.Tensor) -> torch.Tensor:
-    return s[:, :1].expand_as(s)
-
-
 def _partial_rooms_nan(out: torch.Tensor, case) -> torch.Tensor | None:
     """``out`` with NaN for the guests whose last room is partly filled: there a masked bed
     loads 0 for its value and its label, and 0 / 0 is NaN (None when every guest's is)."""
@@ -110,17 +106,15 @@ def slipped(q, kq, vq, ks, vs, tables, lens, *, k_scales=None, v_scales=None):
     return paged_decode_quantized_ref(q.float(), kq, vq, k_by, v_by, tables, lens)
 
 
-def _slip(hint, **scales) -> Slip:
-    return Slip(hint, lambda *case: slipped(*case, **scales))
-
-
+_slip = functools.partial(changed, slipped)  # the reference given other scales
 SLIPS = (
     _slip(K_UNSCALED, k_scales=lambda ks, vs: torch.ones_like(ks)),
     _slip(V_UNSCALED, v_scales=lambda ks, vs: torch.ones_like(vs)),
     _slip(NEITHER, k_scales=lambda ks, vs: torch.ones_like(ks), v_scales=lambda ks, vs: torch.ones_like(vs)),
     _slip(V_WITH_K, v_scales=lambda ks, vs: ks),
     _slip(SWAPPED, k_scales=lambda ks, vs: vs, v_scales=lambda ks, vs: ks),
-    _slip(ONE_PER_ROOM, k_scales=lambda ks, vs: _per_room(ks), v_scales=lambda ks, vs: _per_room(vs)),
+    _slip(ONE_PER_ROOM, k_scales=lambda ks, vs: ks[:, :1].expand_as(ks),  # bed 0's, room by room
+          v_scales=lambda ks, vs: vs[:, :1].expand_as(vs)),
     Slip(DIVIDED, lambda *case: _partial_rooms_nan(slipped(*case, k_scales=lambda ks, vs: 1 / ks,
                                                            v_scales=lambda ks, vs: 1 / vs), case)),
 )  # fmt: skip
@@ -149,14 +143,7 @@ def guarded_launch(fn, args) -> GuardedLaunch:
 
 
 def _run(fn, what: str, args) -> GuardedLaunch:
-    try:
-        run = guarded_launch(fn, [t.to(DEVICE) for t in args])
-    except NotImplementedError:
-        raise
-    except Exception as error:
-        unwrap_unimplemented(error)  # Triton wraps what a kernel raised
-        explain_triton_error(error, what)
-        raise
+    run = launched(what, guarded_launch, fn, [t.to(DEVICE) for t in args])
     if row := run.first_unwritten():
         raise CheckFailed("a row of the output was never stored", input=what,
                           hint=UNWRITTEN.format(seq=row[0], head=row[1]))  # fmt: skip

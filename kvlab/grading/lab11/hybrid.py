@@ -15,18 +15,12 @@ from __future__ import annotations
 import functools
 import numbers
 
-from kvlab.core.kv_spec import (
-    FullAttentionSpec,
-    KVCacheSpec,
-    LayerGroup,
-    SlidingWindowSpec,
-)
+from kvlab.core.kv_spec import FullAttentionSpec, KVCacheSpec, LayerGroup, SlidingWindowSpec
 from kvlab.grading import slips
 from kvlab.grading.expect import CheckFailed, short
 from kvlab.grading.lab11 import hints
 from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise, own_answers
-from kvlab.grading.slips import Slip
 from kvlab.models.hf_config import vendored_spec
 from kvlab.perf import kv_groups
 from kvlab.perf.kv_groups import KVCacheLayout, KVGroup, kv_cache_layout
@@ -82,10 +76,7 @@ def _as_full(g, length, batched):  # a window reserving as full attention does
     return spec.blocks_reserved(g.spec, length, g.block_size, batched)
 
 
-def _slip(hint, **changed):
-    return Slip(hint, functools.partial(reference, **changed))
-
-
+_slip = functools.partial(slips.changed, reference)  # kvlab's layout with one rule changed
 SLIPS = (
     _slip(hints.RATIO_MIN, group_size_ratio=1),
     _slip(hints.RATIO_EDGE, group_size_ratio=1.5 + 1e-9),  # 12 < 8 x 1.5: "<=" for "<"
@@ -186,20 +177,15 @@ def expect_layout(fn, cases) -> None:
         want = reference(*args)
         with refuse_reference(*REFERENCES, learner=fn, task=TASK):
             got = fn(*args)
-        where = _where(case)
+        fail = functools.partial(CheckFailed, input=_where(case))
         if not _readable(got):
-            raise CheckFailed(
-                f"hybrid_layout returns a dict of ints with the keys {', '.join(FIELDS)}",
-                input=where,
-                expected=short(want),
-                got=short(got, typed=True),
-            )
+            message = f"hybrid_layout returns a dict of ints with the keys {', '.join(FIELDS)}"
+            raise fail(message, expected=short(want), got=short(got, typed=True))
         got = _plain(got)
         for field in FIELDS:
             if got[field] != want[field]:
-                raise CheckFailed(
+                raise fail(
                     f"wrong {field} ({WORDS[field]})",
-                    input=where,
                     expected=f"{want[field]:,}",
                     got=f"{got[field]:,}",
                     hint=diagnose(fn, case, got),

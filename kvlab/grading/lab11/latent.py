@@ -20,7 +20,7 @@ import torch
 from kvlab.grading.expect import CheckFailed, expect_tensor_like, furthest, preview
 from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise, own_answers
-from kvlab.grading.slips import Slip, matching, only, quietly, told_apart
+from kvlab.grading.slips import changed, matching, only, quietly, told_apart
 from kvlab.ops import mla
 from kvlab.ops.testing import TOLERANCE
 
@@ -116,10 +116,7 @@ def absorbed(*case, scale=None, rope=True, rope_first=False, rope_scaled=True, u
     return mla.up_project(o_lat, w_v)
 
 
-def _slip(hint, **changed):
-    return Slip(hint, functools.partial(absorbed, **changed))
-
-
+_slip = functools.partial(changed, absorbed)  # kvlab's steps with one decision changed
 SLIPS = (
     _slip(SCALE_NOPE, scale=lambda nope, rope, rank: nope**-0.5),
     _slip(SCALE_LATENT, scale=lambda nope, rope, rank: (rank + rope) ** -0.5),

@@ -143,9 +143,8 @@ SLIPS = (
 def _same(a, b) -> bool:
     """Two answers alike: the same shapes, the same values but for 1% of them (a tie rounded
     the other way), the same scales (NaN where both have NaN)."""
-    if not (isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) == 2):
-        return False
-    if not all(isinstance(t, torch.Tensor) for t in (*a, *b)):
+    pairs = isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) == 2
+    if not pairs or not all(isinstance(t, torch.Tensor) for t in (*a, *b)):
         return False
     (va, sa), (vb, sb) = a, b
     if va.shape != vb.shape or sa.shape != sb.shape:
@@ -174,8 +173,7 @@ def make_vectors(tokens=5, kv_heads=2, head_dim=16, seed=0, spread=0, dtype=torc
     return x.to(dtype)
 
 
-def _describe(fmt, scale, args) -> str:
-    x = make_vectors(**args)
+def _describe(x, fmt, scale, args) -> str:
     spread, zero, nan = (args.get(key) for key in ("spread", "zero", "nan"))
     extra = [f"magnitudes 1e-{spread} .. 1e{spread}"] if spread else []
     extra += [f"x[{zero[0]}, {zero[1]}] all zeros"] if zero is not None else []
@@ -240,7 +238,7 @@ def expect_quantized(fn, cases) -> None:
     """The learner's quantize on each case: (fmt, scale, make_vectors' arguments)."""
     for fmt, scale, args in cases:
         x = make_vectors(**args)
-        where = _describe(fmt, scale, args)
+        where = _describe(x, fmt, scale, args)
         extra = () if scale is None else (scale,)
         got, error = call_own(fn, x.clone(), fmt, *extra, guard=GUARD, task=TASK, where=where)
         if error is not None:

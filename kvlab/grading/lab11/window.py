@@ -27,7 +27,6 @@ from kvlab.grading.expect import CheckFailed
 from kvlab.grading.lab11 import hints
 from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise, own_answers
-from kvlab.grading.slips import Slip
 
 window_ex = exercise("11.window", "a sliding-window key card: rooms handed back")
 own_answers(
@@ -119,9 +118,9 @@ def events(text: str) -> tuple:
     return tuple((kind.get(n[0], "in"), g, 0 if n == "out" else int(n)) for g, n in said)
 
 
-def day(story, text, *, window=8, block_size=4, num_blocks=40, full=False, replay=None):
+def day(story, text, *, window=8, block_size=4, num_blocks=40, full=False):
     specs = ((FullAttentionSpec(1, 8),) if full else ()) + _window(window)
-    return Day(story, specs, block_size, num_blocks, events(text), replay)
+    return Day(story, specs, block_size, num_blocks, events(text))
 
 
 DAYS = {
@@ -226,7 +225,7 @@ def slip_day(d: Day, index: int) -> tuple[Snapshot, ...]:
     return snapshots(d, hotel_class=SLIPPED[index][1])
 
 
-SLIPS = tuple(Slip(h, functools.partial(slip_day, index=i)) for i, (h, _) in enumerate(SLIPPED))
+SLIPS = tuple(slips.changed(slip_day, h, index=i) for i, (h, _) in enumerate(SLIPPED))
 
 
 def diagnose(fn, d: Day) -> str | None:
@@ -301,7 +300,7 @@ def expect_day(fn, d: Day) -> None:
     rooms: dict = {}  # (guest, group, place) -> the room first seen there
     now = ""
 
-    def fail(i, message, hint=None, **details):
+    def fail(message, hint=None, **details):  # at the moment being played, i (and now)
         hint = hint or diagnose(fn, d)
         raise CheckFailed(message, input=d.describe(i, now), hint=hint, replay=d.replay, **details)
 
@@ -314,36 +313,33 @@ def expect_day(fn, d: Day) -> None:
         if error is not None:
             one_room = isinstance(error, TypeError) and str(error).startswith(FREE_TAKES)
             hint = hints.FREE_A_LIST if one_room else None
-            fail(i, f"the day stopped: {type(error).__name__}: {error}", hint, got="an error")
+            fail(f"the day stopped: {type(error).__name__}: {error}", hint, got="an error")
         for (seq, cards), (_, wanted) in zip(snap.cards, want.cards, strict=True):
             for group, (got, exp) in enumerate(zip(cards, wanted, strict=True)):
                 if got != exp:
                     n = hotel.num_tokens(seq) - (kind == "grow" and guest == seq)
                     table = hotel.managers[group].tables[seq]
                     fail(
-                        i,
                         _difference(d, hotel, seq, group, exp, got, n),
                         expected=_places(["null" if p == "-" else "a room" for p in exp]),
                         got=_places(["null" if b is null else str(b.block_id) for b in table]),
                     )
         if snap.free != want.free:
             expected = f"{want.free} rooms free (kvlab's step, the same day)"
-            fail(
-                i, "the pool's free rooms do not add up", expected=expected, got=f"{snap.free} free"
-            )
+            fail("the pool's free rooms do not add up", expected=expected, got=f"{snap.free} free")
         for seq in hotel.seq_ids:
             for group, m in enumerate(hotel.managers):
                 for place, block in enumerate(m.tables[seq]):
                     first = block if block is null else rooms.setdefault((seq, group, place), block)
                     if first is not block:
                         moved = f"{seq}'s place {place} moved from room {first.block_id} to room {block.block_id}"
-                        fail(i, f"{moved}: a room stays where it is until it is handed back")
+                        fail(f"{moved}: a room stays where it is until it is handed back")
         for key in [key for key in rooms if key[0] not in hotel]:
             del rooms[key]  # a guest gone: its places are another's next time
         try:
             hotel.check_invariants()
         except AssertionError as broken:
-            fail(i, "the hotel's books do not add up after your step", got=str(broken))
+            fail("the hotel's books do not add up after your step", got=str(broken))
 
 
 # (what the learner reads, the days: DAYS' names, or seeds of random days), in the checks' order
