@@ -66,10 +66,12 @@ def slips(cases, ids=lambda v: v[0][:40] if isinstance(v, list) else None):
 # --- the notebook ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("which", [COW, PREFIX, EVICT], ids=lambda w: w[0])
-def test_the_solution_cells_earn_full_marks(which):
+@pytest.mark.parametrize(
+    "which, count", [(COW, 6), (PREFIX, 7), (EVICT, 6)], ids=["cow", "prefix", "evict"]
+)
+def test_the_solution_cells_earn_full_marks(which, count):
     result = grade(which)
-    assert result.ok and result.passed == result.total == 6, result.report()
+    assert result.ok and result.passed == result.total == count, result.report()
     assert "note:" not in result.report()
 
 
@@ -370,6 +372,32 @@ SLICE = "block = tuple(token_ids[i * block_size : (i + 1) * block_size])"
         ),
         ([f"{LOOKUP} => if hit is None:"], checks.NO_CONFIRM, "a hash collision"),
         ([" or hit.parent_hash != parent => "], checks.NO_PARENT_CONFIRM, "a hash collision"),
+        (
+            ["tuple(hit.token_ids) != block => sorted(hit.token_ids) != sorted(block)"],
+            checks.UNORDERED,
+            "a hash collision",
+        ),
+        (
+            [
+                f"{LOOKUP} => if hit is None or hash_block_tokens(hit.parent_hash, hit.token_ids) != key:"
+            ],
+            checks.REHASHED,
+            "a true collision",
+        ),
+        (
+            [
+                "hit.parent_hash != parent => hash_block_tokens(hit.parent_hash, hit.token_ids) != key"
+            ],
+            checks.REHASHED,
+            "a true collision",
+        ),
+        (
+            [
+                "tuple(hit.token_ids) != block => hash_block_tokens(hit.parent_hash, hit.token_ids) != key"
+            ],
+            checks.REHASHED,
+            "a true collision",
+        ),
         (
             [f"{RANGE} => range(len(token_ids) // block_size)"],
             checks.COVERS_LAST,

@@ -119,6 +119,16 @@ NO_CONFIRM = (
     "a hash is only a lookup key: confirm a hit by comparing the cached room's token_ids with the "
     "block's tokens (as tuples) and its parent_hash with your parent; a colliding entry is a miss"
 )
+REHASHED = (
+    "hashing the cached room's own tokens and parent_hash again confirms nothing: an entry is "
+    "filed under its own hash, so it always matches, even when it holds other tokens or follows "
+    "another block whose hash collides. Compare hit.token_ids with the block's tokens and "
+    "hit.parent_hash with your parent"
+)
+UNORDERED = (
+    "compare the tokens in order (as tuples): a room holds its tokens in order, and the same "
+    "tokens in another order are another block"
+)
 NO_PARENT_CONFIRM = (
     "compare the cached room's parent_hash with the parent you hashed with too: the same tokens "
     "after another prefix are another block, and a collision can hide that"

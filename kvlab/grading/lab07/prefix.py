@@ -74,6 +74,9 @@ H0 = hash_block_tokens(ROOT_HASH, EARLIER[:4])
 OTHER = (60, 61, 62, 63)
 COLLIDING = hash_block_tokens(H0, OTHER)  # where block 60…63 after 100…103 is looked up
 HALF = chain_hashes(EARLIER, 4, 2)[1]  # the parent of the half block 108 109
+# a parent hash that is not H0 yet hashes as H0 does (Python's hash of an int wraps at 2**61 - 1),
+# so 60…63 after it hash to COLLIDING, as they do after 100…103: a true collision
+H0_TWIN = H0 + (2**61 - 1) if H0 > 0 else H0 - (2**61 - 1)
 HOLE = list(range(40, 60))  # 5 rooms of 4 beds, the third evicted
 SHARED = "cached: the rooms of two earlier prompts, "
 
@@ -135,6 +138,28 @@ CASES = {
         "the half block 108 109 (a cache keeps only full blocks; a lookup must not ask for one)",
         {hash_block_tokens(HALF, EARLIER[8:10]): CachedBlock(55, HALF, tuple(EARLIER[8:10]))},
     ),
+    "tokens reordered": lambda: _case(
+        "cached: room 95, holding 6 7 8 9, filed under the hash of 9 8 7 6, as if the two collided",
+        [9, 8, 7, 6, 5],
+        planted={
+            hash_block_tokens(ROOT_HASH, [9, 8, 7, 6]): CachedBlock(95, ROOT_HASH, (6, 7, 8, 9))
+        },
+    ),
+    "parent hash twin": lambda: _earlier(
+        [*EARLIER[:4], *OTHER, 64],
+        "cached: the 4 rooms of the earlier prompt 100…115, and room 97, holding 60…63 after "
+        "another block, whose hash is 100…103's plus 2**61 − 1 (another int, which Python hashes "
+        "alike): filed under its own hash, which is that of 60…63 after 100…103 too",
+        {COLLIDING: CachedBlock(97, H0_TWIN, OTHER)},
+    ),
+    "token hash twin": lambda: _case(
+        "cached: room 96, holding 1 2 3 -2, filed under its own hash, which is that of 1 2 3 -1 "
+        "too (in Python hash(-1) == hash(-2))",
+        [1, 2, 3, -1, 5],
+        planted={
+            hash_block_tokens(ROOT_HASH, [1, 2, 3, -1]): CachedBlock(96, ROOT_HASH, (1, 2, 3, -2))
+        },
+    ),
     "exact": lambda: _earlier(EARLIER),
     "one past exact": lambda: _earlier(EARLIER[:13]),
     "one bed": lambda: _one_bed([3]),
@@ -165,6 +190,9 @@ PREFIX_SLIPS = [
     _slip(ref.slipped(kind=ref.TokensOnly), hints.NO_PARENT_CONFIRM, CONFIRM, "parents collide"),
     _slip(ref.slipped(kind=ref.Trusted), hints.NO_CONFIRM, CONFIRM, "tokens collide"),
     _slip(ref.slipped(kind=ref.ParentOnly), hints.NO_CONFIRM, CONFIRM, "tokens collide"),
+    _slip(ref.slipped(kind=ref.Unordered), hints.UNORDERED, CONFIRM, "tokens reordered"),
+    _slip(ref.slipped(kind=ref.RehashedParent), hints.REHASHED, CONFIRM, "parent hash twin"),
+    _slip(ref.slipped(kind=ref.RehashedTokens), hints.REHASHED, CONFIRM, "token hash twin"),
     _slip(ref.slipped(ref.CoversLast), hints.COVERS_LAST, WHICH, "exact"),
     _slip(ref.slipped(ref.Partial), hints.PARTIAL, WHICH, "half block"),
     _slip(ref.slipped(ref.DropsOne), hints.DROPS_ONE, WHICH, "past the end"),
@@ -206,6 +234,12 @@ CHECKS = {
     "a hash collision never shares a room: a hit is confirmed by its tokens and its parent hash": (
         "tokens collide",
         "parents collide",
+        "tokens reordered",
+    ),
+    "a true collision: an entry filed under its own hash may hold other tokens or follow another "
+    "block, so hashing it again confirms nothing; comparing does": (
+        "parent hash twin",
+        "token hash twin",
     ),
     "only full rooms count and the prompt's last token is always computed: k full rooms reuse "
     "at most k − 1": ("half block", "exact", "one past exact", "one bed", "two beds"),

@@ -22,7 +22,10 @@ def plain_pool(cached: dict, kind: type[BlockPool] = BlockPool) -> BlockPool:
     pool, by_hash = kind(1), {}
 
     def block_of(key):
-        return None if key == ROOT_HASH else by_hash.setdefault(key, Block(-1))
+        if key != ROOT_HASH and key not in by_hash:
+            by_hash[key] = Block(-1)
+            by_hash[key].block_hash = key  # a parent not cached keeps its key (the Rehashed slips')
+        return by_hash.get(key)
 
     for key, entry in cached.items():
         block = block_of(key)
@@ -66,6 +69,31 @@ ParentOnly = variant(
     "ParentOnly", BlockPool, confirms=lambda s, b, t, p: BlockPool.confirms(s, b, b.token_ids, p)
 )
 Trusted = variant("Trusted", BlockPool, confirms=lambda s, b, t, p: True)
+Unordered = variant(
+    "Unordered",
+    BlockPool,
+    confirms=lambda s, b, t, p: (
+        BlockPool.confirms(s, b, b.token_ids, p) and sorted(b.token_ids) == sorted(t)
+    ),
+)
+
+
+def _rehashed(block) -> bool:
+    """Whether a cached block's own parent and tokens hash to its key: always, for an entry filed
+    under its own hash, so it confirms nothing."""
+    parent = ROOT_HASH if block.parent is None else block.parent.block_hash
+    return hash_block_tokens(parent, block.token_ids) == block.block_hash
+
+
+# one of the two comparisons replaced by hashing the entry again
+RehashedParent = variant(
+    "RehashedParent", BlockPool, confirms=lambda s, b, t, p: b.token_ids == t and _rehashed(b)
+)
+RehashedTokens = variant(
+    "RehashedTokens",
+    BlockPool,
+    confirms=lambda s, b, t, p: BlockPool.confirms(s, b, b.token_ids, p) and _rehashed(b),
+)
 
 
 def slipped(cache=HashChainCache, kind=BlockPool):
