@@ -115,6 +115,11 @@ ONE_PAGE_A_BLOCK = (
     "layer slots, page_bytes x group_size bytes, so bytes_reserved = blocks_reserved x "
     "page_bytes x group_size"
 )
+LAST_ENTRY = (
+    "a kind's layers are those of all its entries: a model may list its kinds in turns (5 "
+    "window, 1 full, 5 window, …), so add each entry's num_layers to its spec's count "
+    "(counts.get(spec, 0) + group.num_layers) rather than setting it"
+)
 ONCE_PER_KIND = (
     "each kind's blocks were counted once: a kind of n layers is cdiv(n, group_size) groups, "
     "each a key card of its own that reserves its kind's blocks, so a kind reserves its "

@@ -15,7 +15,13 @@ from __future__ import annotations
 import functools
 import numbers
 
-from kvlab.core.kv_spec import FullAttentionSpec, KVCacheSpec, LayerGroup, SlidingWindowSpec
+from kvlab.core.kv_spec import (
+    FullAttentionSpec,
+    KVCacheSpec,
+    LayerGroup,
+    SlidingWindowSpec,
+    StateSpec,
+)
 from kvlab.grading import slips
 from kvlab.grading.expect import CheckFailed, short
 from kvlab.grading.lab11 import hints
@@ -77,6 +83,14 @@ def _as_full(g, length, batched):  # a window reserving as full attention does
 
 
 _slip = functools.partial(slips.changed, reference)  # kvlab's layout with one rule changed
+
+
+def _last_entry(groups, *args, **rules):
+    """kvlab's layout with each kind's layers read from its last entry only (a count overwritten,
+    not added to, where a model lists its kinds in turns)."""
+    return reference(tuple({g.spec: g for g in groups}.values()), *args, **rules)
+
+
 SLIPS = (
     _slip(hints.RATIO_MIN, group_size_ratio=1),
     _slip(hints.RATIO_EDGE, group_size_ratio=1.5 + 1e-9),  # 12 < 8 x 1.5: "<=" for "<"
@@ -88,6 +102,7 @@ SLIPS = (
     _slip(hints.ONE_PAGE_A_BLOCK, weigh=lambda layout, g, n: n * layout.page_bytes),
     _slip(hints.ONCE_PER_KIND, counted=lambda groups: {g.spec: g for g in groups}.values()),
     _slip(hints.NOT_ALIGNED, block_alignment=1),
+    slips.Slip(hints.LAST_ENTRY, _last_entry),
 )
 
 
@@ -99,8 +114,28 @@ AT_RATIO = (LayerGroup(FullAttentionSpec(8, 128), 8), LayerGroup(
     SlidingWindowSpec(8, 128, window=1024), 12))  # fmt: skip
 HALF_HEADS = (LayerGroup(FullAttentionSpec(8, 128), 4), LayerGroup(
     SlidingWindowSpec(4, 128, window=512), 20))  # fmt: skip
+WINDOW = SlidingWindowSpec(8, 128, window=1024)
+# made-up models that tell the rules apart where the real configs agree (a red team's wrong
+# answers passed on those): each kind's layers counted whole, the largest state and attention
+# token sizing the block, rounded up and never below block_size, a state kind the fewest
 MADE_UP = {"13 full + 12 window layers": NEAR_EQUAL, "8 full + 12 window layers": AT_RATIO,
-           "4 full layers of 8 KV heads + 20 window layers of 4": HALF_HEADS}  # fmt: skip
+           "4 full layers of 8 KV heads + 20 window layers of 4": HALF_HEADS,
+           "7 full + 10 window layers": (LayerGroup(FullAttentionSpec(8, 128), 7),
+                                         LayerGroup(WINDOW, 10)),
+           "5 window + 1 full layers, three times over, listed in turns":
+               (LayerGroup(WINDOW, 5), LayerGroup(FullAttentionSpec(8, 128), 1)) * 3,
+           "12 full layers of 2 KV heads + 3 Mamba layers":
+               (LayerGroup(FullAttentionSpec(2, 64), 12), LayerGroup(StateSpec(300_000), 3)),
+           "8 full layers of 2 KV heads + 8 Mamba layers of 57,344 bytes (112 tokens)":
+               (LayerGroup(FullAttentionSpec(2, 64), 8), LayerGroup(StateSpec(16 * 512 * 7), 8)),
+           "6 full + 6 Mamba layers": (LayerGroup(FullAttentionSpec(8, 128), 6),
+                                       LayerGroup(StateSpec(100_000), 6)),
+           "8 full layers of 2 KV heads + 8 Mamba + 8 linear-attention layers":
+               (LayerGroup(FullAttentionSpec(2, 64), 8), LayerGroup(StateSpec(200_000), 8),
+                LayerGroup(StateSpec(120_000, "linear_attention"), 8)),
+           "10 window layers of 4 KV heads + 10 full of 8 + 10 Mamba layers":
+               (LayerGroup(SlidingWindowSpec(4, 128, window=512), 10),
+                LayerGroup(FullAttentionSpec(8, 128), 10), LayerGroup(StateSpec(400_000), 10))}  # fmt: skip
 
 
 @functools.cache
@@ -129,6 +164,19 @@ CHECKS = {
         [("Qwen3.5-9B", 262_144, 8_192, 16), ("Qwen3.5-9B", 4_096, 2_048, 64)],
     "a window with half the KV heads: its block holds twice the tokens":
         [("4 full layers of 8 KV heads + 20 window layers of 4", 16_384, 1_024, 16)],
+    "layers listed in turns are counted by kind; 10 window layers < 1.5 x 7 full: groups of 10":
+        [("5 window + 1 full layers, three times over, listed in turns", 32_768, 2_048, 16),
+         ("7 full + 10 window layers", 32_768, 2_048, 16)],
+    "made-up states: the largest sizes the block, 16 x cdiv tokens, at least block_size; a "
+    "state kind with the fewest layers sets the group":
+        [("12 full layers of 2 KV heads + 3 Mamba layers", 8_192, 2_048, 16),
+         ("8 full layers of 2 KV heads + 8 Mamba layers of 57,344 bytes (112 tokens)",
+          8_192, 2_048, 16),
+         ("6 full + 6 Mamba layers", 8_192, 2_048, 128),
+         ("8 full layers of 2 KV heads + 8 Mamba + 8 linear-attention layers", 8_192, 2_048, 16)],
+    "a state beside two kinds of attention: the most bytes per token grow the block, the "
+    "largest page is every page, the smallest block is reported":
+        [("10 window layers of 4 KV heads + 10 full of 8 + 10 Mamba layers", 8_192, 2_048, 16)],
 }  # fmt: skip
 INPUTS = tuple(case for cases in CHECKS.values() for case in cases)
 
