@@ -249,3 +249,37 @@ def test_the_graders_unslipped_answers_are_kvlabs():
             assert quantize._same(mine, kvlab) and mine[0].view(-1).view(torch.uint8).equal(
                 kvlab[0].view(-1).view(torch.uint8)
             )
+
+
+def test_a_query_changed_in_place_fails_though_the_answer_is_right():
+    """q doubled in place and the scale halved: the right output, but the caller's q (in an
+    engine, the next layer's input) comes back changed."""
+    doubled = learner(
+        MLA_DECODE,
+        "mla_decode",
+        "    rank = w_uk.shape[2] => "
+        + "    q_nope.mul_(2.0)\n    q_pe.mul_(2.0)\n    rank = w_uk.shape[2]",
+        "scores * scale => scores * scale / 2",
+    )
+    result = run_checks("11.latent", doubled)
+    assert result.passed == 0, result.report()
+    assert "your code changed its input `q_nope` in place" in result.report()
+
+
+WHOLE_CACHE = next(name for name in quantize.CHECKS if name.startswith("a whole cache"))
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        "amax(dim=-1) => amax(dim=2) && torch.full(x.shape[:-1], => torch.full(x.shape[:2],",
+        "    return y.to(dtype), scales => " + "    return y.to(dtype), scales.squeeze()",
+    ],
+    ids=["amax(dim=2)", "scales.squeeze()"],
+)
+def test_a_scale_shape_right_only_for_three_axes_fails_on_a_whole_cache(edit):
+    """amax(dim=2) is the last axis of [tokens, kv_heads, head_dim] only, and squeezing the
+    scales drops the axis of a single KV head: each passes every check but the whole cache's."""
+    result = run_checks("11.quantize", learner(QUANTIZE, "quantize", *edit.split(" && ")))
+    assert result.passed == result.total - 1, result.report()
+    assert f"✘ {WHOLE_CACHE[:40]}" in result.report(), result.report()

@@ -17,7 +17,13 @@ import functools
 
 import torch
 
-from kvlab.grading.expect import CheckFailed, expect_tensor_like, furthest, preview
+from kvlab.grading.expect import (
+    CheckFailed,
+    call_without_mutation,
+    expect_tensor_like,
+    furthest,
+    preview,
+)
 from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise, own_answers
 from kvlab.grading.slips import changed, matching, only, quietly, told_apart
@@ -30,6 +36,7 @@ OWN += ("absorb_query", "up_project", "default_scale")
 own_answers("11.latent", *(f"kvlab.ops.mla:{name}" for name in OWN))
 GUARD = tuple(getattr(mla, name) for name in OWN)
 TASK = "attending over the latent with the up-projections absorbed"
+INPUTS = ("q_nope", "q_pe", "latent", "w_uk", "w_uv")  # mla_decode's arguments, in order
 
 # --- hints ---------------------------------------------------------------------------------------
 
@@ -167,8 +174,10 @@ def _close(a, b, dtype=torch.float32) -> bool:
 
 
 def _run(fn, case):
+    """``fn`` on copies of the case's tensors; one changed in place fails (the caller's q, or
+    its cache, would be changed)."""
     with refuse_reference(*GUARD, learner=fn, task=TASK):
-        return fn(*(t.clone() for t in case))
+        return call_without_mutation(fn, *(t.clone() for t in case), names=INPUTS)
 
 
 def diagnose(fn, case, got) -> str | None:

@@ -159,9 +159,10 @@ def _same(a, b) -> bool:
 
 
 def make_vectors(tokens=5, kv_heads=2, head_dim=16, seed=0, spread=0, dtype=torch.float32,
-                 zero=None, nan=None):  # fmt: skip
+                 zero=None, nan=None, rooms=None):  # fmt: skip
     """K or V ``[tokens, kv_heads, head_dim]``, seeded; ``spread`` k: each vector's magnitude
-    10**-k .. 10**k; ``zero``/``nan``: (token, head) of a vector of zeros / with a NaN."""
+    10**-k .. 10**k; ``zero``/``nan``: (token, head) of a vector of zeros / with a NaN;
+    ``rooms``: the tokens as a cache of that many rooms, ``[rooms, beds, kv_heads, head_dim]``."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(tokens, kv_heads, head_dim, generator=g)
     if spread:
@@ -170,6 +171,8 @@ def make_vectors(tokens=5, kv_heads=2, head_dim=16, seed=0, spread=0, dtype=torc
         x[zero] = 0.0
     if nan is not None:
         x[nan][head_dim // 3] = float("nan")
+    if rooms is not None:
+        x = x.reshape(rooms, tokens // rooms, kv_heads, head_dim)
     return x.to(dtype)
 
 
@@ -278,6 +281,10 @@ CHECKS = {
         [("int8", 0.01, dict(seed=9, head_dim=12)), ("fp8_e4m3", 0.002, dict(seed=10, head_dim=12))],
     "a NaN in one token's vector spoils that vector only: each scale reads its own":
         [("fp8_e4m3", None, dict(seed=11, nan=(3, 0))), ("int8", None, dict(seed=12, nan=(1, 1)))],
+    "a whole cache [rooms, beds, kv_heads, head_dim], one KV head too: a scale per vector of the "
+    "last axis, whatever the axes before it":
+        [("fp8_e4m3", None, dict(tokens=12, kv_heads=2, head_dim=8, seed=15, spread=2, rooms=3)),
+         ("int8", 0.01, dict(tokens=8, kv_heads=1, head_dim=8, seed=16, rooms=2))],
     "300 random vectors in both formats":
         [("fp8_e4m3", None, dict(tokens=50, kv_heads=3, head_dim=20, seed=13, spread=2)),
          ("int8", None, dict(tokens=50, kv_heads=3, head_dim=20, seed=14, spread=2))],
