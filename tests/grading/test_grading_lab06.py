@@ -337,7 +337,7 @@ INLINE_PREEMPT = """            victim = scheduler.running.pop()
 
 def test_the_step_solution_passes_and_the_stub_is_not_written_yet():
     result = run_checks("06.step", step())
-    assert result.ok and result.passed == result.total == 7, result.report()
+    assert result.ok and result.passed == result.total == 8, result.report()
     stub = learner("def step(scheduler, now):\n    raise NotImplementedError\n", "step")
     assert run_checks("06.step", stub).status is Status.NOT_IMPLEMENTED
 
@@ -706,7 +706,7 @@ def test_step_that_raises_loops_or_returns_junk_gets_a_clean_report():
     assert folded(result)
     loops = learner("def step(scheduler, now):\n    while True:\n        pass\n", "step")
     result = run_checks("06.step", loops, timeout=0.5)
-    assert [o.status for o in result.outcomes] == [Status.TIMED_OUT] + [Status.SKIPPED] * 6
+    assert [o.status for o in result.outcomes] == [Status.TIMED_OUT] + [Status.SKIPPED] * 7
     junk = learner("def step(scheduler, now):\n    return {'scheduled': []}\n", "step")
     _, first = first_failure("06.step", junk)
     assert "got:      dict {'scheduled': []}" in first.details
@@ -788,3 +788,12 @@ def test_if_instead_of_while_around_preempt_is_the_same_step_here():
             engine.step()
         assert all(n >= 1 for n in freed), day.name
         assert bool(freed) == (day.name in ("preemption", "swap", "simulate"))
+
+
+def test_a_booking_one_token_short_fails_on_the_booking_day():
+    """Asked for the answer less its last token, the cache admits a guest it cannot hold: the
+    allocation fails on the day whose last free beds are one short."""
+    short = step("seq.num_tokens, seq.remaining) => seq.num_tokens, max(1, seq.remaining - 1))")
+    result, first = first_failure("06.step", short)
+    assert first.name.startswith("6 beds free"), (first.name, first.details)
+    assert result.passed == result.total - 1, result.report()

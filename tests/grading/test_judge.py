@@ -295,7 +295,7 @@ def test_kvlabs_own_objects_asked_to_do_the_work_are_refused_across_the_channel(
     result = found.results["06.preempt"]
     assert result.passed == 0, result.report()
     assert "hands the work to kvlab's" in result.report()
-    assert scores(found)["06.step"] == (7, 7), found.results["06.step"].report()
+    assert scores(found)["06.step"] == (8, 8), found.results["06.step"].report()
 
 
 FORGED_EXIT = """import gc, pickle, struct

@@ -49,6 +49,13 @@ DAYS = {
             functools.partial(make_cache, "contiguous-oracle", 64, 32),
             "ann 10+6@0, ben 20+10@0, cat 8+4@0, fay 5+4@1, dan 30+2@1, eve 2+2@1",
         ),
+        # 58 of 64 beds booked at 1: gus's prompt fits, his answer's last bed does not (a step
+        # that books one token fewer checks him in, and the cache refuses the allocation)
+        Day(
+            "booking",
+            functools.partial(make_cache, "contiguous-oracle", 64, 32),
+            "ann 10+6@0, ben 20+10@0, cat 8+4@0, gus 4+3@1",
+        ),
         # DAY as simulate() serves it
         scheduler_days.simulated_day("simulate", DAY, DAY_SETUP, DAY_TEXT),
     )
@@ -74,6 +81,8 @@ CHECKS = {
     "preemption": "a full hotel: the guest checked in last leaves, and comes back first",
     "swap": "the full hotel by swap: a guest asked to leave earlier in the step gets no token",
     "contiguous": "the same step on a contiguous hotel that books each answer up front",
+    "booking": "6 beds free: a guest of 4 + 3 tokens waits (a booking holds every token of the "
+    "answer, the last one too)",
 }
 for day, name in CHECKS.items():
     step_ex.check(name)(functools.partial(_lockstep, day=DAYS[day]))
