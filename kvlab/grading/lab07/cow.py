@@ -247,10 +247,8 @@ class _Judge(KeyCardJudge):
             )
         self._returned(moved, want, *self.last[1:], holders)
         now, (src, dst) = self.others(seq), self.last[1:]
-        given = did == COPY and now.keys() == others.keys()  # the copy on every sharer's card
-        given = given and all(
-            now[s] == [dst if b == src else b for b in t] for s, t in others.items()
-        )
+        copied = {s: [dst if b == src else b for b in t] for s, t in others.items()}
+        given = did == COPY and now == copied  # the copy on every sharer's card
         self.others_kept("append_slot", others, now, hints.ALL_SHARERS if given else None)
         self.check("append_slot", free_before, int(want != IN_PLACE))
 
