@@ -127,7 +127,7 @@ class _Judge(KeyCardJudge):
     guarded = KVLAB_CODE
     task = "sharing and copying the rooms"
     shared = True
-    last: tuple | None = None  # what the last append_slot did, and its last room before and after
+    last: tuple | None = None  # in append's checks: what it did, its last room before and after
     # what a refused call must leave as it was: the key cards, free rooms, tokens, ref counts
     fields = (
         *MANAGER,
@@ -141,10 +141,6 @@ class _Judge(KeyCardJudge):
 
     def rooms_slip(self) -> str | None:
         return append_slip(self.cls) if self.appended else None
-
-    def twin(self, method: str, *args, **context):
-        self.last = None
-        return super().twin(method, *args, **context)
 
     # --- the invariants besides the key cards' own (KeyCardJudge.check) ----------------------
     def check_sharing(self, tables: dict) -> None:
@@ -251,6 +247,7 @@ class _Judge(KeyCardJudge):
         given = did == COPY and now == copied  # the copy on every sharer's card
         self.others_kept("append_slot", others, now, hints.ALL_SHARERS if given else None)
         self.check("append_slot", free_before, int(want != IN_PLACE))
+        self.last = None  # the checks of later calls know nothing of this one
 
     def _returned(self, moved, want: str, src, dst, holders: int) -> None:
         """What append_slot returns: ``(src, dst)``, a tuple, after a move to a copy, else None."""
