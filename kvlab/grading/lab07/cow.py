@@ -97,11 +97,8 @@ def _frees_shared_room(cls) -> bool:
     """Whether append_slot, moving to a copy, frees the shared room (later check-ins get it)."""
     m, _ = _shared_copy(cls)
     held = set(m.block_table("a"))
-    for i in range(4):  # more check-ins than free rooms: the last is refused
-        try:
-            m.allocate(f"late{i}", 1)
-        except MemoryError:
-            break
+    for i in range(4):  # more check-ins than free rooms: the last is refused, the probe says no
+        m.allocate(f"late{i}", 1)
         if held & set(m.block_table(f"late{i}")):
             return True
     return False
@@ -127,7 +124,7 @@ class _Judge(KeyCardJudge):
     guarded = KVLAB_CODE
     task = "sharing and copying the rooms"
     shared = True
-    last: tuple | None = None  # what the last append_slot did, and its last room before and after
+    last: tuple | None = None  # in append's checks: what it did, its last room before and after
     # what a refused call must leave as it was: the key cards, free rooms, tokens, ref counts
     fields = (
         *MANAGER,
@@ -141,10 +138,6 @@ class _Judge(KeyCardJudge):
 
     def rooms_slip(self) -> str | None:
         return append_slip(self.cls) if self.appended else None
-
-    def twin(self, method: str, *args, **context):
-        self.last = None
-        return super().twin(method, *args, **context)
 
     # --- the invariants besides the key cards' own (KeyCardJudge.check) ----------------------
     def check_sharing(self, tables: dict) -> None:
@@ -247,12 +240,11 @@ class _Judge(KeyCardJudge):
             )
         self._returned(moved, want, *self.last[1:], holders)
         now, (src, dst) = self.others(seq), self.last[1:]
-        given = did == COPY and now.keys() == others.keys()  # the copy on every sharer's card
-        given = given and all(
-            now[s] == [dst if b == src else b for b in t] for s, t in others.items()
-        )
+        copied = {s: [dst if b == src else b for b in t] for s, t in others.items()}
+        given = did == COPY and now == copied  # the copy on every sharer's card
         self.others_kept("append_slot", others, now, hints.ALL_SHARERS if given else None)
         self.check("append_slot", free_before, int(want != IN_PLACE))
+        self.last = None  # the checks of later calls know nothing of this one
 
     def _returned(self, moved, want: str, src, dst, holders: int) -> None:
         """What append_slot returns: ``(src, dst)``, a tuple, after a move to a copy, else None."""

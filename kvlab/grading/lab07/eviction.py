@@ -45,12 +45,6 @@ def _queue_text(queue, hashes) -> str:
     return f"[{shown}{more}]"
 
 
-def _take_error_slip(error, queue, hashes) -> str | None:
-    if isinstance(error, KeyError) and queue and error.args and error.args[0] == queue[0]:
-        return hints.KEYED_BY_HASH if queue[0] in hashes else hints.NOT_CACHED
-    return None
-
-
 def _maps_text(cached: dict, hashes: dict) -> str:
     return f"cached {short(cached, 90)}, block_hashes {short(hashes, 90)}"
 
@@ -130,7 +124,9 @@ def _expect_take(fn, queue: list, cached: dict, hashes: dict, story: str, replay
     if not before[0]:
         return None
     if error is not None:
-        slip = _take_error_slip(error, before[0], before[2])
+        front, slip = before[0][0], None
+        if isinstance(error, KeyError) and error.args[:1] == (front,):  # a map read by room
+            slip = hints.KEYED_BY_HASH if front in before[2] else hints.NOT_CACHED
         raise raised(error, slip, input=where, replay=replay)
     expected = reference_take(*want)
     if not room_number(got):

@@ -47,15 +47,12 @@ def variant(name: str, base: type = HashChainCache, **hook) -> type:
     return type(name, (base,), hook)
 
 
-def _root(parent, tokens):
-    return hash_block_tokens(ROOT_HASH, tokens)
-
-
 # the lookup's usual slips, each kvlab's with one decision changed (see prefix.PREFIX_SLIPS):
 # _follows(self, hash, block, parent_hash, parent), _block_limit(self, token_ids), ...
 Overlap = variant("Overlap", _block_starts=lambda self, t: range(self._block_limit(t)))
 Unchained = variant("Unchained", _follows=lambda self, h, b, ph, p: None if b is None else (ph, p))
-Keyed = functools.partial(HashChainCache, hash_fn=_root)  # hashed alone, looked up after its key
+# hashed alone, looked up after its key
+Keyed = functools.partial(HashChainCache, hash_fn=lambda p, t: hash_block_tokens(ROOT_HASH, t))
 NoStop = variant("NoStop", _follows=lambda self, h, b, ph, p: (ph, p) if b is None else (h, b))
 NoStopFollowed = variant(
     "NoStopFollowed",
