@@ -111,7 +111,7 @@ def prefix_router(*edits):
 
 def test_the_router_passes_and_the_stub_is_not_written_yet():
     result = run_checks("10.prefix_score", prefix_router())
-    assert result.ok and result.passed == result.total == 7, result.report()
+    assert result.ok and result.passed == result.total == 8, result.report()
     stub = learner(
         "def prefix_router(request, views, now, load_penalty=128.0):\n    raise NotImplementedError\n",
         "prefix_router",
@@ -250,6 +250,14 @@ def test_a_walk_that_checks_the_limit_only_at_an_edge_start_fails():
     assert result.status is Status.FAILED, result.report()
 
 
+def test_a_walk_that_bounds_each_edge_by_the_limit_alone_fails():
+    # `k < limit` for `j + k < limit`: right on the first edge, past the last token's page on a
+    # second one (a red team's; it passed every check before the "second edge" case)
+    per_edge = match_prefix("and j + k < limit: => and k < limit:")
+    result = run_checks("10.match_prefix", per_edge)
+    assert result.status is Status.FAILED, result.report()
+
+
 def test_a_walk_that_advances_one_page_per_edge_gets_no_split_hint():
     # it splits where it should, yet on the "deep" case it returns the node a walk that never
     # splits would: the no-split hint named a mistake it did not make
@@ -292,3 +300,19 @@ def test_a_link_taken_for_gb_per_s_is_named_in_the_always_fetch_hint():
     scaled = fetch_rule("/ pcie_bytes_per_s => / (pcie_bytes_per_s * 1e9)")
     assert_only_hint(run_checks("10.fetch_or_recompute", scaled), checks.HBM_NOT_PCIE)
     assert "multiply it by nothing" in checks.HBM_NOT_PCIE
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        "- load_penalty * view.load => - 128 * view.load",
+        "score = view.cached_prefix_tokens(request) - load_penalty * view.load => "
+        "score = int(view.cached_prefix_tokens(request) - load_penalty * view.load)",
+    ],
+    ids=["penalty ignored", "score truncated"],
+)
+def test_a_router_wrong_only_for_a_penalty_given_fails_that_check(edit):
+    # a red team's: each passed every check while the checks called with the default penalty
+    result = run_checks("10.prefix_score", prefix_router(edit))
+    assert result.passed == result.total - 1, result.report()
+    assert "✘ load_penalty passed in" in result.report(), result.report()

@@ -143,11 +143,14 @@ def _slip(fn, rows, got, rotated: bool = False):
     return slips.hint(slips.only(found))
 
 
-def expect_pick(fn, story: str, rows, rotated: bool = False) -> None:
+def expect_pick(fn, story: str, rows, rotated: bool = False, penalty: float = PENALTY) -> None:
+    """The learner's pick on a fleet of ``rows``; a ``penalty`` other than the default is
+    passed in as load_penalty (the usual slips are named only at the default)."""
     views = _views(rows, rotated)
-    where = f"{story}; load_penalty {PENALTY:g}: " + "; ".join(map(repr, views))
-    want = right_pick(rows, rotated)
-    got = as_int(fn(None, views, 0.0))
+    where = f"{story}; load_penalty {penalty:g}: " + "; ".join(map(repr, views))
+    given = {} if penalty == PENALTY else {"load_penalty": penalty}
+    want = router(load_penalty=penalty)(rows, rotated)
+    got = as_int(fn(None, views, 0.0, **given))
     if not isinstance(got, int) or isinstance(got, bool) or not 0 <= got < len(views):
         raise CheckFailed(
             f"the router returns a replica's index (an int from 0 to {len(views) - 1})",
@@ -161,7 +164,7 @@ def expect_pick(fn, story: str, rows, rotated: bool = False) -> None:
             input=where,
             expected=f"replica {want}",
             got=f"replica {got}",
-            hint=_slip(fn, rows, got, rotated),
+            hint=None if given else _slip(fn, rows, got, rotated),
         )
 
 
@@ -186,6 +189,17 @@ for _name, (_story, _rows) in CASES.items():
             expect_pick(fn, f"{story} (listed from replica {turn})", rows[turn:] + rows[:turn])
 
     score_ex.check(_story)(_check)
+
+
+# (load_penalty, rows) where the given penalty picks another replica than the default's would
+PENALTIES = ((0.0, [(100, 1, 0), (0, 0, 0)]), (0.5, [(0, 0, 0), (1, 1, 0)]),
+             (512.0, [(1024, 1, 0), (600, 0, 0)]))  # fmt: skip
+
+
+@score_ex.check("load_penalty passed in (0, 0.5, 512): each guest weighs that many tokens")
+def _penalty(fn):
+    for penalty, rows in PENALTIES:
+        expect_pick(fn, "the penalty given", rows, penalty=penalty)
 
 
 @score_ex.check("40 random fleets of 2 to 6 replicas")

@@ -160,6 +160,12 @@ CASES = {
         _flat(P[0], P[1], P[2], P[3]),
         gone=[_flat(P[0], P[1], P[2], P[3], P[4], TAIL)],
     ),
+    "second edge": Case(
+        "cached: two earlier prompts sharing P0, then P1 P2 and Z; this prompt is P0 P1 P2 "
+        "exactly (it ends on a room's last bed, inside the second edge)",
+        _flat(P[0], P[1], P[2]),
+        gone=[_flat(P[0], P[1], P[2], TAIL), _flat(P[0], Z, TAIL)],
+    ),
     "held": Case(
         "a guest holds P0 P1 P2 (checked in), an earlier prompt P0 P1 P5 P6 is cached",
         _flat(P[0], P[1], P[5], Z, TAIL),
@@ -254,7 +260,10 @@ for _name, _cases in (
     ("a prompt that follows a whole edge", [CASES["edge"]]),
     ("a prompt that leaves an edge part way: a split", [CASES["partial"], CASES["fork"]]),
     ("down two edges, the second split", [CASES["deep"]]),
-    ("a prompt that ends on a room's last bed", [CASES["boundary"], CASES["inner"]]),
+    (
+        "a prompt that ends on a room's last bed",
+        [CASES["boundary"], CASES["inner"], CASES["second edge"]],
+    ),
     ("rooms a guest holds and rooms nobody holds, in one tree", [CASES["held"]]),
     (
         "30 random trees, 2 beds a room, checked against tree.match",
