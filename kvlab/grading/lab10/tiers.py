@@ -5,9 +5,9 @@ with its defaults: blocks of 16, no per-copy overhead, an empty context).
 
 The checks ask on cards of kvlab's own (:mod:`kvlab.models`, :mod:`kvlab.perf.roofline`): a
 model with grouped-query attention and one without, on an H100 and an A100, over PCIe 4.0 and
-5.0, one with an fp8 KV cache, and a small model on a slow link, at token counts on both sides of each break-even. A
-wrong answer is named when exactly one usual slip (:data:`SLIPS`) answers as the learner's rule
-does on every input of the checks, the failing one and all the others.
+5.0, one with an fp8 KV cache, and a small model on a slow link, at token counts on both sides
+of each break-even. A wrong answer is named when exactly one usual slip (:data:`SLIPS`) answers
+as the learner's rule does on every input of the checks, the failing one and all the others.
 """
 
 from __future__ import annotations
