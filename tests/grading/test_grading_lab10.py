@@ -148,7 +148,7 @@ def test_each_router_slip_gets_its_hint_only(edits, hint):
 
 FETCH_RULE = """
 def fetch_beats_recompute(spec, gpu, num_tokens, pcie_bytes_per_s):
-    kv_per_token = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * spec.dtype_bytes
+    kv_per_token = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * spec.kv_element_bytes
     fetch = num_tokens * kv_per_token / pcie_bytes_per_s
     attended = num_tokens * (num_tokens + 1) / 2
     flops = 2 * spec.num_params * num_tokens
@@ -201,6 +201,7 @@ def test_the_checks_agree_with_kvlab_and_tell_every_slip_apart():
         (["2 * spec.num_layers * spec.num_kv_heads => 2 * spec.num_kv_heads"], checks.PER_LAYER),
         (["/ pcie_bytes_per_s => / gpu.hbm_bytes_per_s"], checks.HBM_NOT_PCIE),
         (["return fetch < flops => return fetch <= flops"], checks.TIE_FETCHES),
+        (["spec.kv_element_bytes => spec.dtype_bytes"], checks.MODEL_DTYPE),
     ],
     ids=[
         "no attention",
@@ -210,6 +211,7 @@ def test_the_checks_agree_with_kvlab_and_tell_every_slip_apart():
         "one layer",
         "HBM, not PCIe",
         "a tie fetches",
+        "model dtype",
     ],
 )
 def test_each_rule_slip_gets_its_hint_only(edits, hint):
@@ -227,6 +229,27 @@ def test_the_tie_card_is_a_tie_in_kvlab_and_in_the_learners_sums():
     assert 1024 in t.CARDS[-1][-1]
     assert not fetch_rule()(t.TIE, t.TIE_GPU, 1024, t.TIE_LINK)
     assert fetch_rule("fetch < flops => fetch <= flops")(t.TIE, t.TIE_GPU, 1024, t.TIE_LINK)
+
+
+def test_the_kv_caches_own_dtype_is_asked_for():
+    # every other card keeps a 16-bit cache: a rule counting the model's dtype_bytes (or 2
+    # bytes) passed them all; the fp8 card fails it, with its hint, and only it
+    fp8 = [card for card in checks.tiers.CARDS if card[1].kv_element_bytes == 1]
+    assert len(fp8) == 1 and "fp8 KV cache" in fp8[0][0]
+    _, spec, gpu, link, counts = fp8[0]
+    assert spec.dtype_bytes == 2 and spec.kv_bytes_per_token == 409_600
+    assert min(counts) < 16_131 == checks.tiers.break_even_tokens(spec, gpu, pcie_bytes_per_s=link)
+    assert max(counts) >= 16_131
+    for edit in ("spec.kv_element_bytes => spec.dtype_bytes", "spec.kv_element_bytes => 2"):
+        result = run_checks("10.fetch_or_recompute", fetch_rule(edit))
+        assert result.passed == result.total - 1, result.report()
+        assert_only_hint(result, checks.MODEL_DTYPE)
+    fixed = fetch_rule(
+        "kv_per_token = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * "
+        "spec.kv_element_bytes => kv_per_token = spec.kv_bytes_per_token"
+    )
+    result = run_checks("10.fetch_or_recompute", fixed)
+    assert result.ok and result.passed == result.total == len(checks.tiers.CARDS), result.report()
 
 
 def test_a_rule_that_is_wrong_another_way_gets_no_hint():

@@ -86,3 +86,9 @@ ATTN_SQUARE = (
     "(i = 1 ... n), n (n + 1) / 2 in all, not n^2, so the recompute came out too dear on long "
     "prefixes"
 )
+MODEL_DTYPE = (
+    "the copy counted the model's dtype, not the KV cache's: a token's bytes are "
+    "spec.kv_bytes_per_token, which counts each element in the cache's own dtype (here fp8, "
+    "1 byte), not spec.dtype_bytes (the weights' 2 bytes); the two agree only while the cache "
+    "keeps the model's dtype"
+)

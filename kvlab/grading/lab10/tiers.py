@@ -5,9 +5,9 @@ with its defaults: blocks of 16, no per-copy overhead, an empty context).
 
 The checks ask on cards of kvlab's own (:mod:`kvlab.models`, :mod:`kvlab.perf.roofline`): a
 model with grouped-query attention and one without, on an H100 and an A100, over PCIe 4.0 and
-5.0, and a small model on a slow link, at token counts on both sides of each break-even. A
-wrong answer is named when exactly one usual slip (:data:`SLIPS`) answers as the learner's rule
-does on every input of the checks, the failing one and all the others.
+5.0, one with an fp8 KV cache, and a small model on a slow link, at token counts on both sides
+of each break-even. A wrong answer is named when exactly one usual slip (:data:`SLIPS`) answers
+as the learner's rule does on every input of the checks, the failing one and all the others.
 """
 
 from __future__ import annotations
@@ -37,7 +37,12 @@ own_answers(
 
 GIB_PER_GB = 1e9 / 2**30
 SLOW_LINK = 5e9  # a narrow or shared link
+X8_LINK = 12.5e9  # PCIe 4.0 with 8 lanes, not 16
 CRAWL_LINK = 0.5e9  # a busy network hop
+# its KV cache in fp8 (1 byte per element, the weights still 16-bit): half the bytes over half a
+# link breaks even where the 16-bit cache does over PCIe 4.0 x16 (16,131 tokens); counted in the
+# model's dtype_bytes its break-even is 95,251, so 16,131 to 65,536 tokens say recompute
+OPT_13B_FP8 = OPT_13B.with_kv_dtype("fp8")
 # a small GQA model (Llama-3.2-1B's shape): little compute per token, yet K/V to move
 SMALL = ModelSpec("small-1B", 16, 32, 8, 64, num_params=1.24e9)
 # a tie, exact in floating point whatever the order of the sums: the small model's shape with
@@ -64,6 +69,11 @@ class AttentionSquared(TierRule):
 class KOnly(TierRule):
     def kv_bytes(self, spec):
         return spec.kv_bytes_per_token / 2
+
+
+class ModelDtype(TierRule):
+    def kv_bytes(self, spec):  # the model's dtype, not the KV cache's
+        return 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * spec.dtype_bytes
 
 
 class PerLayer(TierRule):
@@ -107,6 +117,7 @@ SLIPS = (
     Slip(hints.HBM_NOT_PCIE, asked(OverHBM())),
     Slip(hints.ATTN_SQUARE, asked(AttentionSquared())),
     Slip(hints.TIE_FETCHES, asked(TieFetches())),
+    Slip(hints.MODEL_DTYPE, asked(ModelDtype())),
 )
 
 
@@ -137,6 +148,14 @@ CARDS = (
     ),
     _card("OPT-13B on an H100 over PCIe 5.0 (50 GB/s)", OPT_13B, H100_SXM, PCIE_GEN5_X16),
     _card("OPT-13B on an A100-80GB over PCIe 4.0", OPT_13B, A100_80GB, PCIE_GEN4_X16),
+    _card(
+        "OPT-13B with an fp8 KV cache (1 byte per element, 400 KiB per token) on an H100 over "
+        "PCIe 4.0 x8 (12.5 GB/s)",
+        OPT_13B_FP8,
+        H100_SXM,
+        X8_LINK,
+        (65_536,),
+    ),
     _card(
         "a small model (1.24B, 16 layers) on an H100 over a slow link (5 GB/s)",
         SMALL,
