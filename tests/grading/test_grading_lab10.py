@@ -111,7 +111,7 @@ def prefix_router(*edits):
 
 def test_the_router_passes_and_the_stub_is_not_written_yet():
     result = run_checks("10.prefix_score", prefix_router())
-    assert result.ok and result.passed == result.total == 8, result.report()
+    assert result.ok and result.passed == result.total == 9, result.report()
     stub = learner(
         "def prefix_router(request, views, now, load_penalty=128.0):\n    raise NotImplementedError\n",
         "prefix_router",
@@ -304,6 +304,16 @@ def test_a_router_scored_another_way_gets_no_hint(edits):
     result = run_checks("10.prefix_score", prefix_router(*edits))
     assert result.status is Status.FAILED
     assert not hints_of(result), result.report()
+
+
+@pytest.mark.parametrize("default", ["127.0", "129.0"])
+def test_a_default_penalty_off_by_a_token_fails_that_check(default):
+    # a red team's: with every cached prefix in whole rooms of 16, defaults of 124 to 132 passed
+    result = run_checks(
+        "10.prefix_score", prefix_router(f"load_penalty=128.0 => load_penalty={default}")
+    )
+    assert result.passed == result.total - 1, result.report()
+    assert "✘ the default load_penalty, 128" in result.report(), result.report()
 
 
 def test_a_least_loaded_router_is_told_both_slips_it_cannot_be_told_from():

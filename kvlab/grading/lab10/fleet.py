@@ -202,6 +202,17 @@ def _penalty(fn):
         expect_pick(fn, "the penalty given", rows, penalty=penalty)
 
 
+# 31 guests weigh 3,968 tokens at the default: a prefix of 3,984 outweighs them, one of 3,952 does
+# not, so a default half a token off picks another replica (in whole rooms, 124 to 132 passed)
+DEFAULTS = ([(3984, 20, 11), (0, 0, 0)], [(3952, 20, 11), (0, 0, 0)])
+
+
+@score_ex.check("the default load_penalty, 128: 31 guests outweigh 3,952 cached tokens, not 3,984")
+def _default(fn):
+    for rows in DEFAULTS:
+        expect_pick(fn, "a long prefix on a replica with a long queue", rows)
+
+
 @score_ex.check("40 random fleets of 2 to 6 replicas")
 def _random(fn):
     for seed in range(40):
