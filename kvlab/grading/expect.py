@@ -51,6 +51,13 @@ def plural(n: int, word: str, many: str | None = None) -> str:
     return f"{n:,} {word if n == 1 else (many or word + 's')}"
 
 
+def listed(items, limit: int, text=str) -> str:
+    """``items`` as ``text`` gives each, comma-separated, cut after ``limit`` with the count."""
+    items = list(items)
+    shown = ", ".join(map(text, items[:limit]))
+    return shown + (f", … ({len(items)} in all)" if len(items) > limit else "")
+
+
 def short(value, limit: int = 160, typed: bool = False) -> str:
     """A one-line, length-limited description of a value (tensors by shape and dtype);
     ``typed`` names the type of plain values too (``str '3'``), never twice (``list [1]``)."""

@@ -43,6 +43,12 @@ COUNTED_EARLY = (
     "token (count it last, once its bed is sure)"
 )
 VALIDATE_FIRST = "validate the arguments before changing anything"
+# the free list ran out (IndexError from pop), or rooms were taken, before refusing
+POPPED_EMPTY = (
+    "the free list ran out while taking rooms (IndexError from pop): count the free rooms first "
+    "and raise OutOfBlocks before taking any"
+)
+TAKEN_EARLY = "count the free rooms first, then take them: raise OutOfBlocks before taking any"
 
 # a call with an id nobody checked in with: why it must be refused, and the fix when it is not
 UNKNOWN_ID = {
@@ -108,9 +114,8 @@ class KeyCardJudge(ClassDriver):
     fields = MANAGER  # what a refused call must leave as it was
     shown = 8  # calls shown in a transcript before it is cut
     runs = True
-    # a refusal's hints: the free list ran out (IndexError from pop), rooms taken before
-    # refusing, one field changed alone before refusing
-    pop_empty = taken_early = ""
+    # a refusal's hints: the free list ran out, rooms taken, one field changed alone before it
+    pop_empty, taken_early = POPPED_EMPTY, TAKEN_EARLY
     changed_early = {("num_tokens",): COUNTED_EARLY}
     refused_message = "a refused call must change nothing"
 

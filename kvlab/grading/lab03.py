@@ -248,11 +248,6 @@ class _Judge(KeyCardJudge):
             )
 
     # refusals (KeyCardJudge.not_refused and .changed)
-    pop_empty = (
-        "the free list ran out while taking rooms (IndexError from pop): count the "
-        "free rooms first and raise OutOfBlocks before taking any"
-    )
-    taken_early = "count the free rooms first, then take them: raise OutOfBlocks before taking any"
     refused_message = "a refused call must change nothing (no half-checked-in guest, no lost room)"
 
 

@@ -8,7 +8,7 @@ from collections import deque
 
 from kvlab.core.block_manager import PagedCache
 from kvlab.core.contiguous import ContiguousKVCache
-from kvlab.grading.expect import plural, short
+from kvlab.grading.expect import listed, plural, short
 from kvlab.grading.state_diff import Field, each
 from kvlab.serving.scheduler import Scheduler, Sequence, SequenceStatus
 
@@ -74,14 +74,10 @@ def guest_text(seq: Sequence) -> str:
 def state_text(s: Scheduler, limit: int = 6) -> str:
     """Who is running (in check-in order) and waiting, and what is free."""
 
-    def listed(seqs, text):
-        seqs = list(seqs)
-        shown = ", ".join(text(q) for q in seqs[:limit])
-        more = f", … ({len(seqs)} in all)" if len(seqs) > limit else ""
-        return (shown + more) or "nobody"
-
-    running = listed(s.running, guest_text)
-    waiting = listed(s.waiting, lambda q: f"{q.seq_id} (arrives {q.arrival:.3g})")
+    running = listed(s.running, limit, guest_text) or "nobody"
+    waiting = (
+        listed(s.waiting, limit, lambda q: f"{q.seq_id} (arrives {q.arrival:.3g})") or "nobody"
+    )
     return f"running, in check-in order: {running}; waiting: {waiting}; {free_text(s.cache)}"
 
 

@@ -271,7 +271,6 @@ class _Judge(KeyCardJudge):
         self.refused(MemoryError, "append_slot", seq, why=why, want=want, before=before, seq=seq)
 
     # --- refusals ----------------------------------------------------------------------------
-    pop_empty, taken_early = hints.POP_EMPTY, hints.TAKE_FIRST
     changed_early = {**KeyCardJudge.changed_early, ("ref counts",): hints.REF_FIRST}
 
     def unrefused_slip(self, missing, want=None, before=None, seq=None):

@@ -10,7 +10,7 @@ import random
 
 from kvlab.grading import slips
 from kvlab.grading.blame import explain_exception, raised
-from kvlab.grading.expect import CheckFailed, short
+from kvlab.grading.expect import CheckFailed, listed, short
 from kvlab.grading.key_cards import card_text, echoed, room_number
 from kvlab.grading.lab07 import hints
 from kvlab.grading.lab07.references import KVLAB_CODE, TAKE_SLIPS, chain_hashes, reference_take
@@ -40,9 +40,7 @@ def _room_type_slip(got, expected: int) -> str | None:
 
 
 def _queue_text(queue, hashes) -> str:
-    shown = ", ".join(f"{b}*" if b in hashes else str(b) for b in queue[:12])
-    more = f", … ({len(queue)} in all)" if len(queue) > 12 else ""
-    return f"[{shown}{more}]"
+    return f"[{listed(queue, 12, lambda b: f'{b}*' if b in hashes else str(b))}]"
 
 
 def _maps_text(cached: dict, hashes: dict) -> str:

@@ -1,6 +1,6 @@
 """Lab 07's hints: each one belongs to a usual slip, given only where the checks recognise it."""
 
-from kvlab.grading.key_cards import COUNTED_EARLY
+from kvlab.grading.key_cards import COUNTED_EARLY, POPPED_EMPTY, TAKEN_EARLY
 
 # --- 07.copy_on_write ------------------------------------------------------------------------
 
@@ -60,10 +60,8 @@ NEW_REF = (
     "a new room is held by one key card: set its ref_count to 1 when you take it "
     "(self.ref_counts[new] = 1), or free() never gives it back"
 )
-TAKE_FIRST = (
-    "count the free rooms first, then take one: raise OutOfBlocks before popping the free list"
-)
-COUNT_FIRST = COUNTED_EARLY  # as in Lab 03
+# as in Lab 03
+COUNT_FIRST, TAKE_FIRST, POP_EMPTY = COUNTED_EARLY, TAKEN_EARLY, POPPED_EMPTY
 REF_FIRST = (
     "a reference changed although no room was free: raise OutOfBlocks before dropping the shared "
     "room's reference"
@@ -87,10 +85,6 @@ ALL_SHARERS = (
     "only the writer moves to the copy: put the new room on this guest's key card alone "
     "(table[-1] = new). The other guests keep the shared room: it holds their tokens, and they "
     "have not written into it"
-)
-POP_EMPTY = (
-    "the free list ran out (IndexError from pop): when a room is needed, check "
-    "`if not self.free_blocks` and raise OutOfBlocks before taking anything"
 )
 
 # --- 07.cached_prefix ------------------------------------------------------------------------
