@@ -107,6 +107,11 @@ LATENT_SLIPS = [
         latent.LATENT_OUT,
     ),
     (".float() => ", latent.LOW_PRECISION),
+    (
+        "torch.softmax(scores * scale, dim=-1) => "
+        "(scores * scale).exp() / (scores * scale).exp().sum(-1, keepdim=True)",
+        latent.OVERFLOW,
+    ),
 ]
 
 
@@ -125,6 +130,14 @@ def test_the_latent_probes_tell_the_scale_slips_apart():
     assert latent._close(nope.answer(*square), rank.answer(*square))
     probe = latent.PROBES[0]
     assert not latent._close(nope.answer(*probe), rank.answer(*probe))
+
+
+def test_a_softmax_without_its_max_fails_only_where_exp_overflows():
+    # a red team's: every case's scores stayed below exp's overflow in fp32, so it passed
+    naive = "torch.softmax(scores * scale, dim=-1) => (scores * scale).exp() / (scores * scale).exp().sum(-1, keepdim=True)"
+    result = run_checks("11.latent", learner(MLA_DECODE, "mla_decode", naive))
+    assert result.passed == result.total - 1, result.report()
+    assert "✘ float32, 16 tokens, sharper still" in result.report(), result.report()
 
 
 def test_an_unknown_latent_mistake_gets_no_hint():

@@ -84,6 +84,11 @@ SOFTMAX_OVER_HEADS = (
     "the softmax ran over the heads: each head normalises its scores across the tokens (the last "
     "axis of [heads, tokens])"
 )
+OVERFLOW = (
+    "exp overflowed: a score above about 88 makes exp(score) inf in float32, and inf / inf is "
+    "NaN. Subtract each head's largest score before exp (scores - scores.amax(-1, keepdim=True)), "
+    "as torch.softmax does: the weights stay the same"
+)
 LATENT_OUT = (
     "the answer is the weighted latent, [heads, kv_lora_rank]: turn it into each head's value "
     "with W_UV, out[h] = W_UV[h] o_lat[h], [heads, v_dim]"
@@ -157,6 +162,8 @@ CASES = {
     "bfloat16, 64 tokens, sharp queries (scores in the hundreds): the sums in fp32":
         dict(num_tokens=64, heads=4, nope=32, rope=16, rank=64, v_dim=32, seed=6,
              dtype=torch.bfloat16, sharpness=12.0),
+    "float32, 16 tokens, sharper still (scores above 88, where exp overflows): a stable softmax":
+        dict(num_tokens=16, heads=4, nope=32, rope=16, rank=64, v_dim=32, seed=9, sharpness=40.0),
 }  # fmt: skip
 # where the slips that answer alike on a case differ: non-square (scale by nope vs by rank),
 # square (a transposed weight runs)
@@ -180,10 +187,21 @@ def _run(fn, case):
         return call_without_mutation(fn, *(t.clone() for t in case), names=INPUTS)
 
 
+def _overflowed(fn, case, got) -> bool:
+    """Whether ``got`` is not finite while ``fn`` is right on the same case with its queries
+    shrunk to scores far below exp's overflow: a softmax without its max subtracted."""
+    if torch.isfinite(got).all():
+        return False
+    tame = (case[0] / 64, case[1] / 64, *case[2:])
+    return _close(quietly(lambda: _run(fn, tame)), mla.mla_decode_expanded(*tame), case[0].dtype)
+
+
 def diagnose(fn, case, got) -> str | None:
     """The hint of the one slip that answers as ``fn`` on ``case`` (the slips computed in fp32,
-    compared at the case's tolerance) and on the probes, else of arithmetic in low precision
-    (``fn`` right on the case in fp32), else None."""
+    compared at the case's tolerance) and on the probes, else of an overflowed exp, else of
+    arithmetic in low precision (``fn`` right on the case in fp32), else None."""
+    if _overflowed(fn, case, got):
+        return OVERFLOW
     dtype = case[0].dtype
     case32 = tuple(t.float() for t in case)
     right = mla.mla_decode_expanded(*case32)
