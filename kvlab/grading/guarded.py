@@ -57,7 +57,8 @@ class GuardedLaunch:
     guarded output, shaped as ``args[0]``) and ``strays``, the output's guard values the kernel
     changed. ``launch(fn, *args, out=)`` runs the kernel; the tensors named in ``inputs`` (the
     first arguments) are guarded with NaN, or 0 for those in ``zero_guards`` and integer ones; ``pad`` is wider
-    than any stray reaches."""
+    than any stray reaches. Each vector of an input's last axis starts a power of two of
+    head_dim after the one before, or ``rows[name]`` values (an input laid out apart)."""
 
     def __init__(
         self,
@@ -67,15 +68,17 @@ class GuardedLaunch:
         inputs: Sequence[str],
         pad: int,
         zero_guards=(),
+        rows=None,
     ):
-        self._again = lambda zero: GuardedLaunch(fn, args, launch, inputs, pad, zero)
+        self._again = lambda zero: GuardedLaunch(fn, args, launch, inputs, pad, zero, rows)
         self.inputs = inputs
         head_dim = args[0].shape[-1]
         guarded_inputs = []
         for name, t in zip(inputs, args, strict=False):
             nan_free = name in zero_guards or not t.dtype.is_floating_point  # int8 has no NaN
             fill = 0.0 if nan_free else math.nan
-            guarded_inputs.append(guarded(t, pad, fill, row=pow2(head_dim))[0])
+            row = (rows or {}).get(name, pow2(head_dim))
+            guarded_inputs.append(guarded(t, pad, fill, row=row)[0])
         out, self.buffer = guarded(torch.empty_like(args[0]), pad, OUT_GUARD)
         _bits(out).fill_(UNWRITTEN_BITS[args[0].dtype])
         before = _bits(self.buffer).clone()

@@ -94,6 +94,18 @@ def test_a_label_loaded_without_the_token_mask_fails_the_garbage_check_only():
     assert hints(result) == [f"hint:     {dequant.LABEL_UNMASKED}"]
 
 
+def test_v_labels_read_with_k_strides_fail_the_check_that_lays_them_apart():
+    # a red team's: every other check lays out K's and V's labels alike, so it passed them all
+    with_k_strides = kernel(
+        "vs_ptr + room * stride_vsb + t * stride_vst + kvh * stride_vsh => "
+        "vs_ptr + room * stride_ksb + t * stride_kst + kvh * stride_ksh"
+    )
+    result = run_checks("11.dequant", with_k_strides)
+    failed = [o.name for o in result.outcomes if o.status != Status.PASSED]
+    assert failed == ["V's labels laid out apart from K's: each read with its own strides"]
+    assert hints(result) == [f"hint:     {dequant.OUTSIDE}"]
+
+
 def test_a_mistake_no_slip_explains_gets_no_hint():
     mean_label = kernel("k = k * k_scale[:, None] => k = k * tl.sum(k_scale) / BLOCK_SIZE")
     result = run_checks("11.dequant", mean_label)

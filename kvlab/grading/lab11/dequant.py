@@ -135,15 +135,16 @@ def make_dequant_case(seq_lens, block_size, fmt="fp8_e4m3", spread=1, dtype=torc
     return q.to(dtype), k_values, v_values, k_scales, v_scales, tables, lens
 
 
-def guarded_launch(fn, args) -> GuardedLaunch:
-    """The learner's kernel on guarded copies of a case (int8 guards hold 0: no NaN in int8)."""
+def guarded_launch(fn, args, rows=None) -> GuardedLaunch:
+    """The learner's kernel on guarded copies of a case (int8 guards hold 0: no NaN in int8);
+    ``rows``: the inputs laid out apart (:class:`GuardedLaunch`)."""
     q, k = args[0], args[1]  # wider than any stray reaches: a lane, a group row, a room's step
     pad = q[0].numel() + pow2(q.shape[1] // k.shape[2]) * pow2(q.shape[2]) + k[0].numel()
-    return GuardedLaunch(fn, args, launch_paged_decode_quantized, INPUTS, pad)
+    return GuardedLaunch(fn, args, launch_paged_decode_quantized, INPUTS, pad, rows=rows)
 
 
-def _run(fn, what: str, args) -> GuardedLaunch:
-    run = launched(what, guarded_launch, fn, [t.to(DEVICE) for t in args])
+def _run(fn, what: str, args, rows=None) -> GuardedLaunch:
+    run = launched(what, guarded_launch, fn, [t.to(DEVICE) for t in args], rows)
     if row := run.first_unwritten():
         raise CheckFailed("a row of the output was never stored", input=what,
                           hint=UNWRITTEN.format(seq=row[0], head=row[1]))  # fmt: skip
@@ -180,11 +181,12 @@ def _diagnose(fn, run, args, got, clean) -> str | None:
     return OUTSIDE if run.read_outside("k_scales", "v_scales") else None
 
 
-def expect_dequantized(fn, what: str, case: dict, clean: dict | None = None) -> None:
+def expect_dequantized(fn, what: str, case: dict, clean: dict | None = None, rows=None) -> None:
     """The learner's kernel on ``make_dequant_case(**case)`` against the reference; ``clean``:
-    the same case without the NaN no guest holds, which confirms a label read there."""
+    the same case without the NaN no guest holds, which confirms a label read there; ``rows``:
+    the inputs laid out apart."""
     args = make_dequant_case(**case)
-    run = _run(fn, what, args)
+    run = _run(fn, what, args, rows)
     got, want = run.got.float().cpu(), paged_decode_quantized_ref(*args).float()
     if _close(got, want, args[0].dtype):
         return
@@ -231,3 +233,10 @@ def _garbage(fn):
     what = "seq_lens [5, 11], rooms of 4: NaN in the beds past seq_len, and in their labels"
     clean = {"garbage": NAN_ROOM, **GARBAGE}
     expect_dequantized(fn, what, {**clean, "nan_beds": True}, clean=clean)
+
+
+@dequant_ex.check("V's labels laid out apart from K's: each read with its own strides")
+def _apart(fn):
+    what = "seq_lens [6, 3], rooms of 4, 2 KV heads: v_scales' rows 37 values apart, k_scales' 32"
+    case = dict(seq_lens=[6, 3], block_size=4, q_heads=4, kv_heads=2, head_dim=32, seed=7)
+    expect_dequantized(fn, what, {"garbage": SPARE_ROOM, **case}, rows={"v_scales": 37})
