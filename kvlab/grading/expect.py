@@ -115,6 +115,29 @@ def as_int(value):
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
+def int_hints(noun: str, fix: str) -> tuple[str, str, str]:
+    """The hints for ``noun``, an int that ``fix`` returns, come back held in a tuple or list, as
+    its text, or as another kind of number: each formats ``{kind}``, the type that came back."""
+    return (
+        f"return {noun} alone, an int ({fix}), not a {{kind}} holding it",
+        f"return {noun}, an int ({fix}), not its text (a {{kind}})",
+        f"return {noun}, an int ({fix}), not a {{kind}}",
+    )
+
+
+def int_slip(got, expected: int, hints: tuple[str, str, str]) -> str | None:
+    """Which of :func:`int_hints` ``got`` shows: ``expected`` held in a tuple or list, as text,
+    or as a number of another type (None: none of them)."""
+    alone, text, number = (hint.format(kind=type(got).__name__) for hint in hints)
+    if isinstance(got, (tuple, list)) and expected in got:
+        return alone
+    if isinstance(got, str) and got.strip().replace(",", "") == str(expected):
+        return text
+    if isinstance(got, numbers.Real) and not isinstance(got, bool) and got == expected:
+        return number
+    return None
+
+
 def expect_type(got, kind, what: str, input=None, hint=None):
     """Fail unless ``got`` is a ``kind`` (numpy integers count as int; bools never do)."""
     accepted = numbers.Integral if kind is int else kind

@@ -269,6 +269,15 @@ def test_each_almost_free_slip_gets_its_hint_only(edits, hint):
 
 
 @pytest.mark.parametrize(
+    "returned, hint", [("str(k)", (1, "str")), ("k, memory", (0, "tuple"))], ids=["text", "tuple"]
+)
+def test_a_count_returned_as_another_type_is_told_so(returned, hint):
+    fn = almost_free(f"            return k\n =>             return {returned}\n")
+    which, kind = hint
+    assert_only_hint(run_checks("09.almost_free", fn), checks.TOKENS_TYPE[which].format(kind=kind))
+
+
+@pytest.mark.parametrize(
     "edit, hint",
     [
         ("r.itl(99) => r.itl(50)", checks.MEDIAN),

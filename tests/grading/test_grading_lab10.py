@@ -316,6 +316,17 @@ def test_a_default_penalty_off_by_a_token_fails_that_check(default):
     assert "✘ the default load_penalty, 128" in result.report(), result.report()
 
 
+@pytest.mark.parametrize(
+    "returned, hint",
+    [("str(best)", (1, "str")), ("best, top", (0, "tuple"))],
+    ids=["text", "tuple"],
+)
+def test_an_index_returned_as_another_type_is_told_so(returned, hint):
+    which, kind = hint
+    fn = prefix_router(f"return best => return {returned}")
+    assert_only_hint(run_checks("10.prefix_score", fn), checks.INDEX_TYPE[which].format(kind=kind))
+
+
 def test_a_least_loaded_router_is_told_both_slips_it_cannot_be_told_from():
     least = prefix_router("view.cached_prefix_tokens(request) - => 0 -")
     result = run_checks("10.prefix_score", least)

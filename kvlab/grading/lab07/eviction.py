@@ -5,12 +5,11 @@ state-diff table ``TAKEN``; a rebound ``free_queue`` and one never shortened, by
 from __future__ import annotations
 
 import copy
-import numbers
 import random
 
 from kvlab.grading import slips
 from kvlab.grading.blame import explain_exception, raised
-from kvlab.grading.expect import CheckFailed, listed, short
+from kvlab.grading.expect import CheckFailed, int_slip, listed, short
 from kvlab.grading.key_cards import card_text, echoed, room_number
 from kvlab.grading.lab07 import hints
 from kvlab.grading.lab07.references import KVLAB_CODE, TAKE_SLIPS, chain_hashes, reference_take
@@ -23,20 +22,6 @@ evict = exercise("07.eviction", "which room to hand out")
 EVICT_TASK = "choosing and evicting the room"
 REFUSED = "no room is free: take_block is refused", "OutOfBlocks (a MemoryError)"
 REFUSE_FIRST = "check that free_queue is not empty before changing anything"
-
-
-def _room_type_slip(got, expected: int) -> str | None:
-    """The hint for a room number returned as something other than an int."""
-    if got is None:
-        return hints.RETURN_ROOM
-    kind = type(got).__name__
-    if isinstance(got, (tuple, list)) and expected in got:
-        return hints.RETURN_ALONE.format(kind=kind)
-    if isinstance(got, str) and got.strip() == str(expected):
-        return hints.RETURN_TEXT.format(kind=kind)
-    if isinstance(got, numbers.Real) and not isinstance(got, bool) and got == expected:
-        return hints.RETURN_NUMBER.format(kind=kind)
-    return None
 
 
 def _queue_text(queue, hashes) -> str:
@@ -128,7 +113,7 @@ def _expect_take(fn, queue: list, cached: dict, hashes: dict, story: str, replay
         raise raised(error, slip, input=where, replay=replay)
     expected = reference_take(*want)
     if not room_number(got):
-        hint = _room_type_slip(got, expected)
+        hint = hints.RETURN_ROOM if got is None else int_slip(got, expected, hints.ROOM_TYPE)
         fail("take_block returns the room number it took", str(expected), short(got), hint)
     if got != expected:
         hint = slips.hint(slips.first(slips.matching(TAKE_SLIPS, got, before, expected)))

@@ -1,5 +1,6 @@
 """Lab 07's hints: each one belongs to a usual slip, given only where the checks recognise it."""
 
+from kvlab.grading.expect import int_hints
 from kvlab.grading.key_cards import COUNTED_EARLY, POPPED_EMPTY, TAKEN_EARLY
 
 # --- 07.copy_on_write ------------------------------------------------------------------------
@@ -212,6 +213,4 @@ RETURN_HASH = (
 )
 
 # a room number returned as another type: {kind} is the type's name
-RETURN_ALONE = "return the room number alone, an int (return block), not a {kind} holding it"
-RETURN_TEXT = "return the room number, an int (return block), not its text (a {kind})"
-RETURN_NUMBER = "return the room number, an int (return block), not a {kind}"
+RETURN_ALONE, RETURN_TEXT, RETURN_NUMBER = ROOM_TYPE = int_hints("the room number", "return block")

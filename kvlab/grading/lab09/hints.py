@@ -1,5 +1,7 @@
 """Lab 09's hints: each one belongs to a usual slip, given only where the checks recognise it."""
 
+from kvlab.grading.expect import int_hints
+
 # --- 09.budget_step --------------------------------------------------------------------------
 
 PREFILL_FIRST = (
@@ -55,6 +57,9 @@ DECODE_OWN_TOKEN = (
     "positions and the step reads K and V of context + 1 tokens for it (its new token's too), so "
     "the decodes count batch × (context + 1) in both the attention FLOPs and the bytes moved"
 )
+
+# almost_free_tokens's count returned as another type: {kind} is the type's name
+TOKENS_TYPE = int_hints("the token count", "k, the prompt tokens the step carries")
 
 # --- 09.choose_chunk -------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import itertools
 import operator
 
 from kvlab.grading import slips
-from kvlab.grading.expect import CheckFailed, as_int, short
+from kvlab.grading.expect import CheckFailed, as_int, int_slip, short
 from kvlab.grading.lab09 import hints
 from kvlab.grading.registry import exercise
 from kvlab.grading.slips import Slip
@@ -99,6 +99,7 @@ def _expect_free(fn, spec, gpu: GPU, batch: int, context: int) -> None:
             input=what,
             expected=str(want),
             got=short(got, typed=True),
+            hint=int_slip(got, want, hints.TOKENS_TYPE),
         )
     if got != want:
         found = slips.matching(ALMOST_FREE_SLIPS, got, (spec, gpu, batch, context), want)

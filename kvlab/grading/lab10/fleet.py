@@ -15,7 +15,7 @@ import functools
 import random
 
 from kvlab.grading import slips
-from kvlab.grading.expect import CheckFailed, as_int, short
+from kvlab.grading.expect import CheckFailed, as_int, int_slip, short
 from kvlab.grading.lab10 import hints
 from kvlab.grading.registry import exercise, own_answers
 from kvlab.grading.slips import Slip
@@ -157,6 +157,7 @@ def expect_pick(fn, story: str, rows, rotated: bool = False, penalty: float = PE
             input=where,
             expected=str(want),
             got=short(got, typed=True),
+            hint=int_slip(got, want, hints.INDEX_TYPE),
         )
     if got != want:
         raise CheckFailed(

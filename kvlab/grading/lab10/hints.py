@@ -1,5 +1,7 @@
 """Lab 10's hints: each one belongs to a usual slip, given only where the checks recognise it."""
 
+from kvlab.grading.expect import int_hints
+
 # --- 10.match_prefix -------------------------------------------------------------------------
 
 PAST_LIMIT = (
@@ -48,6 +50,9 @@ POSITION = (
     "the router returned the replica's place in views, not its number: return view.index (views "
     "need not come in index order; here replica 0 is listed last)"
 )
+
+# the router's pick returned as another type: {kind} is the type's name
+INDEX_TYPE = int_hints("the replica's index", "view.index")
 
 # --- 10.fetch_or_recompute -------------------------------------------------------------------
 
