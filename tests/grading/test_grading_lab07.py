@@ -67,7 +67,7 @@ def slips(cases, ids=lambda v: v[0][:40] if isinstance(v, list) else None):
 
 
 @pytest.mark.parametrize(
-    "which, count", [(COW, 6), (PREFIX, 7), (EVICT, 6)], ids=["cow", "prefix", "evict"]
+    "which, count", [(COW, 8), (PREFIX, 7), (EVICT, 6)], ids=["cow", "prefix", "evict"]
 )
 def test_the_solution_cells_earn_full_marks(which, count):
     result = grade(which)
@@ -237,6 +237,31 @@ def test_a_copy_on_write_slip_is_named_and_folds(edits, hint, first):
     named(COW, edits, hint, first)
 
 
+@pytest.mark.parametrize(
+    "edit, check",
+    [
+        (
+            "full = tokens % self.block_size == 0 => full = (tokens + 1) % self.block_size == 1",
+            "rooms of 1, 2 and 16 beds",
+        ),
+        (
+            "full = tokens % self.block_size == 0 => full = tokens % min(self.block_size, 4) == 0",
+            "rooms of 1, 2 and 16 beds",
+        ),
+        (
+            'OutOfBlocks(f"{seq_id!r} needs a new room and none is free") => '
+            'OutOfBlocks("%s needs a new room and none is free" % seq_id)',
+            "guests named by ints and tuples",
+        ),
+    ],
+    ids=["1-based full", "full at 4 beds", "message by %"],
+)
+def test_a_manager_right_only_at_4_beds_or_for_str_ids_fails_that_check(edit, check):
+    # a red team's: every other check has rooms of 3 or 4 beds and guests named by strings
+    result = grade(COW, edit)
+    assert [f.name[: len(check)] for f in failures(result)] == [check], result.report()
+
+
 def test_a_full_shared_room_copied_is_named_at_the_call():
     result = named(
         COW, ["if full:  # => if full and self.ref_counts[last] == 1:  #"], checks.FULL_SHARED
@@ -372,6 +397,11 @@ SLICE = "block = tuple(token_ids[i * block_size : (i + 1) * block_size])"
         ),
         ([f"{LOOKUP} => if hit is None:"], checks.NO_CONFIRM, "a hash collision"),
         ([" or hit.parent_hash != parent => "], checks.NO_PARENT_CONFIRM, "a hash collision"),
+        (
+            ["hit.parent_hash != parent => (hit.parent_hash and hit.parent_hash != parent)"],
+            checks.ROOT_PARENT,
+            "a hash collision",
+        ),
         (
             ["tuple(hit.token_ids) != block => sorted(hit.token_ids) != sorted(block)"],
             checks.UNORDERED,

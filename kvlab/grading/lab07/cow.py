@@ -324,6 +324,38 @@ SCENES = {
 for _name, (_rooms, *_steps) in SCENES.items():
     cow.check(_name)(lambda cls, rooms=_rooms, steps=_steps: play(_Judge(cls, rooms, 4), *steps))
 
+# the checks on other hotels: the name -> (rooms, beds a room, the calls) for each hotel
+HOTELS = {
+    "rooms of 1, 2 and 16 beds: a room is full when num_tokens % block_size == 0, whatever its "
+    "size": (
+        (6, 1, "allocate a 1", "fork a b", "append b", "append a", "append b", "free a", "free b"),
+        (6, 2, "allocate a 1", "fork a b", "append b", "append a", "append a", "append b"),
+        (
+            *(6, 16),
+            *("allocate a 3", "fork a b", "append b", "append a", "append a"),  # a copy; in place
+            *("allocate c 11", "fork c e", "append e", "allocate f 16", "fork f g", "append g"),
+        ),
+    ),
+    "guests named by ints and tuples, as kvlab's beam search names its beams: tokens, copies "
+    "and refusals": (
+        (
+            *(3, 4),
+            *(("allocate", ("beam", 0), 4), ("fork", ("beam", 0), ("beam", 1))),
+            *("allocate 7 6", "fork 7 8"),  # every room taken: one full and shared, one half
+            ("refused_append", ("beam", 1), "the last room of ('beam', 1) is full, none is free"),
+            ("refused_append", 8, "the last room of 8 is shared and no room is free for the copy"),
+            *(("free", ("beam", 0)), ("free", ("beam", 1)), "append 8", "append 7"),
+        ),
+    ),
+}
+for _name, _hotels in HOTELS.items():
+
+    def _check(cls, hotels=_hotels):
+        for rooms, beds, *steps in hotels:
+            play(_Judge(cls, rooms, beds), *steps)
+
+    cow.check(_name)(_check)
+
 
 def _evening_call(judge, rng, step: int) -> None:
     """One step of the beam evening: a check-in, a fork, a token (refused when no room is free)

@@ -120,6 +120,11 @@ REHASHED = (
     "another block whose hash collides. Compare hit.token_ids with the block's tokens and "
     "hit.parent_hash with your parent"
 )
+ROOT_PARENT = (
+    "ROOT_HASH is 0, and 0 is false in an `if`: a test like `hit.parent_hash and ...` skips the "
+    "parent check for an entry that opened a prompt, so it confirms after any block. Compare "
+    "hit.parent_hash with your parent every time"
+)
 UNORDERED = (
     "compare the tokens in order (as tuples): a room holds its tokens in order, and the same "
     "tokens in another order are another block"

@@ -132,6 +132,13 @@ CASES = {
         "1 2 3 4) filed under the hash of 60…63 after 100…103, as if the two collided",
         {COLLIDING: CachedBlock(98, hash_block_tokens(ROOT_HASH, [1, 2, 3, 4]), OTHER)},
     ),
+    "root parent": lambda: _earlier(
+        [*EARLIER[:4], *OTHER, 64],
+        "cached: the 4 rooms of the earlier prompt 100…115, and room 94 (tokens 60…63 opening a "
+        "prompt, parent ROOT_HASH) filed under the hash of 60…63 after 100…103, as if the two "
+        "collided",
+        {COLLIDING: CachedBlock(94, ROOT_HASH, OTHER)},
+    ),
     "half block": lambda: _earlier(
         EARLIER[:10],
         "cached: the 4 rooms of the earlier prompt 100…115, and room 55 filed under the hash of "
@@ -162,6 +169,12 @@ CASES = {
     ),
     "exact": lambda: _earlier(EARLIER),
     "one past exact": lambda: _earlier(EARLIER[:13]),
+    "three beds": lambda: _case(
+        "cached: the 4 rooms (5, 6, 7, 8) of an earlier prompt 0…11, 3 beds a room",
+        list(range(12)),
+        (range(12), [5, 6, 7, 8]),
+        size=3,
+    ),
     "one bed": lambda: _one_bed([3]),
     "two beds": lambda: _one_bed([3, 4]),
 }
@@ -191,6 +204,7 @@ PREFIX_SLIPS = [
     _slip(ref.slipped(kind=ref.Trusted), hints.NO_CONFIRM, CONFIRM, "tokens collide"),
     _slip(ref.slipped(kind=ref.ParentOnly), hints.NO_CONFIRM, CONFIRM, "tokens collide"),
     _slip(ref.slipped(kind=ref.Unordered), hints.UNORDERED, CONFIRM, "tokens reordered"),
+    _slip(ref.slipped(kind=ref.RootTrusted), hints.ROOT_PARENT, CONFIRM, "root parent"),
     _slip(ref.slipped(kind=ref.RehashedParent), hints.REHASHED, CONFIRM, "parent hash twin"),
     _slip(ref.slipped(kind=ref.RehashedTokens), hints.REHASHED, CONFIRM, "token hash twin"),
     _slip(ref.slipped(ref.CoversLast), hints.COVERS_LAST, WHICH, "exact"),
@@ -235,6 +249,7 @@ CHECKS = {
         "tokens collide",
         "parents collide",
         "tokens reordered",
+        "root parent",
     ),
     "a true collision: an entry filed under its own hash may hold other tokens or follow another "
     "block, so hashing it again confirms nothing; comparing does": (
@@ -242,7 +257,7 @@ CHECKS = {
         "token hash twin",
     ),
     "only full rooms count and the prompt's last token is always computed: k full rooms reuse "
-    "at most k − 1": ("half block", "exact", "one past exact", "one bed", "two beds"),
+    "at most k − 1": ("half block", "exact", "one past exact", "three beds", "one bed", "two beds"),
 }
 for _name, _cases in CHECKS.items():
     prefix.check(_name)(lambda fn, cases=_cases: _try(fn, *cases))

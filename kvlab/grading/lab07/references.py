@@ -66,6 +66,14 @@ ParentOnly = variant(
     "ParentOnly", BlockPool, confirms=lambda s, b, t, p: BlockPool.confirms(s, b, b.token_ids, p)
 )
 Trusted = variant("Trusted", BlockPool, confirms=lambda s, b, t, p: True)
+# the parent compared only when it is truthy: an entry after ROOT_HASH (0) confirms anywhere
+RootTrusted = variant(
+    "RootTrusted",
+    BlockPool,
+    confirms=lambda s, b, t, p: (
+        b.token_ids == t and (b.parent is None or BlockPool.confirms(s, b, t, p))
+    ),
+)
 Unordered = variant(
     "Unordered",
     BlockPool,
