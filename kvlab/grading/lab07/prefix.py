@@ -32,7 +32,7 @@ def _prompt_text(token_ids) -> str:
     return f"{text} ({plural(len(token_ids), 'token')})"
 
 
-def _expect_prefix(fn, token_ids, block_size: int, cached: dict, story: str, replay=None):
+def _expect_prefix(fn, story: str, token_ids, block_size: int, cached: dict, replay=None):
     where = f"{story}; longest_cached_prefix({_prompt_text(token_ids)}, {block_size}, cached)"
     expected, cause = cached_prefix(token_ids, block_size, cached), None
     got, error = _call(fn, list(token_ids), block_size, cached, where=where, replay=replay)
@@ -85,6 +85,13 @@ def _earlier(query, story: str = EARLIER_STORY, planted=None):
     return _case(story, query, (EARLIER, [7, 3, 12, 0]), planted=planted)
 
 
+def _collision(story: str, entry: CachedBlock):
+    """The earlier prompt cached, and ``entry`` (``story`` says what it holds) filed where 60…63
+    after 100…103 is looked up; the prompt asks for that block after 100…103."""
+    story = f"cached: the 4 rooms of the earlier prompt 100…115, and {story}"
+    return _earlier([*EARLIER[:4], *OTHER, 64], story, {COLLIDING: entry})
+
+
 def _openings(query):
     story = SHARED + "5555 8888 (rooms 21, 22) and 1111 2222 (23, 24)"
     return _case(story, query, ([5] * 4 + [8] * 4, [21, 22]), ([1] * 4 + [2] * 4, [23, 24]))
@@ -120,24 +127,20 @@ CASES = {
         [70, 71, 72, 73, 1, 1, 1, 1, 74, 75, 76, 77, 2],
         (range(70, 82), [40, 41, 42]),
     ),
-    "tokens collide": lambda: _earlier(
-        [*EARLIER[:4], *OTHER, 64],
-        "cached: the 4 rooms of the earlier prompt 100…115, and room 99 (tokens 104…107) filed "
-        "under the hash of block 60…63 after 100…103, as if the two collided",
-        {COLLIDING: CachedBlock(99, H0, tuple(EARLIER[4:8]))},
+    "tokens collide": lambda: _collision(
+        "room 99 (tokens 104…107) filed under the hash of block 60…63 after 100…103, as if the "
+        "two collided",
+        CachedBlock(99, H0, tuple(EARLIER[4:8])),
     ),
-    "parents collide": lambda: _earlier(
-        [*EARLIER[:4], *OTHER, 64],
-        "cached: the 4 rooms of the earlier prompt 100…115, and room 98 (tokens 60…63 after "
-        "1 2 3 4) filed under the hash of 60…63 after 100…103, as if the two collided",
-        {COLLIDING: CachedBlock(98, hash_block_tokens(ROOT_HASH, [1, 2, 3, 4]), OTHER)},
+    "parents collide": lambda: _collision(
+        "room 98 (tokens 60…63 after 1 2 3 4) filed under the hash of 60…63 after 100…103, as "
+        "if the two collided",
+        CachedBlock(98, hash_block_tokens(ROOT_HASH, [1, 2, 3, 4]), OTHER),
     ),
-    "root parent": lambda: _earlier(
-        [*EARLIER[:4], *OTHER, 64],
-        "cached: the 4 rooms of the earlier prompt 100…115, and room 94 (tokens 60…63 opening a "
-        "prompt, parent ROOT_HASH) filed under the hash of 60…63 after 100…103, as if the two "
-        "collided",
-        {COLLIDING: CachedBlock(94, ROOT_HASH, OTHER)},
+    "root parent": lambda: _collision(
+        "room 94 (tokens 60…63 opening a prompt, parent ROOT_HASH) filed under the hash of 60…63 "
+        "after 100…103, as if the two collided",
+        CachedBlock(94, ROOT_HASH, OTHER),
     ),
     "half block": lambda: _earlier(
         EARLIER[:10],
@@ -152,12 +155,11 @@ CASES = {
             hash_block_tokens(ROOT_HASH, [9, 8, 7, 6]): CachedBlock(95, ROOT_HASH, (6, 7, 8, 9))
         },
     ),
-    "parent hash twin": lambda: _earlier(
-        [*EARLIER[:4], *OTHER, 64],
-        "cached: the 4 rooms of the earlier prompt 100…115, and room 97, holding 60…63 after "
-        "another block, whose hash is 100…103's plus 2**61 − 1 (another int, which Python hashes "
-        "alike): filed under its own hash, which is that of 60…63 after 100…103 too",
-        {COLLIDING: CachedBlock(97, H0_TWIN, OTHER)},
+    "parent hash twin": lambda: _collision(
+        "room 97, holding 60…63 after another block, whose hash is 100…103's plus 2**61 − 1 "
+        "(another int, which Python hashes alike): filed under its own hash, which is that of "
+        "60…63 after 100…103 too",
+        CachedBlock(97, H0_TWIN, OTHER),
     ),
     "token hash twin": lambda: _case(
         "cached: room 96, holding 1 2 3 -2, filed under its own hash, which is that of 1 2 3 -1 "
@@ -234,8 +236,7 @@ def _prefix_slip(fn, got, token_ids, block_size, cached) -> tuple[str | None, st
 
 def _try(fn, *names: str) -> None:
     for name in names:
-        story, token_ids, block_size, cached = CASES[name]()
-        _expect_prefix(fn, token_ids, block_size, cached, story)
+        _expect_prefix(fn, *CASES[name]())
 
 
 # the checks as data: the name the learner reads -> the cases it tries
@@ -311,4 +312,4 @@ def _random_prefix(fn):
             f"`from kvlab.grading.lab07 import random_prompt; token_ids, block_size, cached = "
             f"random_prompt({case})`"
         )
-        _expect_prefix(fn, token_ids, size, cached, story, replay)
+        _expect_prefix(fn, story, token_ids, size, cached, replay)
