@@ -51,11 +51,13 @@ def plural(n: int, word: str, many: str | None = None) -> str:
     return f"{n:,} {word if n == 1 else (many or word + 's')}"
 
 
-def listed(items, limit: int, text=str) -> str:
-    """``items`` as ``text`` gives each, comma-separated, cut after ``limit`` with the count."""
+def listed(items, limit: int, text=str, what: str | None = None) -> str:
+    """``items`` as ``text`` gives each, comma-separated, cut after ``limit`` with the count (of
+    ``what``, when it is named)."""
     items = list(items)
     shown = ", ".join(map(text, items[:limit]))
-    return shown + (f", … ({len(items)} in all)" if len(items) > limit else "")
+    count = plural(len(items), what) if what else len(items)
+    return shown + (f", … ({count} in all)" if len(items) > limit else "")
 
 
 def short(value, limit: int = 160, typed: bool = False) -> str:

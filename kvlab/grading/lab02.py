@@ -15,7 +15,7 @@ import random
 from kvlab.core.contiguous import ArenaAllocator, best_fit, external_fragmentation, first_fit
 from kvlab.grading import slips
 from kvlab.grading.blame import raised
-from kvlab.grading.expect import CheckFailed, call_without_mutation, plural, short
+from kvlab.grading.expect import CheckFailed, call_without_mutation, listed, short
 from kvlab.grading.own_code import refuse_reference
 from kvlab.grading.registry import exercise
 from kvlab.grading.slips import Slip
@@ -90,10 +90,7 @@ def _same_offset_exact(a, b) -> bool:
 
 def _describe_extents(extents, limit: int = 6) -> str:
     """The free extents, cut after ``limit`` with the count."""
-    if len(extents) <= limit:
-        return str(extents)
-    shown = ", ".join(map(str, extents[:limit]))
-    return f"[{shown}, … ({plural(len(extents), 'extent')} in all)]"
+    return f"[{listed(extents, limit, what='extent')}]"
 
 
 def _expect_fit(fn, extents, n, replay=None):

@@ -321,8 +321,16 @@ SCENES = {
         *("free a", "append c", "append b"),  # the copy in the room 'a' gave back; b in place
     ),
 }
+
+
+def _hotels(cls, hotels) -> None:
+    """A check as data: each hotel ``(rooms, beds a room, *calls)`` played on a judge of its own."""
+    for rooms, beds, *steps in hotels:
+        play(_Judge(cls, rooms, beds), *steps)
+
+
 for _name, (_rooms, *_steps) in SCENES.items():
-    cow.check(_name)(lambda cls, rooms=_rooms, steps=_steps: play(_Judge(cls, rooms, 4), *steps))
+    cow.check(_name)(lambda cls, hotel=(_rooms, 4, *_steps): _hotels(cls, [hotel]))
 
 # the checks on other hotels: the name -> (rooms, beds a room, the calls) for each hotel
 HOTELS = {
@@ -348,13 +356,8 @@ HOTELS = {
         ),
     ),
 }
-for _name, _hotels in HOTELS.items():
-
-    def _check(cls, hotels=_hotels):
-        for rooms, beds, *steps in hotels:
-            play(_Judge(cls, rooms, beds), *steps)
-
-    cow.check(_name)(_check)
+for _name, _each in HOTELS.items():
+    cow.check(_name)(lambda cls, hotels=_each: _hotels(cls, hotels))
 
 
 def _evening_call(judge, rng, step: int) -> None:
