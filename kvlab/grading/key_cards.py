@@ -4,9 +4,9 @@
 ``BlockManager``, and checks kvlab's invariants after each one, never kvlab's room numbers: every
 key card holds ceil(tokens / block_size) rooms for the tokens kvlab's manager counts, room numbers
 are ints in range(num_blocks), the token counts are kvlab's, and free rooms plus held rooms make
-num_blocks. Without shared rooms (``shared = False``, Lab 03) no room is on two key cards; with
-them (Lab 07's reference counts) a room may be on several, though never twice on one, and the lab
-checks who shares what (:meth:`KeyCardJudge.check_sharing`). A key card that ``allocate`` (or
+num_blocks, and two entries hold one room exactly where kvlab's do: in Lab 03 never, in Lab 07
+(reference counts) where a fork shared it and nobody has written since; the lab checks the rest
+of what sharing means (:meth:`KeyCardJudge.check_sharing`). A key card that ``allocate`` (or
 ``fork``) returns is the caller's: changing it must leave the manager as it was
 (:meth:`KeyCardJudge.unaliased`). :func:`two_guests_grow` is a scenario both labs check, and
 :func:`evening` drives a judge through a random evening that a learner can replay with every call
@@ -110,7 +110,6 @@ class KeyCardJudge(ClassDriver):
     docstring), checked once built and after every call. Each lab says which usual slip a wrong
     count of rooms (:meth:`rooms_slip`) or of free rooms (:meth:`count_slip`) shows."""
 
-    shared = False  # a room may be on several key cards (Lab 07's reference counts)
     fields = MANAGER  # what a refused call must leave as it was
     shown = 8  # calls shown in a transcript before it is cut
     runs = True
@@ -159,7 +158,7 @@ class KeyCardJudge(ClassDriver):
     def check(self, method: str | None = None, free_before: int | None = None, rooms: int = 0):
         """kvlab's invariants after ``method``, which took ``rooms`` rooms off the free list (or
         gave them back, for free)."""
-        used: dict[int, object] = {}  # without shared rooms: room -> the guest holding it
+        seen: dict = {}  # (0, kvlab's room) or (1, the learner's) -> (the other's, seq, entry)
         tables = {}
         for seq in self.reference.seq_ids:
             tokens = self.reference.num_tokens(seq)
@@ -180,13 +179,7 @@ class KeyCardJudge(ClassDriver):
                         expected=f"ints in 0…{self.num_blocks - 1}",
                         got=short(table),
                     )
-                if not self.shared:
-                    if block in used:
-                        where = "twice on" if used[block] == seq else f"on {used[block]!r}'s and"
-                        self.fail(f"room {block} is {where} {seq!r}'s key card")
-                    used[block] = seq
-            if self.shared and len(set(table)) != len(table):
-                self.fail(f"a room is twice on {seq!r}'s key card", got=short(table))
+            self._rooms_as_kvlabs(seen, seq, table)
             got_tokens = self.obj.num_tokens(seq)
             if got_tokens != tokens:
                 counted = method == "append_slot" and got_tokens == tokens - 1
@@ -207,6 +200,23 @@ class KeyCardJudge(ClassDriver):
                 got=f"{free} free + {len(held)} held = {free + len(held)}",
                 hint=self.count_slip(method, free_before, free, rooms),
             )
+
+    def _rooms_as_kvlabs(self, seen: dict, seq, table: list) -> None:
+        """Two entries hold one room exactly where kvlab's two entries do (in Lab 03, never)."""
+        for entry, rooms in enumerate(zip(self.reference.block_table(seq), table, strict=True)):
+            for side, (room, other) in enumerate((rooms, rooms[::-1])):
+                was, at_seq, at = seen.setdefault((side, room), (other, seq, entry))
+                if was != other and side == 0:
+                    self.fail(
+                        f"{at_seq!r} (entry {at}) and {seq!r} (entry {entry}) should still "
+                        "share a room: nobody has written into it since it was shared",
+                        expected="one room on both key cards",
+                        got=f"rooms {was} and {other}",
+                    )
+                if was != other:
+                    where = f"entry {at} of {at_seq!r}'s key card and entry {entry} of {seq!r}'s"
+                    where = f"twice on {seq!r}'s key card" if at_seq == seq else where
+                    self.fail(f"room {room} is {where}", expected="two rooms", got=f"one: {room}")
 
     # --- refusals (ClassDriver.refused: raise the error, change nothing) ----------------------
     def not_refused(self, error, errors, why: str, missing: str | None = None, **context):
@@ -250,8 +260,8 @@ class KeyCardJudge(ClassDriver):
         return None
 
     def check_sharing(self, tables: dict) -> None:
-        """With shared rooms: the lab's checks of who shares which rooms (``tables``: each
-        guest's key card, already checked on its own)."""
+        """With shared rooms: the lab's own checks of them, as Lab 07's ref counts (``tables``:
+        each guest's key card, already checked on its own and beside kvlab's)."""
 
     def unaliased(self, method: str, seq, value) -> None:
         """A key card that ``method`` returned for ``seq`` is the caller's own: changing it

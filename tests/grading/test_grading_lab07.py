@@ -316,6 +316,27 @@ def test_a_key_card_changed_otherwise_is_shown_as_it_changed():
     assert "calling your code failed:" not in result.report()
 
 
+def test_rooms_shared_where_kvlabs_are_not_and_not_where_they_are_are_named():
+    """KeyCardJudge's sharing rule, both ways: a fork giving the child rooms of its own, and
+    check-ins handed the same rooms (one room for two entries where kvlab's hold two)."""
+    unshared = grade(
+        COW,
+        "self.block_tables[child_id] = list(table) => "
+        "self.block_tables[child_id] = [self.free_blocks.pop() for _ in table]",
+    )
+    first = failures(unshared)[0]
+    assert first.details[0] == (
+        "'prompt' (entry 0) and 'sample' (entry 0) should still share a room: nobody has "
+        "written into it since it was shared"
+    ), unshared.report()
+    assert "got:      rooms 0 and 2" in first.details
+    one_room = "[self.free_blocks.pop() for _ in range(needed)]"
+    crowded = grade(COW, f"{one_room} => [self.free_blocks.pop() * 0 + i for i in range(needed)]")
+    first = failures(crowded)[0]
+    assert first.details[0] == "room 0 is entry 0 of 'a''s key card and entry 0 of 'b''s"
+    assert "got:      one: 0" in first.details, crowded.report()
+
+
 def test_a_fork_that_returns_a_copy_of_the_key_card_passes():
     assert grade(COW, f"{FORKED} => {FORKED}        return list(self.block_tables[child_id])\n").ok
 

@@ -206,6 +206,16 @@ def test_an_unknown_block_manager_mistake_gets_the_neutral_line():
     )
 
 
+def test_two_guests_in_one_room_are_named_by_their_entries():
+    one_room = "[self.free_blocks.pop() for _ in range(needed)]"
+    same_rooms = manager(f"{one_room} => [self.free_blocks.pop() * 0 + i for i in range(needed)]")
+    first = next(o for o in run_checks("03.block_manager", same_rooms).outcomes if not o.passed)
+    assert re.match(
+        r"room 0 is entry 0 of '\w+''s key card and entry 0 of '\w+''s$", first.details[0]
+    )
+    assert "got:      one: 0" in first.details
+
+
 # --- Lab 03: the beds report -----------------------------------------------------------------
 
 
