@@ -16,6 +16,7 @@ printed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import numbers
 import random
@@ -124,6 +125,15 @@ class KeyCardJudge(ClassDriver):
         reference = BlockManager(num_blocks, block_size)
         super().__init__(cls, num_blocks, block_size, reference=reference, echo=echo)
         self.check()
+
+    def can_append(self, seq) -> bool:
+        """Whether kvlab's manager has a bed for one more token of ``seq``."""
+        ref = self.reference
+        return ref.num_tokens(seq) % self.block_size != 0 or ref.num_free_blocks > 0
+
+    def refused_append(self, seq, why: str) -> None:
+        """``append_slot`` must raise OutOfBlocks (a MemoryError) and change nothing."""
+        self.refused(MemoryError, "append_slot", seq, why=why)
 
     def refused_unknown(self, method: str) -> None:
         """``method`` for a guest who never checked in: KeyError, nothing changed."""
@@ -363,29 +373,60 @@ def _evening_replay(run: str, cls, seed: int, steps: int, calls: int) -> str:
     )
 
 
-def evening(judge_type, cls, call, *, run: str, steps: int, seed: int, echo: bool):
+@dataclasses.dataclass(frozen=True)
+class Odds:
+    """What a step of a random evening does, by a roll in [0, 1): below ``check_in`` a guest of
+    1 to ``most`` tokens checks in (always, while nobody is in), below ``fork`` a guest is forked
+    (while fewer than 10 are in), below ``token`` a guest gets a token (refused when no room is
+    free), and above, a guest checks out."""
+
+    check_in: float
+    most: int
+    token: float
+    fork: float = 0.0  # no forks
+
+
+def evening_step(judge, rng, step: int, odds: Odds) -> None:
+    """One step of a random evening on ``judge``, drawn from ``rng`` by ``odds``."""
+    guests, roll = judge.reference, rng.random()
+    seqs, free_beds = sorted(guests.seq_ids), guests.num_free_blocks * judge.block_size
+    if (roll < odds.check_in or not seqs) and free_beds:
+        judge.allocate(f"g{step}", rng.randint(1, min(free_beds, odds.most)))
+    elif roll < odds.fork and seqs and len(seqs) < 10:
+        judge.fork(rng.choice(seqs), f"g{step}")
+    elif roll < odds.token and seqs:
+        seq = rng.choice(seqs)
+        if judge.can_append(seq):
+            judge.append(seq)
+        else:
+            judge.refused_append(seq, f"{seq!r} needs a room and none is free")
+    elif seqs:
+        judge.free(rng.choice(seqs))
+
+
+def evening(judge_type, cls, odds: Odds, *, run: str, steps: int, seed: int, echo: bool):
     """A random evening on ``cls``: ``judge_type(cls, 24, 3)`` (24 rooms of 3 beds), then
-    ``call(judge, rng, step)`` for each step, with ``rng = random.Random(seed)``. A failure's
-    replay names ``run``, the lab's function that runs this evening (by the path a learner
-    imports it from), to see every call. With
-    ``echo`` every call is printed and a failure's report too, instead of raising. Returns the
-    judge, or None when ``cls`` cannot be built."""
+    ``steps`` steps drawn by ``odds`` from ``random.Random(seed)`` (:func:`evening_step`). A
+    failure's replay names ``run``, the lab's function that runs this evening (by the path a
+    learner imports it from), to see every call. With ``echo`` every call is printed and a
+    failure's report too, instead of raising. Returns the judge, or None when ``cls`` cannot be
+    built."""
     rng = random.Random(seed)
     judge = None
     with echoed(echo):
         judge = judge_type(cls, 24, 3, echo=echo)
         for step in range(steps):
             judge.transcript.replay = functools.partial(_evening_replay, run, cls, seed, step + 1)
-            call(judge, rng, step)
+            evening_step(judge, rng, step, odds)
     return judge
 
 
-def evening_of(judge_type, call, *, run: str, steps: int, seed: int, what: str):
+def evening_of(judge_type, odds: Odds, *, run: str, steps: int, seed: int, what: str):
     """The lab's random evening as the function ``run`` names, ``(cls, steps=, seed=, echo=True)``
     (see :func:`evening`): ``what`` says what its steps are drawn from."""
 
     def run_evening(cls, steps: int = steps, seed: int = seed, echo: bool = True):
-        return evening(judge_type, cls, call, run=run, steps=steps, seed=seed, echo=echo)
+        return evening(judge_type, cls, odds, run=run, steps=steps, seed=seed, echo=echo)
 
     run_evening.__name__ = run_evening.__qualname__ = run.rsplit(".", 1)[1]
     run_evening.__doc__ = (

@@ -20,6 +20,7 @@ from kvlab.grading.expect import CheckFailed, call_without_mutation, plural, sho
 from kvlab.grading.key_cards import (
     NOT_COUNTED,
     KeyCardJudge,
+    Odds,
     evening_of,
     play,
     rooms_for,
@@ -327,30 +328,13 @@ for _name, _check in SCENES.items():
 
 
 EVENING_SEED, EVENING_STEPS = 11, 300
-
-
-def _evening_call(judge, rng, step: int) -> None:
-    """One step of the random evening: a check-in, a token or a check-out."""
-    guests = judge.reference  # kvlab's manager beside the learner's: who holds how many tokens
-    roll = rng.random()
-    free_beds = judge.obj.num_free_blocks * 3
-    if roll < 0.3 and free_beds:
-        judge.allocate(f"g{step}", rng.randint(1, min(free_beds, 10)))
-    elif roll < 0.85 and guests.seq_ids:
-        seq = rng.choice(sorted(guests.seq_ids))
-        if guests.num_tokens(seq) % 3 or judge.obj.num_free_blocks:
-            judge.append(seq)
-    elif guests.seq_ids:
-        judge.free(rng.choice(sorted(guests.seq_ids)))
-
-
 random_evening = evening_of(
     _Judge,
-    _evening_call,
+    Odds(check_in=0.3, most=10, token=0.85),
     run="kvlab.grading.lab03.random_evening",
     steps=EVENING_STEPS,
     seed=EVENING_SEED,
-    what="check-ins, tokens and check-outs",
+    what="check-ins, tokens (refused when no room is free) and check-outs",
 )
 
 

@@ -104,7 +104,10 @@ def test_refused_append_that_counted_the_token_first_is_named():
         "            card.append(self.free_blocks.pop())",
     )
     result = run_checks("03.block_manager", counts_first)
-    (only,) = failures(result)
+    only, *later = failures(result)  # the random evening refuses tokens too: the same problem
+    assert folded(result) and [o.name for o in later] == [
+        "a random evening: 300 check-ins, tokens and check-outs"
+    ]
     assert only.name.startswith("append_slot refuses without changing anything")
     assert "got:      changed num_tokens('a')" in only.details
     assert "raise OutOfBlocks before counting the new token" in hints(only)[0]

@@ -12,6 +12,7 @@ from kvlab.grading.expect import plural, short
 from kvlab.grading.key_cards import (
     MANAGER,
     KeyCardJudge,
+    Odds,
     card_text,
     evening_of,
     play,
@@ -338,30 +339,14 @@ for _name, _each in HOTELS.items():
     cow.check(_name)(lambda cls, hotels=_each: _hotels(cls, hotels))
 
 
-def _evening_call(judge, rng, step: int) -> None:
-    """One step of the beam evening: a check-in, a fork, a token (refused when no room is free)
-    or a check-out."""
-    guests = judge.reference
-    roll = rng.random()
-    seqs = sorted(guests.seq_ids)
-    free_beds = guests.num_free_blocks * 3
-    if (roll < 0.12 or not seqs) and free_beds:
-        judge.allocate(f"g{step}", rng.randint(1, min(free_beds, 8)))
-    elif roll < 0.35 and seqs and len(seqs) < 10:
-        judge.fork(rng.choice(seqs), f"g{step}")
-    elif roll < 0.80 and seqs:
-        seq = rng.choice(seqs)
-        if judge.can_append(seq):
-            judge.append(seq)
-        else:
-            judge.refused_append(seq, f"{seq!r} needs a room and none is free")
-    elif seqs:
-        judge.free(rng.choice(seqs))
-
-
 EVENING = "check-ins, forks, tokens (refused when no room is free) and check-outs"
 beam_evening = evening_of(
-    _Judge, _evening_call, run="kvlab.grading.lab07.beam_evening", steps=300, seed=7, what=EVENING
+    _Judge,
+    Odds(check_in=0.12, most=8, fork=0.35, token=0.8),
+    run="kvlab.grading.lab07.beam_evening",
+    steps=300,
+    seed=7,
+    what=EVENING,
 )
 
 
