@@ -68,10 +68,12 @@ def room_number(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def card_text(table) -> str:
-    """A key card as the list of its room numbers, cut when long."""
+def card_text(table, limit: int = 60) -> str:
+    """A key card (or a prompt's tokens) as the list of its numbers, cut after one when long."""
     text = str(table)
-    return text if len(text) <= 60 else short(table, 60)
+    if len(text) <= limit or not isinstance(table, list):
+        return text if len(text) <= limit else short(table, limit)
+    return text[: limit - 2].rsplit(",", 1)[0] + ", …]"
 
 
 def _scribble(card):

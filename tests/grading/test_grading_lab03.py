@@ -248,3 +248,11 @@ def test_used_counted_in_whole_rooms_is_named_and_folds(future):
     assert first.name == "two guests with partly filled last rooms"
     assert hints(first) == [f"hint:     {lab03.WHOLE_ROOMS_USED}"]
     assert folded(result) and not any(neutral(o) for o in failures(result))
+
+
+def test_a_long_key_card_is_cut_after_a_whole_room_number():
+    assert key_cards.card_text([3, 1, 2]) == "[3, 1, 2]"
+    cut = key_cards.card_text(list(range(100, 140)))
+    assert cut == "[100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, …]"
+    assert key_cards.card_text(list(range(100, 140)), 70).endswith(" 112, …]")
+    assert key_cards.card_text(tuple(range(100, 140))).startswith("tuple (100, 101,")

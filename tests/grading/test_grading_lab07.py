@@ -170,7 +170,7 @@ FORKED = "        self.tokens[child_id] = self.tokens[parent_id]\n"
                 f"        self.ref_counts[new] = 1\n{COUNTED} => "
                 "        self.ref_counts[new] = 1\n",
             ],
-            checks.COUNT_FIRST,
+            key_cards.COUNTED_EARLY,
             "append_slot refuses",
         ),
         (
@@ -187,7 +187,7 @@ FORKED = "        self.tokens[child_id] = self.tokens[parent_id]\n"
                 f"{CHECK_FREE}            raise OutOfBlocks("
                 'f"{seq_id!r} needs a new room and none is free")\n => '
             ],
-            checks.POP_EMPTY,
+            key_cards.POPPED_EMPTY,
             "append_slot refuses",
         ),
         (

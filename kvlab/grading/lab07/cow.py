@@ -28,20 +28,14 @@ from kvlab.grading.state_diff import Field
 
 cow = exercise("07.copy_on_write", "append_slot with shared rooms (copy-on-write)", expects="class")
 
-# what append_slot does to the key card (as the report expects it), and what it should do, said
-NEW, COPY, IN_PLACE, OTHER = "a new room added", "the last room replaced", "the same key card", ""
+# what append_slot does to the key card (as the report expects it and shows it), and should do
+NEW, COPY, IN_PLACE = "a new room added", "the last room replaced", "the same key card"
+OTHER = "the key card changed otherwise"
 SHOULD = {
     NEW: "the token goes to a new room added to the key card (no copy)",
     COPY: "a new room replaces it on this key card (a copy)",
     IN_PLACE: "the token goes into its empty bed (the key card stays as it is)",
 }
-DID = {
-    NEW: "a new room was added",
-    COPY: "the last room was replaced",
-    IN_PLACE: "the key card did not change",
-    OTHER: "the key card changed otherwise",
-}
-
 PAIR = "(src, dst): the shared room, the new room"
 # (what append_slot should do, what it did): the copy-on-write slip that shows
 ACTION_SLIPS = {
@@ -215,7 +209,7 @@ class _Judge(KeyCardJudge):
                 f"so {SHOULD[want]}",
                 self.rooms_slip() or slip,
                 expected=want,
-                got=f"{DID[did]}: {card_text(before)} → {card_text(after)}",
+                got=f"{did}: {card_text(before)} → {card_text(after)}",
             )
         self._returned(moved, want, *self.last[1:], holders)
         now, (src, dst) = self.others(seq), self.last[1:]

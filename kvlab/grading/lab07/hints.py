@@ -1,7 +1,6 @@
 """Lab 07's hints: each one belongs to a usual slip, given only where the checks recognise it."""
 
 from kvlab.grading.expect import int_hints
-from kvlab.grading.key_cards import COUNTED_EARLY, POPPED_EMPTY, TAKEN_EARLY
 
 # --- 07.copy_on_write ------------------------------------------------------------------------
 
@@ -61,8 +60,6 @@ NEW_REF = (
     "a new room is held by one key card: set its ref_count to 1 when you take it "
     "(self.ref_counts[new] = 1), or free() never gives it back"
 )
-# as in Lab 03
-COUNT_FIRST, TAKE_FIRST, POP_EMPTY = COUNTED_EARLY, TAKEN_EARLY, POPPED_EMPTY
 REF_FIRST = (
     "a reference changed although no room was free: raise OutOfBlocks before dropping the shared "
     "room's reference"

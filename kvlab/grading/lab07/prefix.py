@@ -26,14 +26,9 @@ _call = functools.partial(
 )
 
 
-def _prompt_text(token_ids) -> str:
-    text = str(list(token_ids))
-    text = text if len(text) <= 70 else text[:68].rsplit(",", 1)[0] + ", …]"
-    return f"{text} ({plural(len(token_ids), 'token')})"
-
-
 def _expect_prefix(fn, story: str, token_ids, block_size: int, cached: dict, replay=None):
-    where = f"{story}; longest_cached_prefix({_prompt_text(token_ids)}, {block_size}, cached)"
+    prompt = f"{card_text(token_ids, 70)} ({plural(len(token_ids), 'token')})"
+    where = f"{story}; longest_cached_prefix({prompt}, {block_size}, cached)"
     expected, cause = cached_prefix(token_ids, block_size, cached), None
     got, error = _call(fn, list(token_ids), block_size, cached, where=where, replay=replay)
     if error is not None:
