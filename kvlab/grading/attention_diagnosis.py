@@ -191,13 +191,19 @@ def expect_attention(
     got, expected = got.float().cpu(), expected.float().cpu()
     if torch.allclose(got, expected, atol=atol, rtol=rtol):
         return
-    (seq, head), error = furthest(got, expected)
     if unread is not None:
         read, hint, cause = unread
         read = f": {read}"
     else:
         read, (cause, hint) = "", diagnose(got, expected, args, atol, rtol, **diagnosis)
-    raise CheckFailed(
+    raise differs(got, expected, what, reference, hint, cause, replay, read)
+
+
+def differs(got, expected, what: str, reference: str, hint, cause=None, replay=None, read=""):
+    """The failure of an attention output: the guest and query head furthest off ``expected``
+    (the ``reference``), their first values, and the diagnosis."""
+    (seq, head), error = furthest(got, expected)
+    return CheckFailed(
         f"guest {seq}, query head {head} differs from {reference} ({error}){read}",
         input=what,
         expected=preview(expected[seq, head]),

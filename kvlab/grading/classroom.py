@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from kvlab.grading.process_tree import kill_tree
+from kvlab.grading.process_tree import how_it_ended, kill_tree
 
 FORMAT = "kvlab-class-grades/1"
 TOTAL_ROW = "total"  # the exercise column of a lab's total row in gradebook.csv
@@ -447,14 +447,7 @@ def _unstaged(payload, run: _Run):
 
 def _died(run: _Run, elapsed: float) -> dict:
     run.process.join(5)
-    code = run.process.exitcode
-    if code is not None and code < 0:
-        try:
-            how = f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            how = f"killed by signal {-code}"
-    else:
-        how = f"exit status {code}"
+    how = how_it_ended(run.process.exitcode)
     error = f"the grading process ended without a result ({how})"
     return failed_record(run.submission, error, elapsed)
 

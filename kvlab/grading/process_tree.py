@@ -47,6 +47,17 @@ def kill_tree(process, *, grace: float = 0.0, timeout: float = 10.0) -> None:
     _wait_ended(others, {p.pid for p in frozen}, timeout)
 
 
+def how_it_ended(returncode: int | None) -> str:
+    """A process's end in words: the signal that killed it (a negative return code), else its
+    exit status."""
+    if returncode is None or returncode >= 0:
+        return f"exit status {returncode}"
+    try:
+        return f"killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"killed by signal {-returncode}"
+
+
 def _ended(process, timeout: float) -> bool:
     """Whether ``process`` has ended, waiting up to ``timeout`` seconds; it is reaped if so."""
     if isinstance(process, subprocess.Popen):

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvlab.grading.process_tree import kill_tree
+from kvlab.grading.process_tree import how_it_ended, kill_tree
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
@@ -1243,13 +1243,7 @@ def explain_output(text: str, limits: Limits) -> list[str]:
 
 
 def _ending(returncode: int, elapsed: float, cpu: float | None, rss: int | None) -> str:
-    if returncode is not None and returncode < 0:
-        try:
-            how = f"killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            how = f"killed by signal {-returncode}"
-    else:
-        how = f"exit status {returncode}"
+    how = how_it_ended(returncode)
     extra = []
     if cpu is not None:
         extra.append(f"CPU {cpu:.2f} s")

@@ -15,7 +15,7 @@ import psutil
 import pytest
 from conftest import ROOT
 
-from kvlab.grading.process_tree import kill_tree
+from kvlab.grading.process_tree import how_it_ended, kill_tree
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's /proc")
 
@@ -105,3 +105,10 @@ def test_a_process_already_reaped_is_left_alone():
     done.wait()
     kill_tree(done)
     assert done.returncode == 0
+
+
+def test_how_a_process_ended_is_said_in_words():
+    assert how_it_ended(0) == "exit status 0" and how_it_ended(3) == "exit status 3"
+    assert how_it_ended(-9) == "killed by SIGKILL"
+    assert how_it_ended(-200) == "killed by signal 200"  # no such signal: its number
+    assert how_it_ended(None) == "exit status None"  # not reaped: said as it is

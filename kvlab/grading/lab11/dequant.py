@@ -18,7 +18,8 @@ import functools
 
 import torch
 
-from kvlab.grading.expect import CheckFailed, furthest, preview
+from kvlab.grading.attention_diagnosis import differs
+from kvlab.grading.expect import CheckFailed
 from kvlab.grading.guarded import GuardedLaunch
 from kvlab.grading.registry import exercise
 from kvlab.grading.slips import Slip, changed, matching, only
@@ -191,15 +192,8 @@ def expect_dequantized(fn, what: str, case: dict, clean: dict | None = None, row
     if _close(got, want, args[0].dtype):
         return
     hint = _diagnose(fn, run, args, got, clean)
-    (seq, head), error = furthest(got, want)
-    raise CheckFailed(
-        f"guest {seq}, query head {head} differs from the dequantised reference ({error})",
-        input=what,
-        expected=preview(want[seq, head]),
-        got=preview(got[seq, head]),
-        hint=hint,
-        replay=f"kvlab.grading.lab11.dequant.make_dequant_case(**{case})",
-    )
+    replay = f"kvlab.grading.lab11.dequant.make_dequant_case(**{case})"
+    raise differs(got, want, what, "the dequantised reference", hint, replay=replay)
 
 
 GARBAGE = dict(seq_lens=[5, 11], block_size=4, fmt="fp8_e4m3", seed=6)
