@@ -54,7 +54,7 @@ from kvlab.serving.config import (  # noqa: F401  (the modes stay importable fro
     PREEMPTION_MODES,
     SCHEDULER_FIELDS,
     EngineConfig,
-    most_computed_at_once,
+    check_read_whole,
     resolve,
 )
 
@@ -194,15 +194,9 @@ class Scheduler:
             raise TypeError(f"seq must be a kvlab.serving.scheduler.Sequence, got {seq!r}")
         positive_int("prompt_len", seq.prompt_len)
         positive_int("output_len", seq.output_len)
-        budget = self.max_num_batched_tokens
-        if budget is not None and not self.chunked_prefill:
-            need = most_computed_at_once(seq.num_uncomputed, seq.remaining, self.preemption)
-            if need > budget:
-                raise ValueError(
-                    f"sequence {seq.seq_id!r} may need {need} tokens computed in one step, more "
-                    f"than max_num_batched_tokens={budget}: raise the budget or use "
-                    "chunked_prefill=True"
-                )
+        budget = None if self.chunked_prefill else self.max_num_batched_tokens
+        who, left = f"sequence {seq.seq_id!r}", seq.remaining
+        check_read_whole(who, seq.num_uncomputed, left, self.preemption, budget)
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
 
