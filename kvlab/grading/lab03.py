@@ -84,8 +84,8 @@ APPEND_SLIPS = [
         lambda t, size: t // size + 1,
     ),
     Slip(
-        "append_slot never takes a new room: when the last room is full "
-        "(num_tokens % block_size == 0), pop a fresh one from the free list",
+        "append_slot never adds a room to the key card: when the last room is full "
+        "(num_tokens % block_size == 0), pop a fresh one from the free list and append it",
         lambda t, size: 1,
     ),
     Slip(

@@ -201,6 +201,11 @@ FORKED = "        self.tokens[child_id] = self.tokens[parent_id]\n"
             "a guest alone",
         ),
         (
+            ["            table.append(new)\n =>             table[-1] = new\n"],
+            lab03.APPEND_SLIPS[1].hint,  # a full room replaced: the key card never grows
+            "a guest alone",
+        ),
+        (
             [f"{COPY_PATH} => {COPY_PATH}        self.free_blocks.append(last)\n"],
             checks.FREED_SHARED,  # it popped the new room: the shared one went back
             "after a fork",

@@ -169,6 +169,9 @@ def test_a_partly_written_class_gets_the_marks_for_its_methods():
             "one token early",
         ),
         ("        self.tokens[seq_id] += 1\n => \n", "does not count the new token"),
+        ("card.append(self.free_blocks.pop()) => card[-1] = self.free_blocks.pop()", "never adds"),
+        ("card.append(self.free_blocks.pop()) => self.free_blocks.pop()", "never adds"),
+        ("if self.tokens[seq_id] % self.block_size == 0: => if True:", "for every token"),
     ],
 )
 def test_append_slot_slips_are_named_and_their_knock_ons_fold(edit, named):
