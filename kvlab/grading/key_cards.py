@@ -73,7 +73,8 @@ def card_text(table, limit: int = 60) -> str:
     text = str(table)
     if len(text) <= limit or not isinstance(table, list):
         return text if len(text) <= limit else short(table, limit)
-    return text[: limit - 2].rsplit(",", 1)[0] + ", …]"
+    head, comma, _ = text[: limit - 2].rpartition(",")
+    return f"{head}, …]" if comma else short(table, limit)
 
 
 def _scribble(card):

@@ -256,3 +256,5 @@ def test_a_long_key_card_is_cut_after_a_whole_room_number():
     assert cut == "[100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, …]"
     assert key_cards.card_text(list(range(100, 140)), 70).endswith(" 112, …]")
     assert key_cards.card_text(tuple(range(100, 140))).startswith("tuple (100, 101,")
+    huge = key_cards.card_text([10**80])  # no whole number fits: cut as any value is
+    assert huge.startswith("list [1000") and huge.endswith("…") and len(huge) <= 60
