@@ -90,8 +90,8 @@ $(TRITON_GPU_DIR)/.installed: | install-test
 # Each run uses TEST_JOBS processes: test files (single tests where tests/conftest.py says so) and
 # notebooks are handed to whichever is free, the longest first.
 test: install-test browser triton-gpu
-	$(VENV)/bin/ruff check kvlab tests
-	$(VENV)/bin/ruff format --check kvlab tests
+	$(VENV)/bin/ruff check kvlab tests solutions/conftest.py
+	$(VENV)/bin/ruff format --check kvlab tests solutions/conftest.py
 	KVLAB_TRITON_GPU_DIR=$(TRITON_GPU_DIR) KVLAB_TRITON_COMPILE_CACHE=$(TRITON_COMPILE_CACHE) \
 		$(PY) -m pytest tests -p no:cacheprovider -p no:nbval \
 		-n $(TEST_JOBS) --dist loadscope --durations=15 $(PYTEST_ARGS)
@@ -99,7 +99,8 @@ test: install-test browser triton-gpu
 
 test-notebooks: install-test $(KERNEL_SPEC)
 	$(PY) -m pytest solutions --nbval-lax --nbval-kernel-name kvlab --nbval-cell-timeout=90 \
-		-p no:cacheprovider -n $(TEST_JOBS) --dist loadfile $(NBVAL_ARGS)
+		--nbval-kernel-startup-timeout=120 -p no:cacheprovider -n $(TEST_JOBS) --dist loadfile \
+		$(NBVAL_ARGS)
 
 labs: install
 	$(VENV)/bin/kvlab labs
@@ -113,10 +114,10 @@ wheel: install
 	@ls -lh dist/kvlab-*.whl
 
 lint: install-test
-	$(VENV)/bin/ruff check kvlab tests
+	$(VENV)/bin/ruff check kvlab tests solutions/conftest.py
 
 format: install-test
-	$(VENV)/bin/ruff format kvlab tests
+	$(VENV)/bin/ruff format kvlab tests solutions/conftest.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build dist

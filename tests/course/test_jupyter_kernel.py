@@ -4,10 +4,11 @@ Lab 05 once broke for every CPU learner because its first cell imported Triton b
 could choose the interpreter; these tests run that cell the way JupyterLab does.
 """
 
+import subprocess
 import sys
 
 import pytest
-from conftest import LEARNER_ENV
+from conftest import LEARNER_ENV, ROOT
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import start_new_kernel
 
@@ -69,3 +70,77 @@ def test_a_plain_python_kernel_breaks_and_kvlab_says_why():
     out = run_in_kernel("python3", code, env=no_gpu_env())
     assert "outside of the scope of a kernel" in out, out
     assert "Triton was imported before kvlab" in out and "kvlab (Python 3)" in out, out
+
+
+def _notebook_kernels():
+    """solutions/conftest.py, the nbval plugin of `make test-notebooks`, as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "kvlab_notebook_kernels", ROOT / "solutions" / "conftest.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_notebook_kernel_that_never_answers_is_started_once_more(monkeypatch):
+    import nbval.kernel
+
+    before = nbval.kernel.start_new_kernel
+    try:
+        kernels = _notebook_kernels()
+        assert nbval.kernel.start_new_kernel is kernels.start_in_turn
+        tries = []
+
+        def flaky(**kwargs):
+            tries.append(kwargs)
+            if len(tries) == 1:
+                raise RuntimeError("Kernel didn't respond in 60 seconds")
+            return "km", "kc"
+
+        monkeypatch.setattr(kernels, "_start_new_kernel", flaky)
+        assert kernels.start_in_turn(kernel_name="kvlab") == ("km", "kc") and len(tries) == 2
+
+        def dead(**kwargs):
+            tries.append(kwargs)
+            raise RuntimeError("Kernel didn't respond in 60 seconds")
+
+        monkeypatch.setattr(kernels, "_start_new_kernel", dead)
+        tries.clear()
+        with pytest.raises(RuntimeError, match="didn't respond"):
+            kernels.start_in_turn(kernel_name="kvlab")
+        assert len(tries) == kernels.TRIES
+    finally:
+        nbval.kernel.start_new_kernel = before
+
+
+def test_notebook_kernels_start_in_turn_across_processes(tmp_path, monkeypatch):
+    """While one process holds the start lock, a start in another waits for it."""
+    kernels = _notebook_kernels()
+    import nbval.kernel
+
+    nbval.kernel.start_new_kernel = kernels._start_new_kernel  # as it was
+    monkeypatch.setattr(kernels, "LOCK", tmp_path / "start.lock")
+    released = tmp_path / "released"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, pathlib, sys, time\n"
+            "f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True)\n"
+            "time.sleep(1); pathlib.Path(sys.argv[2]).touch(); fcntl.flock(f, fcntl.LOCK_UN)\n"
+            "time.sleep(30)",
+            str(kernels.LOCK),
+            str(released),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        monkeypatch.setattr(kernels, "_start_new_kernel", lambda **kw: released.exists())
+        assert kernels.start_in_turn(kernel_name="kvlab")  # it waited for the lock
+    finally:
+        holder.kill()
+        holder.wait()
