@@ -208,6 +208,18 @@ def read_or_zero(path: Path, grade: NotebookGrade):
     return None
 
 
+# Kernels started side by side (a class graded with --jobs) may choose the same port and one never
+# answers (jupyter/jupyter_client#487): a kernel that never answered, before any cell ran, is
+# started once more, with new ports, rather than cost the notebook its marks
+KERNEL_STARTS = 2
+_NO_ANSWER = ("didn't respond", "died before replying")
+
+
+def _never_answered(error: Exception, nb) -> bool:
+    ran = any(c.get("execution_count") for c in nb.cells if c.cell_type == "code")
+    return isinstance(error, RuntimeError) and not ran and any(m in str(error) for m in _NO_ANSWER)
+
+
 def grade_self_reported(path: str | Path, cell_timeout: int = 300, kernel_name=None):
     """The whole notebook in a Jupyter kernel, scored by what its check cells logged."""
     from nbclient import NotebookClient
@@ -223,22 +235,27 @@ def grade_self_reported(path: str | Path, cell_timeout: int = 300, kernel_name=N
         log = Path(tmp) / "results.jsonl"
         log.touch()
         env = {**child_environ(), GRADE_LOG_VAR: str(log)}
-        try:
-            client = NotebookClient(
-                nb,
-                km=_kernel_manager(kernel_name, Path(tmp)),
-                timeout=cell_timeout,
-                allow_errors=True,
-                # no transport warnings; no history file shared between concurrent gradings
-                extra_arguments=[
-                    "--IPKernelApp.log_level=ERROR",
-                    "--HistoryManager.hist_file=:memory:",
-                ],
-                resources={"metadata": {"path": str(path.parent.resolve())}},
-            )
-            client.execute(env=env)
-        except Exception as e:  # kernel died, a cell timed out, no such kernel, ...
-            grade.error = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        for attempt in range(1, KERNEL_STARTS + 1):
+            try:
+                client = NotebookClient(
+                    nb,
+                    km=_kernel_manager(kernel_name, Path(tmp)),
+                    timeout=cell_timeout,
+                    allow_errors=True,
+                    # no transport warnings; no history file shared between concurrent gradings
+                    extra_arguments=[
+                        "--IPKernelApp.log_level=ERROR",
+                        "--HistoryManager.hist_file=:memory:",
+                    ],
+                    resources={"metadata": {"path": str(path.parent.resolve())}},
+                )
+                client.execute(env=env)
+                break
+            except Exception as e:  # kernel died, a cell timed out, no such kernel, ...
+                if attempt < KERNEL_STARTS and _never_answered(e, nb):
+                    continue
+                grade.error = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+                break
         results = {}
         for line in log.read_text().splitlines():
             record = json.loads(line)

@@ -708,3 +708,47 @@ def test_feedback_says_what_was_not_graded_how_cells_were_found_and_what_was_sto
     assert "Stopped at their time limit (CPU time, each tried twice): 06.step." in alice
     assert "| 06.step | a title | 6 | 7 | stopped at limit |" in alice
     assert "endless loop" not in alice
+
+
+@pytest.mark.parametrize("failures, error", [(1, None), (2, "RuntimeError: Kernel didn't respond")])
+def test_a_kernel_that_never_answered_is_started_once_more(tmp_path, monkeypatch, failures, error):
+    """Self-reported grading with several jobs starts kernels side by side, and one may lose the
+    race for a port: a kernel that never answered, before any cell ran, is started once more."""
+    import nbclient
+
+    from kvlab.grading import notebook
+
+    path = tmp_path / "ran.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1")]), path)
+    execute, starts = nbclient.NotebookClient.execute, []
+
+    def lost_race(self, **kwargs):
+        starts.append(1)
+        if len(starts) <= failures:
+            raise RuntimeError("Kernel didn't respond in 60 seconds")
+        return execute(self, **kwargs)
+
+    monkeypatch.setattr(nbclient.NotebookClient, "execute", lost_race)
+    grade = notebook.grade_self_reported(path)
+    assert len(starts) == notebook.KERNEL_STARTS == 2  # a second failure is the notebook's error
+    assert grade.error is None if error is None else grade.error.startswith(error)
+
+
+def test_a_kernel_that_died_in_a_cell_is_not_started_again(tmp_path, monkeypatch):
+    """Only a kernel that never answered is retried: one that ran cells keeps its error."""
+    import nbclient
+
+    from kvlab.grading import notebook
+
+    path = tmp_path / "died.ipynb"
+    cell = nbformat.v4.new_code_cell("import os; os._exit(1)")
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1"), cell]), path)
+    execute, starts = nbclient.NotebookClient.execute, []
+
+    def counted(self, **kwargs):
+        starts.append(1)
+        return execute(self, **kwargs)
+
+    monkeypatch.setattr(nbclient.NotebookClient, "execute", counted)
+    grade = notebook.grade_self_reported(path)
+    assert len(starts) == 1 and grade.error.startswith("DeadKernelError")
