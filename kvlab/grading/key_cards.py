@@ -71,10 +71,10 @@ def room_number(value) -> bool:
 def card_text(table, limit: int = 60) -> str:
     """A key card (or a prompt's tokens) as the list of its numbers, cut after one when long."""
     text = str(table)
-    if len(text) <= limit or not isinstance(table, list):
-        return text if len(text) <= limit else short(table, limit)
+    if len(text) <= limit:
+        return text
     head, comma, _ = text[: limit - 2].rpartition(",")
-    return f"{head}, …]" if comma else short(table, limit)
+    return f"{head}, …]" if comma and isinstance(table, list) else short(table, limit)
 
 
 def _scribble(card):
@@ -219,17 +219,18 @@ class KeyCardJudge(ClassDriver):
         for entry, rooms in enumerate(zip(self.reference.block_table(seq), table, strict=True)):
             for side, (room, other) in enumerate((rooms, rooms[::-1])):
                 was, at_seq, at = seen.setdefault((side, room), (other, seq, entry))
-                if was != other and side == 0:
+                if was == other:
+                    continue
+                if side == 0:
                     self.fail(
                         f"{at_seq!r} (entry {at}) and {seq!r} (entry {entry}) should still "
                         "share a room: nobody has written into it since it was shared",
                         expected="one room on both key cards",
                         got=f"rooms {was} and {other}",
                     )
-                if was != other:
-                    where = f"entry {at} of {at_seq!r}'s key card and entry {entry} of {seq!r}'s"
-                    where = f"twice on {seq!r}'s key card" if at_seq == seq else where
-                    self.fail(f"room {room} is {where}", expected="two rooms", got=f"one: {room}")
+                where = f"entry {at} of {at_seq!r}'s key card and entry {entry} of {seq!r}'s"
+                where = f"twice on {seq!r}'s key card" if at_seq == seq else where
+                self.fail(f"room {room} is {where}", expected="two rooms", got=f"one: {room}")
 
     # --- refusals (ClassDriver.refused: raise the error, change nothing) ----------------------
     def not_refused(self, error, errors, why: str, missing: str | None = None, **context):

@@ -36,11 +36,11 @@ def most_computed_at_once(prompt_len: int, output_len: int, preemption: str) -> 
     return prompt_len + output_len - 1 if preemption == "recompute" else prompt_len
 
 
-def check_read_whole(who: str, prompt_len: int, output_len: int, preemption: str, budget) -> None:
-    """Reject a request (``who`` in the error) whose prompt, read whole, may not fit the token
-    budget ``budget`` in one step (None: no budget, or chunked prefill)."""
+def check_read_whole(who: str, prompt_len: int, output_len: int, preemption: str, budget: int):
+    """Reject a request (``who`` in the error) whose prompt, read whole (no chunked prefill), may
+    not fit the token budget ``budget`` in one step."""
     need = most_computed_at_once(prompt_len, output_len, preemption)
-    if budget is not None and need > budget:
+    if need > budget:
         raise ValueError(
             f"{who} may need {need} tokens computed in one step, more than "
             f"max_num_batched_tokens={budget}: raise the budget or use chunked_prefill=True"
@@ -247,8 +247,11 @@ class EngineConfig:
                     f"requests[{i}] needs {need} token slots in the {cache} cache, which holds "
                     f"only {have}: it cannot run even in an empty cache"
                 )
-        for i, r in enumerate(requests):  # a prompt read whole fits the budget, with what it made
-            check_read_whole(f"requests[{i}]", r.prompt_len, r.output_len, self.preemption, budget)
+        if budget is not None:  # a prompt read whole fits the budget, with what it made
+            for i, r in enumerate(requests):
+                check_read_whole(
+                    f"requests[{i}]", r.prompt_len, r.output_len, self.preemption, budget
+                )
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(EngineConfig))

@@ -194,9 +194,10 @@ class Scheduler:
             raise TypeError(f"seq must be a kvlab.serving.scheduler.Sequence, got {seq!r}")
         positive_int("prompt_len", seq.prompt_len)
         positive_int("output_len", seq.output_len)
-        budget = None if self.chunked_prefill else self.max_num_batched_tokens
-        who, left = f"sequence {seq.seq_id!r}", seq.remaining
-        check_read_whole(who, seq.num_uncomputed, left, self.preemption, budget)
+        budget = self.max_num_batched_tokens
+        if budget is not None and not self.chunked_prefill:
+            who, left = f"sequence {seq.seq_id!r}", seq.remaining
+            check_read_whole(who, seq.num_uncomputed, left, self.preemption, budget)
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
 
